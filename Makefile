@@ -1,0 +1,52 @@
+# cachepilot: two commands matter — `make run` and `make test`.
+# Every other target is a step they take.
+
+PY       := .venv/bin/python
+PIP      := .venv/bin/pip
+STAMP    := .venv/.installed
+APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd \
+            libzstd-dev fio rocksdb-tools iproute2 python3-venv
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: run test deps build bpf clean kernel kernel-test bench
+
+run: build
+	.venv/bin/cachepilot run --config configs/demo.yaml
+
+test: build
+	bash tests/run.sh
+
+# System packages: installed only when one is missing.
+deps:
+	@missing=$$(for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:" $$missing; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml setup.py | deps
+	python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[test]'
+	touch $@
+
+# Re-run the package build every time so the native core tracks its sources.
+build: $(STAMP) bpf
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+
+bpf: deps
+	$(MAKE) -s -C bpf
+
+bench: build
+	for b in experiments/bench_*.py; do $(PY) $$b || exit 1; done
+
+kernel:
+	kernel/build
+
+kernel-test: kernel
+	kernel/test
+
+clean:
+	rm -rf .venv build *.egg-info out
+	$(MAKE) -s -C bpf clean

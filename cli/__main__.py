@@ -1,0 +1,3 @@
+from cachepilot.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,56 @@
+"""Build glue: maps the top-level folders onto the `cachepilot` import root
+and compiles the native C core.  Everything else lives in pyproject.toml."""
+import glob
+import os
+
+from setuptools import Extension, find_packages, setup
+
+# import name -> folder (DESIGN.md: the import root is mapped onto the
+# top-level folders).
+ROOTS = {
+    "cachepilot": "cli",
+    "cachepilot.models": "models",
+    "cachepilot.agent": "agent",
+    "cachepilot.controller": "controller",
+}
+
+
+def packages():
+    found = {}
+    for name, folder in ROOTS.items():
+        found[name] = folder
+        if name == "cachepilot":
+            continue
+        for sub in find_packages(folder):
+            found[f"{name}.{sub}"] = os.path.join(folder, *sub.split("."))
+    return found
+
+
+PKGS = packages()
+CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
+          "-fvisibility=hidden"]
+
+
+def native(name, sources, **kw):
+    return Extension(name, sources=sorted(sources),
+                     include_dirs=["bpf/include", "models/native"],
+                     extra_compile_args=CFLAGS, **kw)
+
+
+EXTENSIONS = []
+if glob.glob("models/native/mrc/*.c"):
+    EXTENSIONS.append(native("cachepilot.models._mrc",
+                             glob.glob("models/native/mrc/*.c")))
+if glob.glob("models/native/runtime/*.c"):
+    EXTENSIONS.append(native(
+        "cachepilot.models._runtime",
+        glob.glob("models/native/runtime/*.c") +
+        glob.glob("bpf/policies/*.bpf.c"),
+        libraries=["dl"]))
+
+setup(
+    packages=list(PKGS),
+    package_dir=PKGS,
+    package_data={"cachepilot.controller": ["*.proto"]},
+    ext_modules=EXTENSIONS,
+)
