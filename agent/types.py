@@ -1,0 +1,58 @@
+"""What crosses between a node backend, the node agent and the controller.
+
+These are plain dataclasses; controller/cachepilot.proto mirrors them on the
+wire and agent/wire.py converts.  Sizes in bytes unless the name says pages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cachepilot.models.mrc import MRC
+
+
+@dataclass
+class NodeInfo:
+    node_id: str
+    memory_bytes: int                 # memory the node offers its tenants
+    cgroup_version: int               # 1 or 2; 0 for the sim backend
+    has_cache_ext: bool
+    policies: list[str]               # policies this node can load / emulate
+    backend: str = "linux"            # "linux" or "sim"
+
+
+@dataclass
+class TenantReport:
+    tenant: str                       # tenant name from the config
+    cgroup: str                       # cgroup path (or sim name)
+    interval_s: float
+    accesses_per_s: float             # page-cache accesses
+    inserts_per_s: float              # insertions = misses
+    removals_per_s: float
+    refaults_per_s: float
+    limit_bytes: int                  # current memory limit (0 = none)
+    usage_file_bytes: int
+    usage_anon_bytes: int
+    policy: str                       # policy in force ("linux" = kernel default)
+    throughput: float                 # from the tenant's throughput source
+    miss_ratio: float                 # observed over the interval
+    curves: list[MRC] = field(default_factory=list)
+    # curves are against the limit an operator would set: the agent has
+    # already shifted them by the anonymous memory the cgroup holds (meta
+    # key "anon_offset_pages"), so size == limit.
+
+
+@dataclass
+class Directive:
+    tenant: str
+    limit_bytes: int
+    policy: str
+    reason: str = ""
+
+
+@dataclass
+class ApplyResult:
+    tenant: str
+    applied_limit_bytes: int
+    applied_policy: str
+    ok: bool
+    message: str = ""                 # why something was refused or clamped
