@@ -15,7 +15,8 @@ COMMAND_MODULES = [
     "cachepilot.models.cli",        # mrc, trace
     "cachepilot.models.policy_cli",  # policy check, policy list, register-tids
     "cachepilot.agent.cli",         # agent, profile
-    "cachepilot.controller.cli",    # controller, run, plan, admin
+    "cachepilot.controller.cli",    # controller, run, admin
+    "cachepilot.controller.plan_cli",  # plan
 ]
 
 
