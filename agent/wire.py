@@ -1,0 +1,146 @@
+"""Conversion between agent/types.py dataclasses and their protobuf mirrors.
+
+Converting *from* the wire is also where untrusted input is checked: a curve
+that is not a valid MRC (sizes not strictly increasing, NaN, ratios outside
+[0, 1], mismatched lengths) raises WireError, which the controller turns into
+INVALID_ARGUMENT before anything is recorded.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
+from cachepilot.controller import cachepilot_pb2 as pb
+from cachepilot.models.mrc import MRC
+
+
+class WireError(ValueError):
+    """A message that does not describe a valid object."""
+
+
+# -- curves ----------------------------------------------------------------
+def curve_to_pb(curve: MRC) -> pb.Curve:
+    return pb.Curve(policy=curve.policy, method=curve.method, rate=float(curve.rate),
+                    sizes_pages=[int(s) for s in curve.sizes],
+                    miss_ratio=[float(m) for m in curve.miss_ratio],
+                    meta_json=json.dumps(curve.meta, default=_jsonable) if curve.meta else "")
+
+
+def curve_from_pb(msg: pb.Curve, where: str = "curve") -> MRC:
+    sizes, ratios = list(msg.sizes_pages), list(msg.miss_ratio)
+    if len(sizes) != len(ratios):
+        raise WireError(f"{where}: {len(sizes)} sizes but {len(ratios)} miss ratios")
+    if not sizes:
+        raise WireError(f"{where}: no points")
+    if any(b <= a for a, b in zip(sizes, sizes[1:])):
+        raise WireError(f"{where}: sizes are not strictly increasing")
+    if sizes[0] < 0:
+        raise WireError(f"{where}: negative size")
+    for m in ratios:
+        if not math.isfinite(m) or m < 0.0 or m > 1.0 + 1e-9:
+            raise WireError(f"{where}: miss ratio {m!r} is not within [0, 1]")
+    if not math.isfinite(msg.rate) or not 0.0 < msg.rate <= 1.0:
+        raise WireError(f"{where}: sampling rate {msg.rate!r} is not within (0, 1]")
+    meta = {}
+    if msg.meta_json:
+        try:
+            meta = json.loads(msg.meta_json)
+        except ValueError:
+            raise WireError(f"{where}: meta_json is not JSON") from None
+        if not isinstance(meta, dict):
+            raise WireError(f"{where}: meta_json is not a JSON object")
+    try:
+        return MRC(np.asarray(sizes, dtype=np.int64), np.asarray(ratios, dtype=np.float64),
+                   msg.policy or "lru", msg.method or "exact", float(msg.rate), meta)
+    except ValueError as err:
+        raise WireError(f"{where}: {err}") from None
+
+
+def _jsonable(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+# -- node facts --------------------------------------------------------------
+def node_info_to_pb(info: NodeInfo) -> pb.NodeInfo:
+    return pb.NodeInfo(node_id=info.node_id, memory_bytes=int(info.memory_bytes),
+                       cgroup_version=int(info.cgroup_version),
+                       has_cache_ext=bool(info.has_cache_ext),
+                       policies=list(info.policies), backend=info.backend)
+
+
+def node_info_from_pb(msg: pb.NodeInfo) -> NodeInfo:
+    if not msg.node_id:
+        raise WireError("node: empty node_id")
+    if msg.memory_bytes <= 0:
+        raise WireError(f"node {msg.node_id}: memory_bytes must be positive")
+    return NodeInfo(node_id=msg.node_id, memory_bytes=int(msg.memory_bytes),
+                    cgroup_version=int(msg.cgroup_version),
+                    has_cache_ext=bool(msg.has_cache_ext),
+                    policies=list(msg.policies), backend=msg.backend or "linux")
+
+
+# -- reports -----------------------------------------------------------------
+_RATE_FIELDS = ("interval_s", "accesses_per_s", "inserts_per_s", "removals_per_s",
+                "refaults_per_s", "throughput", "miss_ratio")
+_BYTE_FIELDS = ("limit_bytes", "usage_file_bytes", "usage_anon_bytes")
+
+
+def report_to_pb(report: TenantReport) -> pb.TenantReport:
+    msg = pb.TenantReport(tenant=report.tenant, cgroup=report.cgroup, policy=report.policy,
+                          curves=[curve_to_pb(c) for c in report.curves])
+    for name in _RATE_FIELDS:
+        setattr(msg, name, float(getattr(report, name)))
+    for name in _BYTE_FIELDS:
+        setattr(msg, name, int(getattr(report, name)))
+    return msg
+
+
+def report_from_pb(msg: pb.TenantReport) -> TenantReport:
+    where = f"tenant {msg.tenant!r}"
+    if not msg.tenant:
+        raise WireError("report: empty tenant name")
+    values = {}
+    for name in _RATE_FIELDS:
+        v = getattr(msg, name)
+        if not math.isfinite(v) or v < 0:
+            raise WireError(f"{where}: {name} {v!r} must be finite and non-negative")
+        values[name] = float(v)
+    if values["miss_ratio"] > 1.0 + 1e-9:
+        raise WireError(f"{where}: miss_ratio {values['miss_ratio']} is above 1")
+    for name in _BYTE_FIELDS:
+        v = getattr(msg, name)
+        if v < 0:
+            raise WireError(f"{where}: {name} must be non-negative")
+        values[name] = int(v)
+    curves = [curve_from_pb(c, f"{where} curve {i} ({c.policy})")
+              for i, c in enumerate(msg.curves)]
+    return TenantReport(tenant=msg.tenant, cgroup=msg.cgroup, policy=msg.policy,
+                        curves=curves, **values)
+
+
+# -- directives and their results --------------------------------------------
+def directive_to_pb(d: Directive) -> pb.Directive:
+    return pb.Directive(tenant=d.tenant, limit_bytes=int(d.limit_bytes),
+                        policy=d.policy, reason=d.reason)
+
+
+def directive_from_pb(msg: pb.Directive) -> Directive:
+    return Directive(tenant=msg.tenant, limit_bytes=int(msg.limit_bytes),
+                     policy=msg.policy, reason=msg.reason)
+
+
+def apply_result_to_pb(r: ApplyResult) -> pb.ApplyResult:
+    return pb.ApplyResult(tenant=r.tenant, applied_limit_bytes=int(r.applied_limit_bytes),
+                          applied_policy=r.applied_policy, ok=bool(r.ok), message=r.message)
+
+
+def apply_result_from_pb(msg: pb.ApplyResult) -> ApplyResult:
+    return ApplyResult(tenant=msg.tenant, applied_limit_bytes=int(msg.applied_limit_bytes),
+                       applied_policy=msg.applied_policy, ok=bool(msg.ok), message=msg.message)
