@@ -1,0 +1,446 @@
+"""The controller's YAML config: what an operator writes, validated on load.
+
+    control:     how the loop behaves (interval, step limit, hysteresis,
+                 autopilot threshold and streak, warm-up, safety margin)
+    controller:  where it listens and how callers authenticate
+    nodes:       the hosts (name, memory offered to tenants, backend)
+    tenants:     one per cgroup: its node, SLO, priority, floor and ceiling,
+                 allowed policies, and -- for the sim backend and the
+                 planner -- its workload and service model
+
+Sizes may be written as integers (bytes) or as strings with a unit
+("512MiB", "4G", "64k"; binary multiples).  Durations are seconds.
+
+Every error names the file, the key path and what was expected, e.g.
+``configs/x.yaml: tenants[2].slo.min_throughput: expected a number >= 0, got -5``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field,
+                      ValidationError, field_validator, model_validator)
+
+from cachepilot.errors import UserError
+
+PAGE_SIZE = 4096
+
+_UNITS = {"": 1, "b": 1,
+          "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+          "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+          "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: Any) -> int:
+    """An integer byte count from 4096, "4KiB", "1.5G", ... (binary units)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 4096 or \"512MiB\"")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("expected a size >= 0")
+        return value
+    if isinstance(value, float):
+        if value < 0 or value != value:
+            raise ValueError("expected a size >= 0")
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError("expected a size such as 4096 or \"512MiB\"")
+
+
+Bytes = Annotated[int, BeforeValidator(parse_bytes)]
+Name = Annotated[str, Field(min_length=1, max_length=128,
+                            pattern=r"^[A-Za-z0-9_.:-]+$")]
+PolicyName = Annotated[str, Field(min_length=1, max_length=64,
+                                  pattern=r"^[a-z0-9_-]+$")]
+
+
+class _Strict(BaseModel):
+    # A misspelt key is an error, not a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+# -- control loop ------------------------------------------------------------
+
+class ModelPrior(_Strict):
+    """Per-operation time = t_hit_s + miss_ratio * t_miss_s, with
+    `concurrency` operations in flight: throughput = concurrency / time.
+    Used as the throughput model until enough observations exist, and as
+    the sim backend's ground truth when it sits in a workload."""
+    t_hit_s: float = Field(2e-6, ge=0)
+    t_miss_s: float = Field(1e-4, gt=0)
+    concurrency: float = Field(1.0, gt=0)
+
+    def throughput(self, miss_ratio: float) -> float:
+        return self.concurrency / (self.t_hit_s + miss_ratio * self.t_miss_s)
+
+
+class ControlSpec(_Strict):
+    interval_s: float = Field(1.0, gt=0)
+    # No node's limits move by more than this fraction of its memory per
+    # interval, summed over its tenants.
+    max_step_fraction: float = Field(0.1, gt=0, le=1)
+    # Limit changes smaller than this fraction of the node's memory are
+    # ignored (keeps limits from jittering on noise in the curves).
+    hysteresis: float = Field(0.005, ge=0, lt=1)
+    # Policy autopilot: switch only when the predicted relative throughput
+    # gain exceeds `autopilot_threshold` for `autopilot_k` intervals in a row.
+    autopilot_threshold: float = Field(0.05, ge=0)
+    autopilot_k: int = Field(3, ge=1)
+    # Intervals after start that SLO attainment does not count.
+    warmup_intervals: int = Field(5, ge=0)
+    # Never set a limit below anonymous usage + this margin.
+    anon_margin_bytes: Bytes = 16 << 20
+    # Throughput model: use the fitted model once it has this many
+    # observations spanning at least this much miss ratio.
+    model_min_points: int = Field(5, ge=2)
+    model_min_spread: float = Field(0.05, ge=0, le=1)
+    model_window: int = Field(64, ge=2)   # observations kept per tenant
+    # A node with no report for this many intervals is lost.
+    lost_after_intervals: int = Field(3, ge=1)
+    # Prior for tenants that do not give their own.
+    prior: ModelPrior = ModelPrior()
+
+
+class ControllerSpec(_Strict):
+    listen: str = "127.0.0.1:50551"
+    # TLS is the default; `insecure: true` runs plaintext (loopback demos)
+    # and the controller warns loudly when it does.
+    insecure: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None          # for agents verifying the controller
+    token: str | None = Field(None, min_length=8)
+    token_file: Path | None = None
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _auth(self):
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("give token or token_file, not both")
+        if not self.insecure:
+            if self.tls_cert is None or self.tls_key is None:
+                raise ValueError("tls_cert and tls_key are required unless "
+                                 "insecure: true")
+            if self.token is None and self.token_file is None:
+                raise ValueError("token or token_file is required unless "
+                                 "insecure: true")
+        return self
+
+    def token_value(self) -> str | None:
+        """The shared token, read from token_file when given there."""
+        if self.token_file is not None:
+            try:
+                return self.token_file.read_text().strip()
+            except OSError as err:
+                raise UserError(f"{self.token_file}: cannot read the token "
+                                f"file: {err.strerror}") from None
+        return self.token
+
+
+# -- nodes ---------------------------------------------------------------------
+
+class NodeSpec(_Strict):
+    name: Name
+    memory_bytes: Bytes = Field(gt=0)
+    backend: Literal["sim", "linux"] = "sim"
+    address: str | None = None          # agent address, when it listens
+    seed: int = 0                       # sim: base seed of its generators
+    # Policies the node may load (linux) or emulates (sim); None = all it has.
+    policies: list[PolicyName] | None = None
+    # linux: only cgroups under these roots are touched.
+    cgroup_roots: list[str] = Field(default_factory=list)
+
+
+# -- tenants -------------------------------------------------------------------
+
+class PrometheusSource(_Strict):
+    url: str = Field(min_length=1)
+    metric: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class SLO(_Strict):
+    min_throughput: float = Field(ge=0)   # operations per second
+    # "accesses": the backend's own count (sim: operations served; linux:
+    # page-cache accesses per second); or a Prometheus query.
+    source: Union[Literal["accesses"], PrometheusSource] = "accesses"
+
+
+class PhaseSpec(_Strict):
+    """One phase of a synthetic (or traced) workload."""
+    kind: Literal["zipf", "uniform", "scan", "loop", "get-scan", "trace"]
+    footprint: Bytes = Field(64 << 20, gt=0)  # working set, bytes
+    skew: float = Field(1.0, ge=0)           # zipf, get-scan
+    scan_fraction: float = Field(0.1, ge=0, le=1)  # get-scan
+    scan_length: Bytes = Field(16 << 20, gt=0)     # get-scan: bytes per scan
+    trace: Path | None = None                # kind: trace
+    trace_format: str | None = None
+    # Length of the phase in control intervals; None = until the end.
+    intervals: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _trace_needs_path(self):
+        if self.kind == "trace" and self.trace is None:
+            raise ValueError("a trace phase needs a `trace` path")
+        return self
+
+
+class WorkloadSpec(_Strict):
+    """What a sim tenant runs (and what the planner profiles)."""
+    phases: list[PhaseSpec] = Field(min_length=1)
+    accesses_per_interval: int = Field(20000, ge=1)
+    service: ModelPrior = ModelPrior()
+    seed: int | None = None
+
+    @field_validator("phases")
+    @classmethod
+    def _only_last_open(cls, phases):
+        for i, p in enumerate(phases[:-1]):
+            if p.intervals is None:
+                raise ValueError(f"phase {i} has no `intervals` but is not "
+                                 f"the last phase")
+        return phases
+
+
+class TenantSpec(_Strict):
+    name: Name
+    node: Name
+    cgroup: str | None = None           # defaults to the tenant name
+    slo: SLO | None = None
+    priority: int = 0                   # higher is served first
+    floor_bytes: Bytes = 0
+    ceiling_bytes: Bytes | None = None  # None: the node's memory
+    # Allowed policies; None = every policy the node offers.
+    policies: list[PolicyName] | None = Field(None, min_length=1)
+    initial_policy: PolicyName = "linux"
+    initial_limit_bytes: Bytes | None = None  # None: an equal share
+    model: ModelPrior | None = None     # prior; None = control.prior
+    workload: WorkloadSpec | None = None
+    # Planner input when no workload is given: a JSON file of curves as
+    # written by `cachepilot mrc --json` (a list of MRC dicts, or an object
+    # with a "curves" list).
+    curves_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _defaults(self):
+        if self.cgroup is None:
+            self.cgroup = self.name
+        if self.ceiling_bytes is not None and self.floor_bytes > self.ceiling_bytes:
+            raise ValueError(f"floor_bytes ({self.floor_bytes}) is above "
+                             f"ceiling_bytes ({self.ceiling_bytes})")
+        if self.policies is not None and len(set(self.policies)) != len(self.policies):
+            raise ValueError("policies lists a policy twice")
+        return self
+
+
+class Config(_Strict):
+    control: ControlSpec = ControlSpec()
+    # None when the file has no controller section (planner inputs, embedded
+    # runs); a networked controller must refuse to start without one.
+    controller: ControllerSpec | None = None
+    nodes: list[NodeSpec] = Field(min_length=1)
+    tenants: list[TenantSpec] = Field(default_factory=list)
+    # Where the file was loaded from (relative paths resolve against it).
+    source: Path | None = Field(None, exclude=True)
+
+    def node(self, name: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def tenant(self, name: str) -> TenantSpec:
+        for t in self.tenants:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def tenants_on(self, node: str) -> list[TenantSpec]:
+        return [t for t in self.tenants if t.node == node]
+
+    def prior_for(self, tenant: TenantSpec) -> ModelPrior:
+        return tenant.model or self.control.prior
+
+
+# -- loading -------------------------------------------------------------------
+
+def _path(loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in str(part) or str(part)[:1].isupper() or \
+                str(part).startswith("function-"):
+            continue    # union branch tags and validator names
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _show(value) -> str:
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _expectation(err: dict) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    got = f", got {_show(err['input'])}" if "input" in err else ""
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal",
+                "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">",
+              "less_than_equal": "<=", "less_than": "<"}[kind]
+        bound = next(iter(ctx.values()))
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
+        return f"expected a number {op} {bound}{got}"
+    if kind in ("float_parsing", "float_type", "int_parsing", "int_type",
+                "int_from_float"):
+        what = "an integer" if kind.startswith("int") else "a number"
+        return f"expected {what}{got}"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"expected true or false{got}"
+    if kind in ("string_type",):
+        return f"expected a string{got}"
+    if kind == "literal_error":
+        return f"expected {ctx.get('expected', 'one of the allowed values')}{got}"
+    if kind in ("list_type",):
+        return f"expected a list{got}"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"expected a mapping{got}"
+    if kind == "too_short":
+        return f"expected at least {ctx.get('min_length', 1)} item(s){got}"
+    if kind == "string_pattern_mismatch":
+        return f"expected letters, digits and _.:- only{got}"
+    if kind == "value_error":
+        msg = str(ctx.get("error", err["msg"]))
+        plain = isinstance(err.get("input"), (dict, list))
+        return msg + ("" if plain else got)
+    return err["msg"][0].lower() + err["msg"][1:] + got
+
+
+def _format(path: str, err: ValidationError) -> str:
+    errors = err.errors(include_url=False)
+    # A union (e.g. slo.source) reports once per branch: when a mapping was
+    # given, the "expected 'accesses'" branch says nothing useful.
+    if len(errors) > 1:
+        errors = [e for e in errors if not (
+            e["type"] == "literal_error" and isinstance(e.get("input"), dict))]
+    seen, out = set(), []
+    for e in errors:
+        key = _path(e["loc"])
+        if key not in seen:         # one message per key path
+            seen.add(key)
+            out.append(f"{path}: {key}: {_expectation(e)}")
+    return "; ".join(out[:5]) + (f" (and {len(out) - 5} more)" if len(out) > 5 else "")
+
+
+def _cross_check(cfg: Config) -> list[str]:
+    """Checks that span several entries: names, placements, floors."""
+    errs = []
+    seen = {}
+    for i, n in enumerate(cfg.nodes):
+        if n.name in seen:
+            errs.append(f"nodes[{i}].name: {n.name!r} is already used by "
+                        f"nodes[{seen[n.name]}]")
+        seen[n.name] = i
+    names = {}
+    floors: dict[str, int] = {}
+    for i, t in enumerate(cfg.tenants):
+        if t.name in names:
+            errs.append(f"tenants[{i}].name: {t.name!r} is already used by "
+                        f"tenants[{names[t.name]}]")
+        names[t.name] = i
+        if t.node not in seen:
+            errs.append(f"tenants[{i}].node: expected one of the nodes "
+                        f"({', '.join(sorted(seen))}), got {t.node!r}")
+            continue
+        node = cfg.nodes[seen[t.node]]
+        if t.ceiling_bytes is not None and t.ceiling_bytes > node.memory_bytes:
+            errs.append(f"tenants[{i}].ceiling_bytes: expected at most the "
+                        f"node's memory ({node.memory_bytes}), got {t.ceiling_bytes}")
+        if t.floor_bytes > node.memory_bytes:
+            errs.append(f"tenants[{i}].floor_bytes: expected at most the "
+                        f"node's memory ({node.memory_bytes}), got {t.floor_bytes}")
+        if node.policies is not None and t.policies is not None:
+            extra = [p for p in t.policies if p not in node.policies]
+            if extra:
+                errs.append(f"tenants[{i}].policies: {', '.join(extra)} not "
+                            f"offered by node {node.name!r} "
+                            f"({', '.join(node.policies)})")
+        floors[t.node] = floors.get(t.node, 0) + t.floor_bytes
+    for node_name, total in floors.items():
+        node = cfg.nodes[seen[node_name]]
+        if total > node.memory_bytes:
+            errs.append(f"tenants: floors on node {node_name!r} add up to "
+                        f"{total} bytes, more than its {node.memory_bytes}")
+    return errs
+
+
+def _resolve_paths(cfg: Config, base: Path) -> None:
+    def fix(p):
+        return p if p is None or p.is_absolute() else (base / p)
+    c = cfg.controller
+    if c is not None:
+        c.tls_cert, c.tls_key, c.tls_ca, c.token_file = (
+            fix(c.tls_cert), fix(c.tls_key), fix(c.tls_ca), fix(c.token_file))
+    for t in cfg.tenants:
+        t.curves_file = fix(t.curves_file)
+        if t.workload is not None:
+            for ph in t.workload.phases:
+                ph.trace = fix(ph.trace)
+
+
+def config_from_dict(data: Any, path: str = "<config>") -> Config:
+    """Validate an already parsed document; errors name `path` and the key."""
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping at the top level, got "
+                        f"{type(data).__name__}")
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_format(path, err)) from None
+    errs = _cross_check(cfg)
+    if errs:
+        raise UserError("; ".join(f"{path}: {e}" for e in errs[:5]))
+    return cfg
+
+
+def load_config(path) -> Config:
+    """Read and validate a YAML config; UserError with file, key path and
+    expectation on any problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such config file") from None
+    except OSError as err:
+        raise UserError(f"{p}: cannot read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise UserError(f"{p}{where}: not valid YAML: {problem}") from None
+    if data is None:
+        raise UserError(f"{p}: the config is empty")
+    cfg = config_from_dict(data, str(p))
+    cfg.source = p.resolve()
+    _resolve_paths(cfg, p.resolve().parent)
+    return cfg
