@@ -1,0 +1,1 @@
+"""Node backends: `linux` (a real host) and `sim` (an emulated one)."""

@@ -1,0 +1,215 @@
+"""The sim backend: an emulated host on a virtual clock.
+
+Each tenant replays its workload (A's seeded generators, or a trace) through
+the policy runtime (B's `Cache`) at its memory limit.  One collect() is one
+control interval of virtual time: the tenant issues
+`accesses_per_interval` page accesses (a sample of its operation stream),
+the cache counts the misses, and the tenant's service model turns the miss
+ratio into throughput:
+
+    time per operation = t_hit + miss_ratio * t_miss
+    throughput         = concurrency / time per operation
+
+The same accesses feed an MRCBuilder (SHARDS for LRU, miniature simulations
+for the other policies), so the reports carry curves exactly as a real
+agent's would.  Limits and policy swaps take effect at the next interval;
+the cache keeps its contents across a swap (`Cache.swap_policy`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
+from cachepilot.errors import UserError
+from cachepilot.models.mrc import PAGE_SIZE
+
+# Curve resolution: points per curve, spread evenly up to the node's memory.
+CURVE_POINTS = 48
+
+
+def curve_sizes(memory_bytes: int, points: int = CURVE_POINTS) -> np.ndarray:
+    top = max(points, memory_bytes // PAGE_SIZE)
+    return np.unique(np.linspace(top / points, top, points).astype(np.int64))
+
+
+class PhaseStream:
+    """The access stream of one workload phase: next(n) -> (keys, tids)."""
+
+    def __init__(self, phase, seed: int, key_base: int):
+        from cachepilot.models import generators as gen
+        self.phase = phase
+        pages = max(1, phase.footprint // PAGE_SIZE)
+        self.key_base = key_base
+        kind = phase.kind
+        if kind == "zipf":
+            self.gen = gen.zipf(pages, phase.skew, seed=seed)
+        elif kind == "uniform":
+            self.gen = gen.uniform(pages, seed=seed)
+        elif kind == "scan":
+            self.gen = gen.scan(pages, seed=seed)
+        elif kind == "loop":
+            self.gen = gen.loop(pages, seed=seed)
+        elif kind == "get-scan":
+            self.gen = gen.get_scan(pages, phase.skew, scan_fraction=phase.scan_fraction,
+                                    scan_pages=max(1, phase.scan_length // PAGE_SIZE),
+                                    seed=seed)
+        elif kind == "trace":
+            self.gen = gen.trace_stream(phase.trace, phase.trace_format)
+        else:
+            raise UserError(f"sim: unknown workload kind {kind!r}")
+
+    def next(self, n: int):
+        out = self.gen.next(n)
+        keys, tids = (out if isinstance(out, tuple) else (out, None))
+        # Phases of one tenant touch distinct pages (a new phase is new data).
+        keys = np.asarray(keys, dtype=np.uint64) + np.uint64(self.key_base)
+        return keys, tids
+
+
+class SimTenant:
+    def __init__(self, spec, node_spec, policies, limit_bytes: int, seed: int,
+                 curve_rate: float, interval_s: float):
+        from cachepilot.models.builder import MRCBuilder
+        from cachepilot.models.runtime import Cache
+        if spec.workload is None:
+            raise UserError(f"tenant {spec.name!r}: a sim tenant needs a `workload`")
+        self.spec = spec
+        self.workload = spec.workload
+        self.interval_s = interval_s
+        self.seed = seed
+        self.limit_bytes = int(limit_bytes)
+        self.policy = spec.initial_policy
+        self.allowed = [p for p in (spec.policies or policies) if p in policies]
+        if self.policy not in policies:
+            raise UserError(f"tenant {spec.name!r}: initial policy {self.policy!r} is not "
+                            f"available (have {', '.join(policies)})")
+        self.cache = Cache(self.policy, max(1, self.limit_bytes // PAGE_SIZE))
+        self.sizes = curve_sizes(node_spec.memory_bytes)
+        self.builder = MRCBuilder(self.allowed, rate=curve_rate, sizes=self.sizes)
+        self.interval = 0
+        self.phase_index = -1
+        self.stream = None
+        self.history: list[dict] = []
+
+    def phase_at(self, interval: int) -> int:
+        start = 0
+        for i, ph in enumerate(self.workload.phases):
+            if ph.intervals is None or interval < start + ph.intervals:
+                return i
+            start += ph.intervals
+        return len(self.workload.phases) - 1
+
+    def step(self) -> TenantReport:
+        idx = self.phase_at(self.interval)
+        if idx != self.phase_index:
+            self.phase_index = idx
+            phase = self.workload.phases[idx]
+            self.stream = PhaseStream(phase, self.seed * 1009 + idx, key_base=idx << 40)
+        n = self.workload.accesses_per_interval
+        keys, tids = self.stream.next(n)
+        misses = int(self.cache.access(keys, tids))
+        m = misses / max(1, len(keys))
+        svc = self.workload.service
+        throughput = svc.throughput(m)
+        self.builder.feed(keys, tids=tids)
+        curves = self.builder.snapshot()
+        self.builder.end_window()
+        resident = min(self.limit_bytes, _resident_bytes(self.cache))
+        self.interval += 1
+        report = TenantReport(
+            tenant=self.spec.name, cgroup=self.spec.cgroup, interval_s=self.interval_s,
+            accesses_per_s=throughput, inserts_per_s=throughput * m,
+            removals_per_s=throughput * m if resident >= self.limit_bytes else 0.0,
+            refaults_per_s=0.0, limit_bytes=self.limit_bytes,
+            usage_file_bytes=resident, usage_anon_bytes=0, policy=self.policy,
+            throughput=throughput, miss_ratio=m, curves=curves)
+        self.history.append({"interval": self.interval, "phase": idx, "limit_bytes":
+                             self.limit_bytes, "policy": self.policy, "miss_ratio": m,
+                             "throughput": throughput})
+        return report
+
+    def apply(self, d: Directive, node_memory: int) -> ApplyResult:
+        msgs = []
+        limit = int(d.limit_bytes)
+        floor = self.spec.floor_bytes
+        ceiling = self.spec.ceiling_bytes or node_memory
+        if limit < floor:
+            msgs.append(f"limit {limit} below the floor {floor}; clamped")
+            limit = floor
+        if limit > ceiling:
+            msgs.append(f"limit {limit} above the ceiling {ceiling}; clamped")
+            limit = ceiling
+        limit = max(PAGE_SIZE, limit)
+        policy = self.policy
+        ok = True
+        if d.policy and d.policy != self.policy:
+            if d.policy in self.allowed:
+                self.cache.swap_policy(d.policy)
+                policy = d.policy
+            else:
+                ok = False
+                msgs.append(f"policy {d.policy!r} not allowed for this tenant "
+                            f"(allowed: {', '.join(self.allowed)}); kept {self.policy}")
+        self.policy = policy
+        self.limit_bytes = limit
+        self.cache.capacity_pages = max(1, limit // PAGE_SIZE)
+        return ApplyResult(self.spec.name, limit, policy, ok and not msgs or ok, "; ".join(msgs))
+
+
+def _resident_bytes(cache) -> int:
+    stats = getattr(cache, "stats", None)
+    if isinstance(stats, dict):
+        for key in ("resident", "resident_pages", "size", "pages"):
+            if key in stats:
+                return int(stats[key]) * PAGE_SIZE
+    return int(getattr(cache, "capacity_pages", 0)) * PAGE_SIZE
+
+
+class SimBackend:
+    """Backend protocol (agent/backend.py) over emulated tenants."""
+
+    def __init__(self, config, node_name: str, seed: int | None = None,
+                 curve_rate: float = 0.25):
+        from cachepilot.models.runtime import available_policies
+        try:
+            self.node = config.node(node_name)
+        except KeyError:
+            raise UserError(f"sim: no node named {node_name!r} in the config") from None
+        have = list(available_policies())
+        self.policies = [p for p in (self.node.policies or have) if p in have]
+        specs = config.tenants_on(node_name)
+        if not specs:
+            raise UserError(f"sim: node {node_name!r} has no tenants")
+        equal = self.node.memory_bytes // len(specs)
+        base = self.node.seed if seed is None else seed
+        self.tenants: dict[str, SimTenant] = {}
+        for i, t in enumerate(specs):
+            tseed = t.workload.seed if (t.workload and t.workload.seed is not None) \
+                else base * 7919 + i
+            self.tenants[t.name] = SimTenant(
+                t, self.node, self.policies, t.initial_limit_bytes or equal, tseed,
+                curve_rate, config.control.interval_s)
+
+    def info(self) -> NodeInfo:
+        return NodeInfo(self.node.name, self.node.memory_bytes, 0, True, list(self.policies),
+                        "sim")
+
+    def collect(self) -> list[TenantReport]:
+        return [t.step() for t in self.tenants.values()]
+
+    def apply(self, directives: list[Directive]) -> list[ApplyResult]:
+        out = []
+        for d in directives:
+            t = self.tenants.get(d.tenant)
+            if t is None:
+                out.append(ApplyResult(d.tenant, 0, "", False, "no such tenant on this node"))
+                continue
+            out.append(t.apply(d, self.node.memory_bytes))
+        return out
+
+    def current(self) -> dict:
+        return {name: {"limit_bytes": t.limit_bytes, "policy": t.policy,
+                       "phase": t.phase_index} for name, t in self.tenants.items()}
+
+    def close(self) -> None:
+        pass

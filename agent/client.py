@@ -1,0 +1,218 @@
+"""The node client: a backend on one side, the controller on the other.
+
+Every interval it collects the backend's reports, sends them, and applies
+the directives that come back.  When the controller is away the backend
+simply keeps the last limits and policies (nothing is undone); the client
+keeps collecting so the node's own view stays current, retries with
+exponential backoff, registers again, and its next report tells the new
+controller everything it needs to resynchronise.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from cachepilot.agent import wire
+from cachepilot.agent.types import ApplyResult, Directive
+from cachepilot.controller import cachepilot_pb2 as pb
+from cachepilot.controller import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.controller.service import TOKEN_HEADER
+
+log = logging.getLogger("cachepilot.agent.client")
+
+# Errors after which the client registers again: the controller restarted
+# (unknown session), marked us lost, or is unreachable for now.
+_RETRY = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION,
+          grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+          grpc.StatusCode.UNKNOWN, grpc.StatusCode.PERMISSION_DENIED,
+          grpc.StatusCode.INTERNAL}
+
+
+@dataclass
+class StepOutcome:
+    seq: int
+    connected: bool
+    directives: list[Directive]
+    applied: list[ApplyResult]
+    error: str = ""
+
+
+def make_channel(target: str, root_cert: bytes | None = None, server_name: str | None = None,
+                 insecure: bool = False) -> grpc.Channel:
+    options = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", 64 << 20),
+               ("grpc.max_send_message_length", 64 << 20)]
+    if insecure:
+        return grpc.insecure_channel(target, options=options)
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root_cert),
+                               options=options)
+
+
+class NodeClient:
+    def __init__(self, backend, target: str, token: str | None = None,
+                 root_cert: bytes | None = None, server_name: str | None = None,
+                 insecure: bool = False, timeout_s: float = 5.0,
+                 backoff_s: tuple[float, float] = (0.1, 5.0)):
+        self.backend = backend
+        self.info = backend.info()
+        self.target = target
+        self.metadata = ((TOKEN_HEADER, f"Bearer {token}"),) if token else ()
+        self._channel_args = (target, root_cert, server_name, insecure)
+        self.timeout_s = timeout_s
+        self.backoff_min, self.backoff_max = backoff_s
+        self.channel = None
+        self.stub = None
+        self.session: str | None = None
+        self.interval_s: float | None = None
+        self.seq = 0
+        self.pending: list[ApplyResult] = []     # results not yet reported
+        self.last_directives: dict[str, Directive] = {}
+        self.backoff = self.backoff_min
+        self.next_attempt = 0.0
+        self.last_error = ""
+        self.reconnects = 0
+
+    # -- connection -----------------------------------------------------------
+    def _connect(self):
+        if self.channel is None:
+            self.channel = make_channel(*self._channel_args)
+            self.stub = pb_grpc.NodeStub(self.channel)
+
+    def register(self) -> bool:
+        """One registration attempt; False (with last_error set) on failure."""
+        self._connect()
+        try:
+            reply = self.stub.Register(pb.RegisterRequest(node=wire.node_info_to_pb(self.info)),
+                                       metadata=self.metadata, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            self._failed(err)
+            return False
+        if self.session is not None or self.reconnects:
+            log.info("%s: registered again with the controller", self.info.node_id)
+        self.session, self.interval_s = reply.session, reply.interval_s
+        self.backoff = self.backoff_min
+        return True
+
+    def _failed(self, err: grpc.RpcError):
+        code = err.code() if hasattr(err, "code") else None
+        self.last_error = f"{code.name if code else 'error'}: " \
+                          f"{err.details() if hasattr(err, 'details') else err}"
+        if self.session is not None:
+            log.warning("%s: lost the controller (%s); keeping the last directives",
+                        self.info.node_id, self.last_error)
+            self.reconnects += 1
+        self.session = None
+        self.next_attempt = time.monotonic() + self.backoff
+        self.backoff = min(self.backoff * 2, self.backoff_max)
+        if code not in _RETRY:
+            # Wrong token or a refused report: say so; retrying will not help
+            # until an operator acts, but backing off keeps the node running.
+            log.error("%s: controller refused: %s", self.info.node_id, self.last_error)
+
+    @property
+    def connected(self) -> bool:
+        return self.session is not None
+
+    # -- one interval ---------------------------------------------------------
+    def step(self, reports=None) -> StepOutcome:
+        """Collect one interval (unless reports are given), report it, apply
+        what comes back.  Never raises for controller trouble."""
+        reports = self.backend.collect() if reports is None else reports
+        self.seq += 1
+        if self.session is None and time.monotonic() >= self.next_attempt:
+            self.register()
+        if self.session is None:
+            return StepOutcome(self.seq, False, [], [], self.last_error)
+        request = pb.ReportRequest(node_id=self.info.node_id, session=self.session, seq=self.seq,
+                                   reports=[wire.report_to_pb(r) for r in reports],
+                                   applied=[wire.apply_result_to_pb(a) for a in self.pending])
+        try:
+            reply = self.stub.Report(request, metadata=self.metadata, timeout=self.timeout_s)
+        except grpc.RpcError as err:
+            self._failed(err)
+            return StepOutcome(self.seq, False, [], [], self.last_error)
+        directives = [wire.directive_from_pb(d) for d in reply.directives]
+        applied = self.backend.apply(directives) if directives else []
+        self.pending = applied
+        self.last_directives.update({d.tenant: d for d in directives})
+        return StepOutcome(self.seq, True, directives, applied)
+
+    def run(self, intervals: int | None = None, pace_s: float | None = None,
+            stop: threading.Event | None = None, on_step=None):
+        """Step every pace_s seconds (default: the controller's interval)."""
+        stop = stop or threading.Event()
+        done = 0
+        next_at = time.monotonic()
+        while not stop.is_set() and (intervals is None or done < intervals):
+            outcome = self.step()
+            done += 1
+            if on_step:
+                on_step(self, outcome)
+            period = pace_s if pace_s is not None else (self.interval_s or 1.0)
+            next_at += period
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def close(self):
+        if self.channel is not None:
+            self.channel.close()
+        self.backend.close()
+
+
+# -- a stand-alone sim node (tests and demos start these as processes) ----------
+def main(argv=None) -> int:
+    from cachepilot.agent.backends.sim import SimBackend
+    from cachepilot.controller.config import load_config
+    from cachepilot.errors import UserError
+
+    ap = argparse.ArgumentParser(prog="python -m cachepilot.agent.client",
+                                 description="Run one sim node against a controller.")
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--node", required=True)
+    ap.add_argument("--target", help="controller address (default: the config's listen)")
+    ap.add_argument("--server-name", help="TLS name to expect (default: from the target)")
+    ap.add_argument("--intervals", type=int)
+    ap.add_argument("--pace", type=float, help="seconds between intervals")
+    ap.add_argument("--status-file", help="append one JSON line per interval")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        cfg = load_config(args.config)
+        try:
+            cfg.node(args.node)
+        except KeyError:
+            raise UserError(f"{args.config}: no node named {args.node!r}") from None
+        spec = cfg.controller
+        root = spec.tls_ca.read_bytes() if (spec.tls_ca and not spec.insecure) else None
+        client = NodeClient(SimBackend(cfg, args.node), args.target or spec.listen,
+                            token=spec.token_value(), root_cert=root,
+                            server_name=args.server_name, insecure=spec.insecure)
+    except UserError as err:
+        print(f"cachepilot agent: error: {err}", file=sys.stderr)
+        return 2
+    status = open(args.status_file, "a", buffering=1) if args.status_file else None
+
+    def on_step(c, outcome):
+        if status:
+            limits = c.backend.current()
+            status.write(json.dumps({"t": time.time(), "seq": outcome.seq,
+                                     "connected": outcome.connected, "error": outcome.error,
+                                     "tenants": limits}) + "\n")
+    try:
+        client.run(args.intervals, args.pace, on_step=on_step)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
