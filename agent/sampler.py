@@ -1,0 +1,307 @@
+"""The eBPF access sampler, seen from Python.
+
+bpf/out/sampler (built from bpf/sampler.c and bpf/sampler.bpf.c) loads the
+tp_btf programs and runs as our child process: it takes text commands on
+stdin and streams binary frames on stdout (the frame layout is described at
+the top of bpf/sampler.c).  A reader thread sorts the frames: sampled access
+records pile up per cgroup until the agent drains them, counter snapshots
+answer `counters()`.
+
+Nothing here is on the kernel's hot path; the kernel side only bumps
+per-CPU counters and, for sampled keys, writes a 32-byte record.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import threading
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+try:    # the one definition of the record layout (models/record_format.md)
+    from cachepilot.models.traces.records import RECORD_DTYPE, THRESHOLD_ALL
+except ImportError:     # pragma: no cover - the models package is always there
+    RECORD_DTYPE = np.dtype([("key", "<u8"), ("time_ns", "<u8"),
+                             ("cgroup_id", "<u8"), ("tid", "<u4"),
+                             ("op", "<u2"), ("folio_order", "<u2")])
+    THRESHOLD_ALL = 0xFFFF_FFFF_FFFF_FFFF
+
+REPO = Path(__file__).resolve().parents[1]
+LOADER = REPO / "bpf" / "out" / "sampler"
+BTF = Path("/sys/kernel/btf/vmlinux")
+
+FRAME_RECORDS, FRAME_COUNTERS, FRAME_MESSAGE = 1, 2, 3
+_FRAME = struct.Struct("<II")
+
+MASK64 = (1 << 64) - 1
+HASH_SEED = 0x9E3779B97F4A7C15
+
+
+def threshold_for_rate(rate: float) -> int:
+    """SHARDS threshold of a sampling rate in (0, 1]."""
+    if not 0.0 < rate <= 1.0:
+        raise ValueError(f"sampling rate must be in (0, 1], got {rate}")
+    if rate >= 1.0:
+        return THRESHOLD_ALL
+    return min(int(rate * 2.0**64), THRESHOLD_ALL)
+
+
+def rate_for_threshold(threshold: int) -> float:
+    return 1.0 if threshold >= THRESHOLD_ALL else threshold / 2.0**64
+
+
+def cp_hash64(x: int) -> int:
+    """Python copy of bpf/include/cachepilot_hash.h's cp_hash64 (tests pin
+    both against the same vectors)."""
+    x = (x + HASH_SEED) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def kernel_dev(st_dev: int) -> int:
+    """The kernel's dev_t (what super_block.s_dev holds) of a stat st_dev."""
+    return (os.major(st_dev) << 20) | os.minor(st_dev)
+
+
+def page_key(path_or_stat, index: int) -> int:
+    """Page key the sampler gives page `index` of a file: cp_page_key(dev,
+    ino, index) with the kernel's device number."""
+    st = os.stat(path_or_stat) if not isinstance(path_or_stat, os.stat_result) \
+        else path_or_stat
+    return cp_hash64(cp_hash64(kernel_dev(st.st_dev)) ^ st.st_ino) ^ index
+
+
+@dataclass
+class Counters:
+    """One watched cgroup's counters, summed over CPUs (pages, not events)."""
+    accesses: int = 0
+    inserts: int = 0
+    removals: int = 0
+    sampled: int = 0
+    drops: int = 0
+    access_events: int = 0
+    insert_events: int = 0
+    removal_events: int = 0
+
+    def __sub__(self, other: "Counters") -> "Counters":
+        return Counters(*(getattr(self, f.name) - getattr(other, f.name)
+                          for f in fields(self)))
+
+
+_NCOUNTERS = len(fields(Counters))
+_ENTRY = struct.Struct(f"<QQ{_NCOUNTERS}Q")
+
+
+class SamplerUnavailable(Exception):
+    """The sampler cannot run here; the message names what is missing."""
+
+
+def why_unavailable(loader: Path = LOADER) -> str | None:
+    """None when the sampler can run, else what is missing, in one line."""
+    if os.geteuid() != 0:
+        return "not running as root (BPF needs CAP_BPF and CAP_PERFMON)"
+    if not BTF.exists():
+        return f"the kernel has no BTF ({BTF} is missing)"
+    if not loader.exists():
+        return f"the sampler is not built ({loader} is missing; run `make -C bpf`)"
+    try:
+        res = subprocess.run([str(loader), "--check"], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"the sampler does not start: {err}"
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["no message"])[-1]
+        return f"the BPF sampler cannot load here: {last}"
+    return None
+
+
+class Sampler:
+    """A running sampler child process."""
+
+    def __init__(self, loader: Path = LOADER, ring_bytes: int = 1 << 22):
+        if not Path(loader).exists():
+            raise SamplerUnavailable(f"the sampler is not built ({loader} is missing)")
+        self._proc = subprocess.Popen(
+            [str(loader), "--ring-bytes", str(ring_bytes)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            bufsize=0)
+        self._lock = threading.Condition()
+        self._records: dict[int, list[np.ndarray]] = {}
+        self._messages: list[str] = []
+        self._counters: list[tuple[int, dict[int, tuple[int, Counters]]]] = []
+        self._closed = False
+        self.records_received = 0
+        self._reader = threading.Thread(target=self._read_frames, daemon=True,
+                                        name="sampler-reader")
+        self._reader.start()
+        msg = self._wait_message(("ready",), timeout=60)
+        if msg is None:
+            err = self._stderr_tail()
+            self.close()
+            raise SamplerUnavailable(f"the BPF sampler did not start: {err}")
+
+    # -- the reader thread -------------------------------------------------
+    def _read_exact(self, n: int) -> bytes | None:
+        buf = bytearray()
+        out = self._proc.stdout
+        while len(buf) < n:
+            chunk = out.read(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return bytes(buf)
+
+    def _read_frames(self):
+        while True:
+            head = self._read_exact(_FRAME.size)
+            if head is None:
+                break
+            kind, length = _FRAME.unpack(head)
+            payload = self._read_exact(length) if length else b""
+            if payload is None:
+                break
+            if kind == FRAME_RECORDS:
+                recs = np.frombuffer(payload, RECORD_DTYPE)
+                with self._lock:
+                    self.records_received += len(recs)
+                    for cg in np.unique(recs["cgroup_id"]):
+                        self._records.setdefault(int(cg), []).append(
+                            recs[recs["cgroup_id"] == cg])
+            elif kind == FRAME_COUNTERS:
+                now = struct.unpack_from("<Q", payload)[0]
+                snap = {}
+                for off in range(8, len(payload), _ENTRY.size):
+                    vals = _ENTRY.unpack_from(payload, off)
+                    snap[vals[0]] = (vals[1], Counters(*vals[2:]))
+                with self._lock:
+                    self._counters.append((now, snap))
+                    self._lock.notify_all()
+            elif kind == FRAME_MESSAGE:
+                with self._lock:
+                    self._messages.append(payload.decode(errors="replace"))
+                    self._lock.notify_all()
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+
+    def _wait_message(self, prefixes, timeout=10.0) -> str | None:
+        with self._lock:
+            def found():
+                for i, m in enumerate(self._messages):
+                    if m.startswith(prefixes):
+                        return self._messages.pop(i)
+                return None
+            msg = found()
+            while msg is None and not self._closed:
+                if not self._lock.wait(timeout):
+                    break
+                msg = found()
+            return msg
+
+    def _stderr_tail(self) -> str:
+        try:
+            self._proc.wait(timeout=5)
+            text = self._proc.stderr.read().decode(errors="replace").strip()
+        except Exception:   # noqa: BLE001 - only for the message
+            text = ""
+        return (text.splitlines() or ["exited without a message"])[-1]
+
+    def _command(self, line: str, expect: tuple[str, ...] | None):
+        if self._closed or self._proc.poll() is not None:
+            raise SamplerUnavailable(f"the sampler exited: {self._stderr_tail()}")
+        try:
+            self._proc.stdin.write((line + "\n").encode())
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError) as err:
+            raise SamplerUnavailable(f"the sampler exited: {err}") from None
+        if expect is None:
+            return None
+        msg = self._wait_message(expect)
+        if msg is None:
+            raise SamplerUnavailable(f"the sampler did not answer {line.split()[0]!r}")
+        if msg.startswith("error"):
+            raise SamplerUnavailable(f"sampler: {msg}")
+        return msg
+
+    # -- the API -----------------------------------------------------------
+    def watch(self, cgroup_id: int, threshold: int):
+        """Start watching a memory cgroup (or change its threshold; its
+        counters carry on).  threshold 0 counts without sampling."""
+        self._command(f"watch {int(cgroup_id)} {int(threshold)}",
+                      (f"ok watch {int(cgroup_id)}", f"error watch {int(cgroup_id)}"))
+
+    def unwatch(self, cgroup_id: int):
+        self._command(f"unwatch {int(cgroup_id)}",
+                      (f"ok unwatch {int(cgroup_id)}", f"error unwatch {int(cgroup_id)}"))
+        with self._lock:
+            self._records.pop(int(cgroup_id), None)
+
+    def pause(self):
+        """Stop draining the ring buffer (records beyond its size are dropped
+        and counted by the kernel side)."""
+        self._command("pause", ("ok pause",))
+
+    def resume(self):
+        self._command("resume", ("ok resume",))
+
+    def counters(self, timeout: float = 10.0) -> tuple[int, dict[int, tuple[int, Counters]]]:
+        """(monotonic ns, {cgroup id: (threshold, Counters)}).  Every record
+        those counters count as sampled has been received when this returns."""
+        with self._lock:
+            self._counters.clear()
+        self._command("counters", None)
+        with self._lock:
+            while not self._counters and not self._closed:
+                if not self._lock.wait(timeout):
+                    break
+            if not self._counters:
+                raise SamplerUnavailable("the sampler did not answer 'counters'")
+            return self._counters.pop(0)
+
+    def drain(self, cgroup_id: int | None = None) -> dict[int, np.ndarray]:
+        """Records received so far, per cgroup id, and forget them."""
+        with self._lock:
+            if cgroup_id is None:
+                taken, self._records = self._records, {}
+            else:
+                taken = {cgroup_id: self._records.pop(cgroup_id, [])}
+        return {cg: (np.concatenate(parts) if parts else np.zeros(0, RECORD_DTYPE))
+                for cg, parts in taken.items()}
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed and self._proc.poll() is None
+
+    def close(self):
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.write(b"quit\n")
+                self._proc.stdin.flush()
+            except OSError:
+                pass
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self._reader.join(timeout=5)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def have_fio() -> bool:
+    return shutil.which("fio") is not None
