@@ -153,7 +153,7 @@ class SimTenant:
         self.policy = policy
         self.limit_bytes = limit
         self.cache.capacity_pages = max(1, limit // PAGE_SIZE)
-        return ApplyResult(self.spec.name, limit, policy, ok and not msgs or ok, "; ".join(msgs))
+        return ApplyResult(self.spec.name, limit, policy, ok, "; ".join(msgs))
 
 
 def _resident_bytes(cache) -> int:

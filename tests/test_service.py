@@ -1,0 +1,259 @@
+"""The controller's gRPC service: authentication, refusals that change
+nothing, the admin API, lost-node detection and the metrics."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from cachepilot.agent import wire
+from cachepilot.agent.client import make_channel
+from cachepilot.controller import cachepilot_pb2 as pb
+from cachepilot.controller import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.controller.service import serve
+
+sys.path.insert(0, str(Path(__file__).parent))
+from grpc_fixtures import TOKEN, EchoEngine, report, small_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tls_server(tmp_path):
+    cfg = small_config(tmp_path)
+    served = serve(cfg, engine=EchoEngine())
+    yield cfg, served
+    served.stop(0)
+
+
+def stubs(cfg, served, token=TOKEN):
+    ch = make_channel(f"localhost:{served.port}", cfg.controller.tls_ca.read_bytes())
+    md = (("authorization", f"Bearer {token}"),) if token is not None else ()
+    return ch, pb_grpc.NodeStub(ch), pb_grpc.AdminStub(ch), md
+
+
+def register(node_stub, md, node="n1"):
+    info = pb.NodeInfo(node_id=node, memory_bytes=64 << 20, policies=["lru", "fifo"],
+                       backend="sim")
+    return node_stub.Register(pb.RegisterRequest(node=info), metadata=md, timeout=5).session
+
+
+def code_of(call):
+    with pytest.raises(grpc.RpcError) as err:
+        call()
+    return err.value.code(), err.value.details()
+
+
+def test_register_report_directives_over_tls(tls_server):
+    cfg, served = tls_server
+    ch, node, admin, md = stubs(cfg, served)
+    session = register(node, md)
+    req = pb.ReportRequest(node_id="n1", session=session, seq=1,
+                           reports=[wire.report_to_pb(report("n1-t0")),
+                                    wire.report_to_pb(report("n1-t1", policy="fifo"))])
+    reply = node.Report(req, metadata=md, timeout=5)
+    got = {d.tenant: (d.limit_bytes, d.policy) for d in reply.directives}
+    assert got == {"n1-t0": (16 << 20, "lru"), "n1-t1": (16 << 20, "fifo")}
+    assert reply.round == 1
+    status = admin.Status(pb.StatusRequest(), metadata=md, timeout=5)
+    assert status.tls and status.rounds == 1
+    assert [(n.node_id, n.state) for n in status.nodes] == [("n1", "reporting")]
+    ch.close()
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token-123"])
+def test_missing_or_wrong_token_is_refused_on_every_service(tls_server, token):
+    cfg, served = tls_server
+    ch, node, admin, md = stubs(cfg, served, token)
+    assert code_of(lambda: register(node, md))[0] == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: admin.Status(pb.StatusRequest(), metadata=md, timeout=5))[0] \
+        == grpc.StatusCode.UNAUTHENTICATED
+    assert code_of(lambda: admin.SetSLO(pb.SetSLORequest(tenant="n1-t0", min_throughput=5),
+                                        metadata=md, timeout=5))[0] \
+        == grpc.StatusCode.UNAUTHENTICATED
+    assert served.controller.registry.nodes["n1"].session is None
+    assert served.controller.config.tenant("n1-t0").slo.min_throughput == 1000
+    ch.close()
+
+
+def test_plaintext_client_cannot_talk_to_tls_server(tls_server):
+    cfg, served = tls_server
+    ch = grpc.insecure_channel(f"127.0.0.1:{served.port}")
+    stub = pb_grpc.AdminStub(ch)
+    code, _ = code_of(lambda: stub.Status(pb.StatusRequest(),
+                                          metadata=(("authorization", f"Bearer {TOKEN}"),),
+                                          timeout=3))
+    assert code == grpc.StatusCode.UNAVAILABLE
+    ch.close()
+
+
+def test_unregistered_or_unknown_nodes_are_refused(tls_server):
+    cfg, served = tls_server
+    ch, node, admin, md = stubs(cfg, served)
+    req = pb.ReportRequest(node_id="n1", session="made-up", seq=1,
+                           reports=[wire.report_to_pb(report("n1-t0"))])
+    code, details = code_of(lambda: node.Report(req, metadata=md, timeout=5))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "not registered" in details
+    code, details = code_of(lambda: register(node, md, node="intruder"))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "not in the controller's config" in details
+    # A registered node with a stale session is told to register again.
+    register(node, md)
+    code, _ = code_of(lambda: node.Report(req, metadata=md, timeout=5))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert served.controller.rounds == 0
+    ch.close()
+
+
+def _bad_curve(kind):
+    c = pb.Curve(policy="lru", method="exact", rate=1.0, sizes_pages=[10, 20, 30],
+                 miss_ratio=[0.9, 0.5, 0.1])
+    if kind == "non-monotone":
+        c.sizes_pages[:] = [10, 30, 20]
+    elif kind == "nan":
+        c.miss_ratio[1] = math.nan
+    elif kind == "above-one":
+        c.miss_ratio[0] = 1.5
+    elif kind == "mismatched":
+        del c.miss_ratio[2]
+    elif kind == "negative":
+        c.miss_ratio[2] = -0.1
+    return c
+
+
+@pytest.mark.parametrize("kind", ["non-monotone", "nan", "above-one", "mismatched", "negative"])
+def test_malformed_curve_is_refused_and_changes_nothing(tls_server, kind):
+    cfg, served = tls_server
+    ch, node, admin, md = stubs(cfg, served)
+    session = register(node, md)
+    good = wire.report_to_pb(report("n1-t0", limit=8 << 20))
+    node.Report(pb.ReportRequest(node_id="n1", session=session, seq=1, reports=[good]),
+                metadata=md, timeout=5)
+    before = served.controller.registry.nodes["n1"].tenants["n1-t0"]
+    rounds = served.controller.rounds
+    bad = wire.report_to_pb(report("n1-t0", limit=32 << 20))
+    bad.curves.append(_bad_curve(kind))
+    other = wire.report_to_pb(report("n1-t1", limit=32 << 20))
+    code, details = code_of(lambda: node.Report(
+        pb.ReportRequest(node_id="n1", session=session, seq=2, reports=[other, bad]),
+        metadata=md, timeout=5))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "n1-t0" in details
+    rec = served.controller.registry.nodes["n1"]
+    assert rec.tenants["n1-t0"] is before and "n1-t1" not in rec.tenants
+    assert served.controller.rounds == rounds and rec.reports == 1
+    ch.close()
+
+
+def test_report_naming_a_tenant_of_another_node_is_refused(tmp_path):
+    cfg = small_config(tmp_path, nodes=("n1", "n2"))
+    served = serve(cfg, engine=EchoEngine())
+    try:
+        ch, node, admin, md = stubs(cfg, served)
+        session = register(node, md)
+        req = pb.ReportRequest(node_id="n1", session=session, seq=1,
+                               reports=[wire.report_to_pb(report("n2-t0"))])
+        code, details = code_of(lambda: node.Report(req, metadata=md, timeout=5))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown tenant" in details
+        assert served.controller.registry.nodes["n1"].tenants == {}
+        ch.close()
+    finally:
+        served.stop(0)
+
+
+def test_admin_slo_changes_and_refusals(tls_server):
+    cfg, served = tls_server
+    ch, node, admin, md = stubs(cfg, served)
+    reply = admin.SetSLO(pb.SetSLORequest(tenant="n1-t0", min_throughput=2500), metadata=md)
+    assert reply.had_slo and reply.previous == 1000 and reply.current == 2500
+    assert served.controller.config.tenant("n1-t0").slo.min_throughput == 2500
+    # The operator's change is the controller's copy, not the caller's config.
+    assert cfg.tenant("n1-t0").slo.min_throughput == 1000
+    code, details = code_of(lambda: admin.SetSLO(
+        pb.SetSLORequest(tenant="n1-t0", min_throughput=-5), metadata=md))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "-5" in details
+    code, details = code_of(lambda: admin.SetSLO(
+        pb.SetSLORequest(tenant="ghost", min_throughput=5), metadata=md))
+    assert code == grpc.StatusCode.NOT_FOUND and "ghost" in details
+    code, _ = code_of(lambda: admin.SetSLO(
+        pb.SetSLORequest(tenant="n1-t0", min_throughput=math.nan), metadata=md))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert served.controller.config.tenant("n1-t0").slo.min_throughput == 2500
+    reply = admin.ClearSLO(pb.ClearSLORequest(tenant="n1-t0"), metadata=md)
+    assert reply.had_slo and not reply.has_slo
+    assert served.controller.config.tenant("n1-t0").slo is None
+    assert code_of(lambda: admin.ClearSLO(pb.ClearSLORequest(tenant="ghost"), metadata=md))[0] \
+        == grpc.StatusCode.NOT_FOUND
+    entries = admin.DecisionLog(pb.DecisionLogRequest(tenant="n1-t0"), metadata=md).entries
+    assert [e.kind for e in entries] == ["slo", "slo"]
+    assert "cleared" in entries[0].message
+    ch.close()
+
+
+def test_tenants_view_and_metrics_follow_reports(tls_server):
+    cfg, served = tls_server
+    served.controller.engine.script = {"n1-t1": (24 << 20, "fifo")}
+    ch, node, admin, md = stubs(cfg, served)
+    session = register(node, md)
+    node.Report(pb.ReportRequest(node_id="n1", session=session, seq=1, reports=[
+        wire.report_to_pb(report("n1-t0", throughput=1500.0)),
+        wire.report_to_pb(report("n1-t1", throughput=200.0))]), metadata=md)
+    view = {t.name: t for t in admin.Tenants(pb.TenantsRequest(), metadata=md).tenants}
+    assert view["n1-t0"].slo_met and not view["n1-t1"].slo_met
+    assert view["n1-t1"].limit_bytes == 24 << 20 and view["n1-t1"].policy == "fifo"
+    text = served.controller.metrics.exposition().decode()
+    assert 'cachepilot_tenant_limit_bytes{node="n1",tenant="n1-t1"} 2.5165824e+07' in text
+    assert 'cachepilot_tenant_policy{policy="fifo",tenant="n1-t1"} 1.0' in text
+    assert 'cachepilot_slo_met{tenant="n1-t1"} 0.0' in text
+    assert 'cachepilot_decisions_total{kind="policy"} 1.0' in text
+    assert "cachepilot_decision_seconds_count 1.0" in text
+    log = admin.DecisionLog(pb.DecisionLogRequest(tenant="n1-t1"), metadata=md).entries
+    assert log[0].kind == "policy" and "lru -> fifo" in log[0].message
+    ch.close()
+
+
+def test_silent_node_is_marked_lost_and_leaves_the_pool(tmp_path):
+    cfg = small_config(tmp_path, nodes=("n1", "n2"), interval_s=0.1, lost_after=2)
+    served = serve(cfg, engine=EchoEngine())
+    try:
+        ch, node, admin, md = stubs(cfg, served)
+        sessions = {n: register(node, md, n) for n in ("n1", "n2")}
+        assert admin.Status(pb.StatusRequest(), metadata=md).pool_bytes == 2 * (64 << 20)
+        import time
+        deadline = time.monotonic() + 3
+        # n1 keeps reporting, n2 falls silent.
+        while time.monotonic() < deadline:
+            node.Report(pb.ReportRequest(node_id="n1", session=sessions["n1"], seq=1,
+                                         reports=[wire.report_to_pb(report("n1-t0"))]),
+                        metadata=md)
+            states = {n.node_id: n.state for n in
+                      admin.Status(pb.StatusRequest(), metadata=md).nodes}
+            if states["n2"] == "lost":
+                break
+            time.sleep(0.05)
+        assert states == {"n1": "reporting", "n2": "lost"}
+        assert admin.Status(pb.StatusRequest(), metadata=md).pool_bytes == 64 << 20
+        # The lost node's next report is told to register again, and then it is back.
+        req = pb.ReportRequest(node_id="n2", session=sessions["n2"], seq=2,
+                               reports=[wire.report_to_pb(report("n2-t0"))])
+        assert code_of(lambda: node.Report(req, metadata=md))[0] == \
+            grpc.StatusCode.FAILED_PRECONDITION
+        req.session = register(node, md, "n2")
+        node.Report(req, metadata=md)
+        assert admin.Status(pb.StatusRequest(), metadata=md).pool_bytes == 2 * (64 << 20)
+        kinds = [e.kind for e in admin.DecisionLog(pb.DecisionLogRequest(), metadata=md).entries]
+        assert "lost" in kinds
+        ch.close()
+    finally:
+        served.stop(0)
+
+
+def test_generated_modules_match_the_proto(tmp_path):
+    pytest.importorskip("grpc_tools")
+    subprocess.run(["bash", str(ROOT / "controller" / "gen_proto.sh"), str(tmp_path)],
+                   check=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
+    for name in ("cachepilot_pb2.py", "cachepilot_pb2_grpc.py"):
+        assert (tmp_path / name).read_text() == (ROOT / "controller" / name).read_text(), \
+            f"{name} is stale: run controller/gen_proto.sh"
