@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * cachepilot.models._mrc: the native MRC core.  Python hands numpy arrays in
+ * through the buffer protocol; results come back as bytes objects that the
+ * Python side views with numpy.frombuffer (no numpy C API needed here).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "cachepilot_hash.h"
+#include "parse.h"
+#include "stackdist.h"
+
+/* A C-contiguous buffer of 8-byte items (numpy uint64/int64 arrays). */
+static int get_u64_buffer(PyObject *obj, Py_buffer *view, int writable)
+{
+	int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
+
+	if (writable)
+		flags |= PyBUF_WRITABLE;
+	if (PyObject_GetBuffer(obj, view, flags))
+		return -1;
+	if (view->itemsize != 8 || view->ndim > 1) {
+		PyErr_SetString(PyExc_TypeError,
+				"expected a 1-D array of 64-bit integers");
+		PyBuffer_Release(view);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *py_hash64(PyObject *self, PyObject *arg)
+{
+	unsigned long long x = PyLong_AsUnsignedLongLong(arg);
+
+	if (x == (unsigned long long)-1 && PyErr_Occurred())
+		return NULL;
+	return PyLong_FromUnsignedLongLong(cp_hash64(x));
+}
+
+static PyObject *py_hash_into(PyObject *self, PyObject *args)
+{
+	PyObject *src_obj, *dst_obj;
+	Py_buffer src, dst;
+	Py_ssize_t i, n;
+
+	if (!PyArg_ParseTuple(args, "OO", &src_obj, &dst_obj))
+		return NULL;
+	if (get_u64_buffer(src_obj, &src, 0))
+		return NULL;
+	if (get_u64_buffer(dst_obj, &dst, 1)) {
+		PyBuffer_Release(&src);
+		return NULL;
+	}
+	n = src.len / 8;
+	if (dst.len / 8 < n) {
+		PyErr_SetString(PyExc_ValueError, "output array is too short");
+	} else {
+		const uint64_t *k = src.buf;
+		uint64_t *h = dst.buf;
+
+		Py_BEGIN_ALLOW_THREADS
+		for (i = 0; i < n; i++)
+			h[i] = cp_hash64(k[i]);
+		Py_END_ALLOW_THREADS
+	}
+	PyBuffer_Release(&src);
+	PyBuffer_Release(&dst);
+	if (PyErr_Occurred())
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+/* Indices of the keys whose hash is below the threshold, as u64 bytes. */
+static PyObject *py_sample_index(PyObject *self, PyObject *args)
+{
+	unsigned long long threshold;
+	PyObject *obj, *out;
+	Py_buffer view;
+	uint64_t *idx;
+	size_t n, m = 0;
+
+	if (!PyArg_ParseTuple(args, "OK", &obj, &threshold))
+		return NULL;
+	if (get_u64_buffer(obj, &view, 0))
+		return NULL;
+	n = view.len / 8;
+	idx = malloc((n ? n : 1) * sizeof(*idx));
+	if (!idx) {
+		PyBuffer_Release(&view);
+		return PyErr_NoMemory();
+	}
+	Py_BEGIN_ALLOW_THREADS
+	const uint64_t *k = view.buf;
+
+	for (size_t i = 0; i < n; i++) {
+		idx[m] = i;
+		m += cp_hash64(k[i]) < threshold;
+	}
+	Py_END_ALLOW_THREADS
+	PyBuffer_Release(&view);
+	out = PyBytes_FromStringAndSize((const char *)idx, m * sizeof(*idx));
+	free(idx);
+	return out;
+}
+
+static PyObject *py_parse_text(PyObject *self, PyObject *args)
+{
+	struct cp_parse_result res;
+	struct cp_keybuf out = { 0 };
+	PyObject *keys, *ret;
+	Py_buffer view;
+	int fmt, header_ok, rc;
+
+	if (!PyArg_ParseTuple(args, "y*ip", &view, &fmt, &header_ok))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = cp_parse_text(view.buf, view.len, fmt, header_ok, &out, &res);
+	Py_END_ALLOW_THREADS
+	PyBuffer_Release(&view);
+	if (rc == -2) {
+		free(out.keys);
+		return PyErr_NoMemory();
+	}
+	keys = PyBytes_FromStringAndSize((const char *)out.keys,
+					 out.len * sizeof(*out.keys));
+	free(out.keys);
+	if (!keys)
+		return NULL;
+	ret = Py_BuildValue("(NKKKs)", keys, (unsigned long long)res.requests,
+			    (unsigned long long)res.lines,
+			    (unsigned long long)res.bad_line, res.error);
+	return ret;
+}
+
+/* ---- StackDist ---- */
+
+typedef struct {
+	PyObject_HEAD
+	struct cp_stackdist sd;
+	int ready;
+} StackDistObject;
+
+static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
+{
+	static char *names[] = { "threshold", "max_keys", "exact", NULL };
+	unsigned long long threshold = CP_THRESHOLD_ALL;
+	unsigned long long max_keys = 0;
+	int exact = 0;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|KKp", names, &threshold,
+					 &max_keys, &exact))
+		return -1;
+	if (exact && (max_keys || threshold != CP_THRESHOLD_ALL)) {
+		PyErr_SetString(PyExc_ValueError,
+				"exact mode takes neither threshold nor max_keys");
+		return -1;
+	}
+	if (threshold == 0) {
+		PyErr_SetString(PyExc_ValueError, "threshold must be positive");
+		return -1;
+	}
+	if (self->ready)
+		cp_sd_free(&self->sd);
+	self->ready = 0;
+	if (cp_sd_init(&self->sd, threshold, !exact, max_keys)) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	self->ready = 1;
+	return 0;
+}
+
+static void sd_dealloc(StackDistObject *self)
+{
+	if (self->ready)
+		cp_sd_free(&self->sd);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *sd_feed(StackDistObject *self, PyObject *arg)
+{
+	Py_buffer view;
+	int rc;
+
+	if (!self->ready) {
+		PyErr_SetString(PyExc_RuntimeError, "StackDist not initialised");
+		return NULL;
+	}
+	if (get_u64_buffer(arg, &view, 0))
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	rc = cp_sd_feed(&self->sd, view.buf, view.len / 8);
+	Py_END_ALLOW_THREADS
+	PyBuffer_Release(&view);
+	if (rc)
+		return PyErr_NoMemory();
+	Py_RETURN_NONE;
+}
+
+/* hist(reset=False) -> bytes of doubles: [cold, bin1, bin2, ...] */
+static PyObject *sd_hist(StackDistObject *self, PyObject *args, PyObject *kw)
+{
+	static char *names[] = { "reset", NULL };
+	int reset = 0;
+	size_t n;
+	PyObject *out;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &reset))
+		return NULL;
+	n = self->sd.nbins ? self->sd.nbins : 1;
+	out = PyBytes_FromStringAndSize(NULL, n * sizeof(double));
+	if (!out)
+		return NULL;
+	cp_sd_hist(&self->sd, (double *)PyBytes_AS_STRING(out), reset);
+	return out;
+}
+
+static PyObject *sd_clear(StackDistObject *self, PyObject *unused)
+{
+	cp_sd_clear_keys(&self->sd);
+	Py_RETURN_NONE;
+}
+
+static PyObject *sd_get(StackDistObject *self, void *which)
+{
+	const struct cp_stackdist *sd = &self->sd;
+
+	switch ((intptr_t)which) {
+	case 0: return PyLong_FromUnsignedLongLong(sd->threshold);
+	case 1: return PyFloat_FromDouble(cp_sd_rate(sd));
+	case 2: return PyLong_FromSize_t(sd->live);
+	case 3: return PyLong_FromUnsignedLongLong(sd->seen);
+	case 4: return PyLong_FromUnsignedLongLong(sd->sampled);
+	case 5: return PyLong_FromUnsignedLongLong(sd->bin_pages);
+	case 6: return PyLong_FromUnsignedLongLong(sd->evicted);
+	case 7: return PyLong_FromSize_t(sd->max_keys);
+	}
+	Py_RETURN_NONE;
+}
+
+static PyGetSetDef sd_getset[] = {
+	{ "threshold", (getter)sd_get, NULL, "current sampling threshold", (void *)0 },
+	{ "rate", (getter)sd_get, NULL, "threshold / 2^64", (void *)1 },
+	{ "live", (getter)sd_get, NULL, "keys tracked", (void *)2 },
+	{ "seen", (getter)sd_get, NULL, "keys offered", (void *)3 },
+	{ "sampled", (getter)sd_get, NULL, "references processed", (void *)4 },
+	{ "bin_pages", (getter)sd_get, NULL, "histogram bin width", (void *)5 },
+	{ "evicted", (getter)sd_get, NULL, "keys dropped (fixed size)", (void *)6 },
+	{ "max_keys", (getter)sd_get, NULL, "fixed-size bound (0 = none)", (void *)7 },
+	{ NULL }
+};
+
+static PyMethodDef sd_methods[] = {
+	{ "feed", (PyCFunction)sd_feed, METH_O,
+	  "feed(keys): process a 1-D uint64 array of keys" },
+	{ "hist", (PyCFunction)(void (*)(void))sd_hist,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "hist(reset=False) -> bytes of float64 [cold, bin 1, bin 2, ...]" },
+	{ "clear", (PyCFunction)sd_clear, METH_NOARGS,
+	  "forget every tracked key and the histogram" },
+	{ NULL }
+};
+
+static PyTypeObject StackDistType = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "cachepilot.models._mrc.StackDist",
+	.tp_doc = "StackDist(threshold=2**64-1, max_keys=0, exact=False): "
+		  "streaming Mattson stack distances with SHARDS sampling",
+	.tp_basicsize = sizeof(StackDistObject),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_new = PyType_GenericNew,
+	.tp_init = (initproc)sd_init,
+	.tp_dealloc = (destructor)sd_dealloc,
+	.tp_methods = sd_methods,
+	.tp_getset = sd_getset,
+};
+
+static PyMethodDef module_methods[] = {
+	{ "hash64", py_hash64, METH_O, "cp_hash64 of one integer" },
+	{ "hash_into", py_hash_into, METH_VARARGS,
+	  "hash_into(keys, out): out[i] = cp_hash64(keys[i])" },
+	{ "sample_index", py_sample_index, METH_VARARGS,
+	  "sample_index(keys, threshold) -> bytes of u64 indices with hash < threshold" },
+	{ "parse_text", py_parse_text, METH_VARARGS,
+	  "parse_text(buf, fmt, header_ok) -> (keys, requests, lines, bad_line, error)" },
+	{ NULL }
+};
+
+static struct PyModuleDef module_def = {
+	PyModuleDef_HEAD_INIT,
+	.m_name = "_mrc",
+	.m_doc = "cachepilot's native MRC core",
+	.m_size = -1,
+	.m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__mrc(void)
+{
+	PyObject *m;
+
+	if (PyType_Ready(&StackDistType) < 0)
+		return NULL;
+	m = PyModule_Create(&module_def);
+	if (!m)
+		return NULL;
+	Py_INCREF(&StackDistType);
+	if (PyModule_AddObject(m, "StackDist", (PyObject *)&StackDistType)) {
+		Py_DECREF(&StackDistType);
+		Py_DECREF(m);
+		return NULL;
+	}
+	PyModule_AddIntConstant(m, "FMT_TXT", CP_FMT_TXT);
+	PyModule_AddIntConstant(m, "FMT_LIS", CP_FMT_LIS);
+	PyModule_AddIntConstant(m, "FMT_CSV", CP_FMT_CSV);
+	return m;
+}

@@ -1,0 +1,425 @@
+// SPDX-License-Identifier: Apache-2.0
+/* Mattson stack distances with SHARDS sampling; see stackdist.h. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cachepilot_hash.h"
+#include "stackdist.h"
+
+#define MIN_POSITIONS	1024
+#define MAX_BINS	(1u << 24)	/* beyond this, bins get coarser */
+
+/* ---- key -> position map: linear probing, backward-shift deletion ---- */
+
+static int map_init(struct cp_keymap *m, size_t cap)
+{
+	m->keys = calloc(cap, sizeof(*m->keys));
+	m->vals = calloc(cap, sizeof(*m->vals));
+	m->mask = cap - 1;
+	m->used = 0;
+	if (!m->keys || !m->vals) {
+		free(m->keys);
+		free(m->vals);
+		return -1;
+	}
+	return 0;
+}
+
+static inline size_t map_slot(const struct cp_keymap *m, uint64_t key)
+{
+	/* Sampled keys have small hashes, so index with the low bits. */
+	return cp_hash64(key ^ 0x5bd1e995ULL) & m->mask;
+}
+
+static inline size_t map_find(const struct cp_keymap *m, uint64_t key)
+{
+	size_t i = map_slot(m, key);
+
+	while (m->vals[i] && m->keys[i] != key)
+		i = (i + 1) & m->mask;
+	return i;
+}
+
+static int map_grow(struct cp_keymap *m)
+{
+	struct cp_keymap bigger;
+	size_t i;
+
+	if (map_init(&bigger, (m->mask + 1) * 2))
+		return -1;
+	for (i = 0; i <= m->mask; i++) {
+		if (m->vals[i]) {
+			size_t j = map_find(&bigger, m->keys[i]);
+
+			bigger.keys[j] = m->keys[i];
+			bigger.vals[j] = m->vals[i];
+		}
+	}
+	bigger.used = m->used;
+	free(m->keys);
+	free(m->vals);
+	*m = bigger;
+	return 0;
+}
+
+static void map_delete_at(struct cp_keymap *m, size_t i)
+{
+	size_t j = i;
+
+	m->vals[i] = 0;
+	m->used--;
+	/* Shift later members of the probe run back into the hole. */
+	for (;;) {
+		size_t home;
+
+		j = (j + 1) & m->mask;
+		if (!m->vals[j])
+			return;
+		home = map_slot(m, m->keys[j]);
+		/* Move j to i unless its home lies cyclically in (i, j]. */
+		if ((i <= j) ? (i < home && home <= j) : (i < home || home <= j))
+			continue;
+		m->keys[i] = m->keys[j];
+		m->vals[i] = m->vals[j];
+		m->vals[j] = 0;
+		i = j;
+	}
+}
+
+/* ---- Fenwick tree over positions ---- */
+
+static inline void tree_add(int32_t *tree, size_t cap, size_t pos, int32_t v)
+{
+	for (size_t i = pos + 1; i <= cap; i += i & -i)
+		tree[i - 1] += v;
+}
+
+/* Live marks at positions <= pos. */
+static inline int64_t tree_prefix(const int32_t *tree, size_t pos)
+{
+	int64_t s = 0;
+
+	for (size_t i = pos + 1; i > 0; i -= i & -i)
+		s += tree[i - 1];
+	return s;
+}
+
+/* Renumber live positions densely (in order) into arrays of size new_cap. */
+static int compact(struct cp_stackdist *sd, size_t new_cap)
+{
+	int32_t *tree = calloc(new_cap, sizeof(*tree));
+	uint64_t *owner = malloc(new_cap * sizeof(*owner));
+	uint8_t *alive = calloc(new_cap, 1);
+	size_t p, next = 0;
+
+	if (!tree || !owner || !alive) {
+		free(tree);
+		free(owner);
+		free(alive);
+		return -1;
+	}
+	for (p = 0; p < sd->now; p++) {
+		if (!sd->alive[p])
+			continue;
+		owner[next] = sd->owner[p];
+		alive[next] = 1;
+		sd->map.vals[map_find(&sd->map, sd->owner[p])] = next + 1;
+		next++;
+	}
+	/* Linear-time Fenwick build over the first `next` ones. */
+	for (p = 0; p < next; p++)
+		tree[p] += 1;
+	for (p = 1; p <= new_cap; p++) {
+		size_t up = p + (p & -p);
+
+		if (up <= new_cap)
+			tree[up - 1] += tree[p - 1];
+	}
+	free(sd->tree);
+	free(sd->owner);
+	free(sd->alive);
+	sd->tree = tree;
+	sd->owner = owner;
+	sd->alive = alive;
+	sd->cap = new_cap;
+	sd->now = next;
+	return 0;
+}
+
+static int make_room(struct cp_stackdist *sd)
+{
+	size_t want = sd->cap;
+
+	/* Keep at least half the positions free after renumbering. */
+	while (want < 2 * (sd->live + 1))
+		want *= 2;
+	return compact(sd, want);
+}
+
+/* ---- histogram ---- */
+
+static int hist_add(struct cp_stackdist *sd, uint64_t bin, double v)
+{
+	while (bin >= MAX_BINS) {
+		/* Coarsen: merge bins (2b-1, 2b) into b. */
+		size_t b, n = sd->nbins;
+
+		for (b = 1; b < n; b++) {
+			double x = sd->hist[b];
+
+			sd->hist[b] = 0;
+			sd->hist[(b + 1) / 2] += x;
+		}
+		sd->bin_pages *= 2;
+		bin = (bin + 1) / 2;
+	}
+	if (bin >= sd->nbins) {
+		size_t n = sd->nbins ? sd->nbins : 1024;
+		double *h;
+
+		while (n <= bin)
+			n *= 2;
+		if (n > MAX_BINS)
+			n = MAX_BINS;
+		h = realloc(sd->hist, n * sizeof(*h));
+		if (!h)
+			return -1;
+		memset(h + sd->nbins, 0, (n - sd->nbins) * sizeof(*h));
+		sd->hist = h;
+		sd->nbins = n;
+	}
+	sd->hist[bin] += v;
+	return 0;
+}
+
+double cp_sd_rate(const struct cp_stackdist *sd)
+{
+	if (!sd->filter || sd->threshold == CP_THRESHOLD_ALL)
+		return 1.0;
+	return (double)sd->threshold / 18446744073709551616.0;
+}
+
+static uint64_t scaled_bin(const struct cp_stackdist *sd, uint64_t dist)
+{
+	double pages;
+
+	if (!sd->filter || sd->threshold == CP_THRESHOLD_ALL)
+		pages = (double)dist;
+	else
+		pages = (double)dist / cp_sd_rate(sd);
+	if (sd->bin_pages == 1 && pages == floor(pages))
+		return (uint64_t)pages;
+	return (uint64_t)ceil(pages / (double)sd->bin_pages);
+}
+
+/* ---- fixed-size mode: max-heap of (hash, key) ---- */
+
+static void heap_push(struct cp_stackdist *sd, uint64_t hash, uint64_t key)
+{
+	struct cp_heap_item *h = sd->heap;
+	size_t i = sd->heap_len++;
+
+	while (i > 0) {
+		size_t parent = (i - 1) / 2;
+
+		if (h[parent].hash >= hash)
+			break;
+		h[i] = h[parent];
+		i = parent;
+	}
+	h[i].hash = hash;
+	h[i].key = key;
+}
+
+static struct cp_heap_item heap_pop(struct cp_stackdist *sd)
+{
+	struct cp_heap_item *h = sd->heap, top = h[0], last;
+	size_t i = 0, n = --sd->heap_len;
+
+	if (!n)
+		return top;
+	last = h[n];
+	for (;;) {
+		size_t c = 2 * i + 1;
+
+		if (c >= n)
+			break;
+		if (c + 1 < n && h[c + 1].hash > h[c].hash)
+			c++;
+		if (h[c].hash <= last.hash)
+			break;
+		h[i] = h[c];
+		i = c;
+	}
+	h[i] = last;
+	return top;
+}
+
+static void forget_key(struct cp_stackdist *sd, uint64_t key)
+{
+	size_t slot = map_find(&sd->map, key);
+	size_t pos;
+
+	if (!sd->map.vals[slot])
+		return;
+	pos = sd->map.vals[slot] - 1;
+	sd->alive[pos] = 0;
+	tree_add(sd->tree, sd->cap, pos, -1);
+	map_delete_at(&sd->map, slot);
+	sd->live--;
+}
+
+/* Drop the largest-hash keys until at most max_keys remain. */
+static void shrink_sample(struct cp_stackdist *sd)
+{
+	while (sd->live > sd->max_keys && sd->heap_len) {
+		double old_rate = cp_sd_rate(sd);
+		struct cp_heap_item top = heap_pop(sd);
+
+		forget_key(sd, top.key);
+		sd->evicted++;
+		sd->threshold = top.hash;
+		/* Everything with hash >= the new threshold leaves too. */
+		while (sd->heap_len && sd->heap[0].hash >= sd->threshold) {
+			top = heap_pop(sd);
+			forget_key(sd, top.key);
+			sd->evicted++;
+		}
+		sd->gain *= cp_sd_rate(sd) / old_rate;
+	}
+	if (sd->gain < 1e-200) {
+		/* Renormalise before the factor underflows. */
+		for (size_t b = 0; b < sd->nbins; b++)
+			sd->hist[b] *= sd->gain;
+		sd->cold *= sd->gain;
+		sd->gain = 1.0;
+	}
+}
+
+/* ---- the reference path ---- */
+
+static int reference(struct cp_stackdist *sd, uint64_t key)
+{
+	size_t slot;
+
+	if (sd->now == sd->cap && make_room(sd))
+		return -1;
+	if ((sd->map.used + 1) * 4 > (sd->map.mask + 1) * 3 && map_grow(&sd->map))
+		return -1;
+
+	slot = map_find(&sd->map, key);
+	sd->sampled++;
+	if (sd->map.vals[slot]) {
+		size_t pos = sd->map.vals[slot] - 1;
+		uint64_t dist = sd->live - (uint64_t)tree_prefix(sd->tree, pos) + 1;
+
+		if (hist_add(sd, scaled_bin(sd, dist), 1.0 / sd->gain))
+			return -1;
+		sd->alive[pos] = 0;
+		tree_add(sd->tree, sd->cap, pos, -1);
+		sd->map.vals[slot] = sd->now + 1;
+	} else {
+		sd->cold += 1.0 / sd->gain;
+		sd->map.keys[slot] = key;
+		sd->map.vals[slot] = sd->now + 1;
+		sd->map.used++;
+		sd->live++;
+	}
+	sd->owner[sd->now] = key;
+	sd->alive[sd->now] = 1;
+	tree_add(sd->tree, sd->cap, sd->now, 1);
+	sd->now++;
+	return 0;
+}
+
+int cp_sd_feed(struct cp_stackdist *sd, const uint64_t *keys, size_t n)
+{
+	size_t i;
+
+	sd->seen += n;
+	if (!sd->filter) {
+		for (i = 0; i < n; i++)
+			if (reference(sd, keys[i]))
+				return -1;
+		return 0;
+	}
+	for (i = 0; i < n; i++) {
+		uint64_t h = cp_hash64(keys[i]);
+		size_t before;
+
+		if (h >= sd->threshold)
+			continue;
+		before = sd->live;
+		if (reference(sd, keys[i]))
+			return -1;
+		if (sd->max_keys && sd->live > before) {
+			heap_push(sd, h, keys[i]);
+			shrink_sample(sd);
+		}
+	}
+	return 0;
+}
+
+void cp_sd_hist(struct cp_stackdist *sd, double *out, int reset)
+{
+	out[0] = sd->cold * sd->gain;
+	for (size_t b = 1; b < sd->nbins; b++)
+		out[b] = sd->hist[b] * sd->gain;
+	if (reset) {
+		if (sd->nbins)
+			memset(sd->hist, 0, sd->nbins * sizeof(*sd->hist));
+		sd->cold = 0;
+		sd->gain = 1.0;
+	}
+}
+
+int cp_sd_init(struct cp_stackdist *sd, uint64_t threshold, int filter,
+	       size_t max_keys)
+{
+	memset(sd, 0, sizeof(*sd));
+	sd->threshold = threshold;
+	sd->filter = filter;
+	sd->max_keys = max_keys;
+	sd->bin_pages = 1;
+	sd->gain = 1.0;
+	sd->cap = MIN_POSITIONS;
+	sd->tree = calloc(sd->cap, sizeof(*sd->tree));
+	sd->owner = malloc(sd->cap * sizeof(*sd->owner));
+	sd->alive = calloc(sd->cap, 1);
+	if (max_keys)
+		sd->heap = malloc((max_keys + 2) * sizeof(*sd->heap));
+	if (!sd->tree || !sd->owner || !sd->alive || (max_keys && !sd->heap) ||
+	    map_init(&sd->map, 1024)) {
+		cp_sd_free(sd);
+		return -1;
+	}
+	return 0;
+}
+
+void cp_sd_clear_keys(struct cp_stackdist *sd)
+{
+	memset(sd->map.vals, 0, (sd->map.mask + 1) * sizeof(*sd->map.vals));
+	sd->map.used = 0;
+	memset(sd->tree, 0, sd->cap * sizeof(*sd->tree));
+	memset(sd->alive, 0, sd->cap);
+	sd->now = 0;
+	sd->live = 0;
+	sd->heap_len = 0;
+	if (sd->nbins)
+		memset(sd->hist, 0, sd->nbins * sizeof(*sd->hist));
+	sd->cold = 0;
+	sd->gain = 1.0;
+}
+
+void cp_sd_free(struct cp_stackdist *sd)
+{
+	free(sd->map.keys);
+	free(sd->map.vals);
+	free(sd->tree);
+	free(sd->owner);
+	free(sd->alive);
+	free(sd->heap);
+	free(sd->hist);
+	memset(sd, 0, sizeof(*sd));
+}

@@ -1,0 +1,80 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Mattson stack distances in O(log M) per reference, with SHARDS sampling.
+ *
+ * Every live key owns one position ("timestamp") in a Fenwick tree that
+ * holds a 1 at each live position.  The LRU stack distance of a re-reference
+ * is the number of live keys touched after the key's previous reference,
+ * plus one -- one prefix query.  Positions only grow, so when they run out
+ * the live keys are renumbered densely in order: memory stays O(M) for an
+ * endless stream and the amortised cost per reference stays O(log M).
+ *
+ * Sampling (SHARDS): a reference is processed only if cp_hash64(key) is
+ * below the threshold; its distance among sampled keys is scaled by
+ * 1/rate.  In fixed-size mode at most max_keys keys are tracked; a new key
+ * beyond that evicts the key with the largest hash, the threshold drops to
+ * that hash and the histogram is rescaled by new_rate/old_rate (lazily,
+ * through one global factor, so a rescale is O(1)).
+ */
+#ifndef CP_STACKDIST_H
+#define CP_STACKDIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct cp_keymap {
+	uint64_t *keys;
+	uint64_t *vals;		/* position + 1; 0 = empty slot */
+	size_t mask;		/* capacity - 1, capacity a power of two */
+	size_t used;
+};
+
+struct cp_heap_item {
+	uint64_t hash;
+	uint64_t key;
+};
+
+struct cp_stackdist {
+	uint64_t threshold;	/* keep keys with hash < threshold */
+	int filter;		/* 0: every key (exact LRU), skip the compare */
+	size_t max_keys;	/* fixed-size SHARDS bound; 0 = fixed rate */
+
+	struct cp_keymap map;	/* key -> position + 1 */
+	int32_t *tree;		/* Fenwick tree, 1-based, cap entries */
+	uint64_t *owner;	/* key at each position */
+	uint8_t *alive;		/* 1 if the position is a key's latest */
+	size_t cap;		/* positions available */
+	size_t now;		/* next free position */
+	size_t live;		/* live keys (= tracked keys) */
+
+	struct cp_heap_item *heap; /* max-heap on hash (fixed-size mode) */
+	size_t heap_len;
+
+	/*
+	 * Histogram of scaled stack distances.  Bin b >= 1 holds references
+	 * whose scaled distance is in ((b-1)*bin_pages, b*bin_pages].  Stored
+	 * values times `gain` are the counts at the current rate.
+	 */
+	double *hist;
+	size_t nbins;
+	uint64_t bin_pages;
+	double cold;		/* first references (infinite distance) */
+	double gain;
+
+	uint64_t seen;		/* keys offered */
+	uint64_t sampled;	/* references processed */
+	uint64_t evicted;	/* keys dropped by fixed-size mode */
+};
+
+int cp_sd_init(struct cp_stackdist *sd, uint64_t threshold, int filter,
+	       size_t max_keys);
+void cp_sd_free(struct cp_stackdist *sd);
+/* Returns 0, or -1 when out of memory (state stays consistent). */
+int cp_sd_feed(struct cp_stackdist *sd, const uint64_t *keys, size_t n);
+double cp_sd_rate(const struct cp_stackdist *sd);
+/* Copy the histogram in current-rate units; optionally zero it. */
+void cp_sd_hist(struct cp_stackdist *sd, double *out, int reset);
+/* Forget every tracked key and the histogram (threshold is kept). */
+void cp_sd_clear_keys(struct cp_stackdist *sd);
+
+#endif /* CP_STACKDIST_H */
