@@ -1,0 +1,262 @@
+"""`cachepilot run`: the controller and its sim nodes in one process.
+
+The controller serves real gRPC on a loopback port; every sim node talks to
+it through its own NodeClient, exactly as a remote agent would.  Nodes step
+in lock-step on the virtual clock (no waiting for wall-clock intervals), so
+a run of many intervals takes seconds and is reproducible for a seed.
+
+After the autopilot run, the same sim hosts run again with the same seed
+under a static equal split of each node's memory and the kernel default
+policy: the baseline the summary compares against.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from cachepilot.agent.backends.sim import SimBackend
+from cachepilot.agent.client import NodeClient
+from cachepilot.agent.types import Directive
+from cachepilot.errors import UserError
+
+log = logging.getLogger("cachepilot.run")
+
+BASELINE_POLICY = "linux"
+DEFAULT_INTERVALS = 40
+
+
+# -- the two runs ------------------------------------------------------------------
+def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None,
+                  engine=None):
+    """Controller + sim nodes over loopback gRPC.  Returns per-tenant history."""
+    from cachepilot.controller.service import serve
+    run_cfg = cfg.model_copy(deep=True)
+    spec = run_cfg.controller
+    # Loopback only, on a free port: the demo never listens beyond this host.
+    served = serve(run_cfg, listen="127.0.0.1:0", engine=engine)
+    root = None
+    if not spec.insecure:
+        ca = spec.tls_ca or spec.tls_cert
+        root = ca.read_bytes()
+    target = f"{'localhost' if root else '127.0.0.1'}:{served.port}"
+    clients = {}
+    try:
+        for node in run_cfg.nodes:
+            backend = SimBackend(run_cfg, node.name, seed=_node_seed(node, seed))
+            clients[node.name] = NodeClient(backend, target, token=spec.token_value(),
+                                            root_cert=root, insecure=spec.insecure)
+        history = {t.name: [] for t in run_cfg.tenants}
+        for i in range(intervals):
+            for name, client in clients.items():
+                out = client.step()
+                if not out.connected:
+                    raise UserError(f"run: node {name} could not reach the embedded "
+                                    f"controller: {out.error}")
+                _record(history, client.backend, i)
+            if on_interval:
+                on_interval(i, history, served.controller)
+        decisions = [e for e in served.controller.log]
+        return history, decisions, served.controller
+    finally:
+        for c in clients.values():
+            c.close()
+        served.stop(0)
+
+
+def run_static_equal(cfg, intervals: int, seed: int | None = None):
+    """The baseline: each node's memory split equally, kernel default policy,
+    no controller; same seeds as the autopilot run."""
+    history = {t.name: [] for t in cfg.tenants}
+    for node in cfg.nodes:
+        backend = SimBackend(cfg, node.name, seed=_node_seed(node, seed))
+        specs = cfg.tenants_on(node.name)
+        share = node.memory_bytes // len(specs)
+        results = backend.apply([Directive(t.name, share, BASELINE_POLICY, "static-equal")
+                                 for t in specs])
+        for r in results:
+            if not r.ok or r.applied_limit_bytes != share:
+                # A floor or ceiling that forbids the equal share: say so
+                # rather than quietly comparing against something else.
+                log.warning("static-equal: %s: %s", r.tenant, r.message)
+        for i in range(intervals):
+            backend.collect()
+            _record(history, backend, i)
+        backend.close()
+    return history
+
+
+def _node_seed(node, seed):
+    return node.seed if seed is None else seed * 1000 + node.seed
+
+
+def _record(history, backend, interval):
+    for name, t in backend.tenants.items():
+        if len(t.history) > len(history[name]):
+            h = dict(t.history[-1])
+            h["interval"] = interval + 1
+            history[name].append(h)
+
+
+# -- summaries ---------------------------------------------------------------------
+def summarise(cfg, history, warmup: int):
+    """The JSON shape of issue item 7 (plus per-interval history)."""
+    tenants, total = [], 0.0
+    for t in cfg.tenants:
+        rows = history[t.name]
+        counted = rows[warmup:] or rows
+        tput = sum(r["throughput"] for r in counted) / max(1, len(counted))
+        total += tput
+        slo = t.slo.min_throughput if t.slo else None
+        met = None
+        first_met = None
+        if slo is not None:
+            met = sum(r["throughput"] >= slo for r in counted) / max(1, len(counted))
+            first_met = next((r["interval"] for r in rows if r["throughput"] >= slo), None)
+        last = rows[-1] if rows else {}
+        tenants.append({
+            "name": t.name, "node": t.node, "slo": slo, "met_fraction": met,
+            "first_met_interval": first_met, "throughput": tput,
+            "limit_bytes": last.get("limit_bytes"), "policy": last.get("policy"),
+            "history": rows})
+    return tenants, total
+
+
+def build_result(cfg, intervals, seed, auto_hist, base_hist, decisions=()):
+    warmup = cfg.control.warmup_intervals
+    auto, auto_total = summarise(cfg, auto_hist, warmup)
+    base, base_total = summarise(cfg, base_hist, warmup)
+    return {
+        "config": str(cfg.source) if cfg.source else None,
+        "intervals": intervals, "seed": seed, "warmup_intervals": warmup,
+        "interval_s": cfg.control.interval_s,
+        "tenants": auto, "aggregate_throughput": auto_total,
+        "baseline": {"name": "static-equal", "policy": BASELINE_POLICY, "tenants": base},
+        "baseline_aggregate_throughput": base_total,
+        "throughput_ratio": auto_total / base_total if base_total else None,
+        "decisions": [{"round": e.round, "node": e.node, "tenant": e.tenant, "kind": e.kind,
+                       "message": e.message} for e in decisions
+                      if e.kind not in ("register",)][:2000],
+    }
+
+
+# -- presentation ------------------------------------------------------------------
+def _fmt_bytes(n):
+    if n is None:
+        return "-"
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def tenant_table(cfg, history, title):
+    from rich.table import Table
+    table = Table(title=title)
+    for col in ("tenant", "node", "phase", "SLO ops/s", "throughput", "SLO", "limit",
+                "policy"):
+        table.add_column(col, justify="right" if col in ("SLO ops/s", "throughput", "limit")
+                         else "left")
+    for t in cfg.tenants:
+        rows = history[t.name]
+        if not rows:
+            continue
+        r = rows[-1]
+        slo = t.slo.min_throughput if t.slo else None
+        ok = "-" if slo is None else ("[green]met[/]" if r["throughput"] >= slo
+                                      else "[red]MISSED[/]")
+        table.add_row(t.name, t.node, str(r["phase"]), "-" if slo is None else f"{slo:,.0f}",
+                      f"{r['throughput']:,.0f}", ok, _fmt_bytes(r["limit_bytes"]), r["policy"])
+    return table
+
+
+def summary_table(result):
+    from rich.table import Table
+    table = Table(title=f"autopilot vs static equal split ({BASELINE_POLICY}), "
+                        f"intervals after warm-up ({result['warmup_intervals']})")
+    for col in ("tenant", "SLO ops/s", "met (auto)", "met (equal)", "ops/s (auto)",
+                "ops/s (equal)", "limit", "policy"):
+        table.add_column(col, justify="left" if col in ("tenant", "policy") else "right")
+    base = {t["name"]: t for t in result["baseline"]["tenants"]}
+    for t in result["tenants"]:
+        b = base[t["name"]]
+        pct = (lambda v: "-" if v is None else f"{100 * v:.0f}%")
+        table.add_row(t["name"], "-" if t["slo"] is None else f"{t['slo']:,.0f}",
+                      pct(t["met_fraction"]), pct(b["met_fraction"]),
+                      f"{t['throughput']:,.0f}", f"{b['throughput']:,.0f}",
+                      _fmt_bytes(t["limit_bytes"]), t["policy"])
+    table.add_row("[b]aggregate[/]", "", "", "", f"[b]{result['aggregate_throughput']:,.0f}[/]",
+                  f"{result['baseline_aggregate_throughput']:,.0f}", "",
+                  f"[b]{result['throughput_ratio']:.2f}x[/]")
+    return table
+
+
+def write_plots(cfg, result, folder: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    folder.mkdir(parents=True, exist_ok=True)
+    tenants = result["tenants"]
+    policies = sorted({r["policy"] for t in tenants for r in t["history"]})
+    fig, axes = plt.subplots(3, 1, figsize=(10, 10), sharex=True)
+    for t in tenants:
+        xs = [r["interval"] for r in t["history"]]
+        line, = axes[0].plot(xs, [r["limit_bytes"] / (1 << 20) for r in t["history"]],
+                             label=f"{t['name']} ({t['node']})")
+        axes[1].plot(xs, [r["throughput"] for r in t["history"]], color=line.get_color())
+        if t["slo"]:
+            axes[1].axhline(t["slo"], color=line.get_color(), linestyle=":", linewidth=0.8)
+        axes[2].step(xs, [policies.index(r["policy"]) + 0.03 * tenants.index(t)
+                          for r in t["history"]], where="post", color=line.get_color())
+    axes[0].set_ylabel("limit (MiB)")
+    axes[1].set_ylabel("throughput (ops/s)")
+    axes[1].set_yscale("log")
+    axes[2].set_yticks(range(len(policies)), policies)
+    axes[2].set_ylabel("policy")
+    axes[2].set_xlabel("control interval")
+    axes[0].legend(fontsize=7, ncol=2)
+    axes[0].set_title(f"cachepilot run: {result['throughput_ratio']:.2f}x the static "
+                      f"equal split")
+    fig.tight_layout()
+    path = folder / "run_timeline.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+# -- the command ----------------------------------------------------------------------
+def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, live=True,
+                seed=None, console=None) -> dict:
+    from rich.console import Console
+    console = console or Console()
+    if intervals < 1:
+        raise UserError("run: --intervals must be at least 1")
+    if cfg.controller.insecure:
+        console.print("[yellow]note:[/] the embedded controller serves plaintext gRPC on "
+                      "127.0.0.1 only (config says insecure: true)")
+    started = time.monotonic()
+    live_ctx = None
+    if live:
+        from rich.live import Live
+        live_ctx = Live(console=console, refresh_per_second=8, transient=False)
+        live_ctx.start()
+
+    def on_interval(i, history, controller):
+        if live_ctx is not None:
+            live_ctx.update(tenant_table(cfg, history, f"interval {i + 1}/{intervals}  "
+                                         f"(decision rounds: {controller.rounds})"))
+    try:
+        auto_hist, decisions, _ = run_autopilot(cfg, intervals, seed, on_interval)
+    finally:
+        if live_ctx is not None:
+            live_ctx.stop()
+    base_hist = run_static_equal(cfg, intervals, seed)
+    result = build_result(cfg, intervals, seed, auto_hist, base_hist, decisions)
+    result["wall_seconds"] = time.monotonic() - started
+    console.print(summary_table(result))
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(result, indent=1))
+        console.print(f"wrote {json_out}")
+    if plots:
+        for p in write_plots(cfg, result, Path(plots)):
+            console.print(f"wrote {p}")
+    return result
