@@ -45,6 +45,7 @@ class NodeRecord:
     registered_at: float | None = None
     last_report_at: float | None = None
     reports: int = 0
+    peer: str = ""
     last_seq: int = 0
     tenants: dict[str, TenantReport] = field(default_factory=dict)
     directives: dict[str, Directive] = field(default_factory=dict)

@@ -106,9 +106,10 @@ class Controller:
             self._export_slo(t.name)
 
     # -- nodes ----------------------------------------------------------------
-    def register(self, info: NodeInfo) -> tuple[str, float]:
+    def register(self, info: NodeInfo, peer: str = "") -> tuple[str, float]:
         with self.lock:
             rec = self.registry.register(info)
+            rec.peer = peer
             self._note(rec.name, "", "register",
                        f"node {rec.name} registered ({info.backend}, "
                        f"{info.memory_bytes} bytes, cache_ext={info.has_cache_ext})")
@@ -227,7 +228,7 @@ class Controller:
                     node_id=rec.name, state=rec.state, memory_bytes=rec.memory_bytes,
                     seconds_since_report=since, reports=rec.reports,
                     backend=rec.info.backend if rec.info else "",
-                    has_cache_ext=bool(rec.info and rec.info.has_cache_ext)))
+                    has_cache_ext=bool(rec.info and rec.info.has_cache_ext), peer=rec.peer))
             return pb.StatusReply(nodes=nodes, rounds=self.rounds, uptime_s=now - self.started,
                                   pool_bytes=self.registry.pool_bytes(), tls=self.tls,
                                   violations=sum(len(v) for v in self.last_violations.values()))
@@ -321,7 +322,8 @@ class NodeServicer(pb_grpc.NodeServicer):
 
     def Register(self, request, context):
         def run():
-            session, interval = self.c.register(wire.node_info_from_pb(request.node))
+            session, interval = self.c.register(wire.node_info_from_pb(request.node),
+                                                peer=context.peer())
             return pb.RegisterReply(session=session, interval_s=interval)
         return _guard(self.c, context, run)
 
