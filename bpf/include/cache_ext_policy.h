@@ -1,0 +1,500 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * cache_ext_policy.h - write a page-cache eviction policy once, run it twice.
+ *
+ * A policy lives in bpf/policies/<name>.bpf.c and includes only this header.
+ * The same file builds two ways:
+ *
+ *   clang -target bpf -I bpf/include ...   -> struct_ops object for the
+ *       cache_ext kernel (needs the patched kernel's vmlinux.h);
+ *   cc -I bpf/include ...                  -> the user-space simulator
+ *       (models/native/runtime), where one process runs many independent
+ *       instances of the policy (one per miniature simulation / cgroup).
+ *
+ * HOW TO WRITE A POLICY (see bpf/policies/fifo.bpf.c for the smallest one)
+ *
+ *   #include "cache_ext_policy.h"
+ *
+ *   // 1. Per-instance global state: ONE struct, declared with CP_STATE_DECL
+ *   //    (required, exactly once) and reached as CP_STATE.field.  BPF: plain global data.  Native:
+ *   //    every instance has its own zero-initialised copy.
+ *   struct lru_state { __u64 list; };
+ *   CP_STATE_DECL(struct lru_state);
+ *
+ *   // 2. Maps, declared at file scope.  BPF: real SEC(".maps") maps.  Native:
+ *   //    per-instance maps behind bpf_map_lookup_elem/update_elem/delete_elem
+ *   //    (same flags and return values: BPF_ANY/BPF_NOEXIST/BPF_EXIST,
+ *   //    -ENOENT, -EEXIST, -E2BIG when max_entries is reached).
+ *   CP_HASH_MAP(meta, __u64, struct my_meta, 1 << 20);  // key: cp_folio_id()
+ *   CP_ARRAY_MAP(hist, __u32, __u64, 64);               // zero-filled
+ *
+ *   // 3. Callbacks.  Name them <policy>_<op> so names stay unique when all
+ *   //    policies link into one simulator; make helpers `static`.
+ *   s32 BPF_STRUCT_OPS_SLEEPABLE(lru_init, struct mem_cgroup *memcg)
+ *   {
+ *           CP_STATE.list = cache_ext_list_create(memcg);
+ *           return CP_STATE.list ? 0 : -1;
+ *   }
+ *   void BPF_STRUCT_OPS(lru_evict_folios, struct cache_ext_eviction_ctx *ctx,
+ *                       struct mem_cgroup *memcg) { ... }
+ *   ...
+ *
+ *   // 4. The ops table.  BPF: the SEC(".struct_ops.link") map named
+ *   //    <name>_ops.  Native: registers the policy under <name>.
+ *   CP_POLICY(lru,
+ *           .init = (void *)lru_init,
+ *           .evict_folios = (void *)lru_evict_folios,
+ *           .folio_added = (void *)lru_folio_added,
+ *           .folio_accessed = (void *)lru_folio_accessed,
+ *           .folio_evicted = (void *)lru_folio_evicted);
+ *
+ * WHAT THE HOST (KERNEL OR SIMULATOR) DOES AROUND THE CALLBACKS
+ *
+ *   - A read that misses first asks admit_folio (if set; false = the page
+ *     is read but not cached), then reclaims if the cgroup is full
+ *     (evict-before-insert), then inserts the folio and calls folio_added,
+ *     then folio_accessed: the read that brings a page in also marks it
+ *     accessed, exactly as filemap_read() does in the kernel.  A read that
+ *     hits calls folio_accessed only.
+ *   - Reclaim asks evict_folios for ctx->request (1..32) candidates.  Every
+ *     candidate is validated: ones not cached, duplicates and those beyond
+ *     ctx->request are ignored and counted; if fewer than requested remain,
+ *     the host evicts its oldest cached pages instead (fallback).
+ *   - Evicting a folio calls folio_evicted, then the host unlinks the folio
+ *     from whatever eviction list holds it; the policy need not list_del.
+ *   - Eviction lists are ordered head -> tail; iterate and score start at
+ *     the head, so evict from the head.  FIFO/LRU add at the tail
+ *     (cache_ext_list_add_tail) and move accessed folios to the tail.
+ *   - cache_ext_list_iterate() visits each node present when the walk began
+ *     at most once (a node the callback moves to the tail is not revisited),
+ *     at most CACHE_EXT_ITER_MAX_NODES nodes, and stops once ctx holds
+ *     ctx->request candidates.  The callback may move or delete the node it
+ *     was given, nothing else.
+ *   - cache_ext_list_score() scores the first nr_score nodes (bounded by
+ *     CACHE_EXT_ITER_MAX_NODES) and proposes the lowest ones, ascending;
+ *     equal scores keep list order.
+ *
+ * ACCESSORS (use these, never folio fields)
+ *
+ *   cp_folio_id(f)     stable 64-bit id while cached: key your maps with it
+ *   cp_folio_ino(f)    inode number      (simulator: 0)
+ *   cp_folio_index(f)  page index        (simulator: the trace key)
+ *   cp_folio_key(f)    the page key of cachepilot_hash.h: stays the same
+ *                      after eviction, so key ghost/shadow maps with it
+ *   cp_clock()         monotonic per-instance clock: ktime ns in the kernel,
+ *                      the instance's access counter in the simulator
+ *   cp_current_tid()   thread id of the reader (simulator: the trace's tid)
+ *   cache_ext_node_folio(node)   folio of an eviction-list node
+ *
+ * Only the native build runs in the simulator: keep the policy's logic
+ * inside the verifier's rules (bounded loops, no pointers kept in maps).
+ */
+#ifndef CACHE_EXT_POLICY_H
+#define CACHE_EXT_POLICY_H
+
+#define CACHE_EXT_ITER_CONTINUE 0
+#define CACHE_EXT_ITER_EVICT 1
+#define CACHE_EXT_ITER_STOP 2
+/* Upper bound on nodes one iterate/score call visits. */
+#define CACHE_EXT_ITER_MAX_NODES 65536
+
+#ifdef __BPF__
+/* ------------------------------------------------------------------------
+ * BPF build: the kernel defines the types (vmlinux.h); we only declare the
+ * kfuncs and map the header's macros onto libbpf's.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "cachepilot_hash.h"
+
+#ifndef CACHE_EXT_MAX_CANDIDATES
+#define CACHE_EXT_MAX_CANDIDATES 32
+#endif
+
+__u64 cache_ext_list_create(struct mem_cgroup *memcg) __ksym;
+int cache_ext_list_add(__u64 list, struct folio *folio) __ksym;
+int cache_ext_list_add_tail(__u64 list, struct folio *folio) __ksym;
+int cache_ext_list_move(__u64 list, struct folio *folio, bool tail) __ksym;
+int cache_ext_list_del(struct folio *folio) __ksym;
+int cache_ext_list_iterate(struct mem_cgroup *memcg, __u64 list,
+			   int (*cb)(int idx, struct cache_ext_list_node *node),
+			   struct cache_ext_eviction_ctx *ctx) __ksym;
+int cache_ext_list_score(struct mem_cgroup *memcg, __u64 list,
+			 __s64 (*score)(int idx, struct cache_ext_list_node *node),
+			 struct cache_ext_eviction_ctx *ctx, __u32 nr_score) __ksym;
+struct folio *cache_ext_node_folio(struct cache_ext_list_node *node) __ksym;
+
+#define BPF_STRUCT_OPS(name, args...) \
+	SEC("struct_ops/" #name) BPF_PROG(name, ##args)
+#define BPF_STRUCT_OPS_SLEEPABLE(name, args...) \
+	SEC("struct_ops.s/" #name) BPF_PROG(name, ##args)
+
+#define CP_STATE_DECL(type) type cp_state_data
+#define CP_STATE cp_state_data
+
+#define CP_HASH_MAP(name, ktype, vtype, max)			\
+	struct {						\
+		__uint(type, BPF_MAP_TYPE_HASH);		\
+		__uint(max_entries, max);			\
+		__type(key, ktype);				\
+		__type(value, vtype);				\
+	} name SEC(".maps")
+#define CP_ARRAY_MAP(name, ktype, vtype, max)			\
+	struct {						\
+		__uint(type, BPF_MAP_TYPE_ARRAY);		\
+		__uint(max_entries, max);			\
+		__type(key, ktype);				\
+		__type(value, vtype);				\
+	} name SEC(".maps")
+
+#define CP_POLICY(pname, ...)					\
+	char _license[] SEC("license") = "GPL";			\
+	SEC(".struct_ops.link")					\
+	struct cache_ext_ops pname##_ops = {			\
+		__VA_ARGS__,					\
+		.name = #pname,					\
+	}
+
+static __always_inline __u64 cp_folio_id(struct folio *folio)
+{
+	return (__u64)folio;
+}
+
+static __always_inline __u64 cp_folio_ino(struct folio *folio)
+{
+	return BPF_CORE_READ(folio, mapping, host, i_ino);
+}
+
+static __always_inline __u64 cp_folio_index(struct folio *folio)
+{
+	return BPF_CORE_READ(folio, index);
+}
+
+static __always_inline __u64 cp_folio_key(struct folio *folio)
+{
+	__u64 dev = BPF_CORE_READ(folio, mapping, host, i_sb, s_dev);
+
+	return cp_page_key(dev, cp_folio_ino(folio), cp_folio_index(folio));
+}
+
+static __always_inline __u64 cp_clock(void)
+{
+	return bpf_ktime_get_ns();
+}
+
+static __always_inline __u32 cp_current_tid(void)
+{
+	return (__u32)bpf_get_current_pid_tgid();
+}
+
+#else /* !__BPF__ */
+/* ------------------------------------------------------------------------
+ * Native build: the simulator runtime (models/native/runtime) provides the
+ * "kernel".  Types below are the runtime's; policies must not touch their
+ * fields.  Kfuncs and map operations reach the runtime through a table of
+ * function pointers the runtime hands to each policy file when it registers,
+ * so a policy compiled later into its own shared object (dlopen) works the
+ * same as one linked into the runtime.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <linux/types.h>	/* __u64 and friends, as the kernel spells them */
+#include "cachepilot_hash.h"
+
+typedef __u8 u8;
+typedef __u16 u16;
+typedef __u32 u32;
+typedef __u64 u64;
+typedef __s32 s32;
+typedef __s64 s64;
+
+#define CACHE_EXT_MAX_CANDIDATES 32
+#define CACHE_EXT_OPS_NAME_LEN 32
+
+#define BPF_ANY 0
+#define BPF_NOEXIST 1
+#define BPF_EXIST 2
+
+#ifndef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#endif
+#define SEC(name)
+#define bpf_printk(fmt, ...) ((void)0)
+
+/* Intrusive doubly linked list node of the simulator. */
+struct cache_ext_list_node {
+	struct cache_ext_list_node *prev, *next;
+	__u64 list;		/* handle of the list holding it, 0 = none */
+};
+
+/* One simulated page.  Policies: accessors only. */
+struct folio {
+	__u64 key;		/* page key (trace block number) */
+	__u64 ino;
+	__u64 index;
+	struct cache_ext_list_node node;	/* policy eviction list */
+	struct folio *older, *newer;	/* host registry, insertion order */
+	struct folio *hnext;		/* freelist link */
+	__u32 cached;		/* 1 while in the cache */
+	__u32 batch;		/* reclaim batch that last proposed it */
+	void *owner;		/* instance the folio belongs to */
+};
+
+struct mem_cgroup;	/* the runtime's instance; opaque to policies */
+
+struct cache_ext_eviction_ctx {
+	__u32 request;
+	__u32 nr_candidates;
+	struct folio *candidates[CACHE_EXT_MAX_CANDIDATES];
+};
+
+struct cache_ext_admit_ctx {
+	__u64 ino;
+	__u64 index;
+};
+
+struct cache_ext_ops {
+	s32 (*init)(struct mem_cgroup *memcg);
+	void (*evict_folios)(struct cache_ext_eviction_ctx *ctx,
+			     struct mem_cgroup *memcg);
+	void (*folio_added)(struct folio *folio);
+	void (*folio_accessed)(struct folio *folio);
+	void (*folio_evicted)(struct folio *folio);
+	bool (*admit_folio)(struct cache_ext_admit_ctx *ctx);
+	char name[CACHE_EXT_OPS_NAME_LEN];
+};
+
+enum cp_map_type { CP_MAP_HASH = 1, CP_MAP_ARRAY = 2 };
+
+/* A map declaration; the runtime creates one map per instance from it. */
+struct cp_map_def {
+	enum cp_map_type type;
+	__u32 key_size, value_size, max_entries;
+	int slot;		/* index into the instance's map table */
+	const char *name;
+	struct cp_map_def *next;
+};
+
+struct cp_map;
+
+/* What the runtime offers policies (the "kfuncs" and map helpers). */
+struct cp_runtime_api {
+	__u64 (*list_create)(struct mem_cgroup *memcg);
+	int (*list_add)(__u64 list, struct folio *folio, bool tail);
+	int (*list_move)(__u64 list, struct folio *folio, bool tail);
+	int (*list_del)(struct folio *folio);
+	int (*list_iterate)(struct mem_cgroup *memcg, __u64 list,
+			    int (*cb)(int, struct cache_ext_list_node *),
+			    struct cache_ext_eviction_ctx *ctx);
+	int (*list_score)(struct mem_cgroup *memcg, __u64 list,
+			  __s64 (*score)(int, struct cache_ext_list_node *),
+			  struct cache_ext_eviction_ctx *ctx, __u32 nr_score);
+	void *(*map_lookup)(struct cp_map *map, const void *key);
+	long (*map_update)(struct cp_map *map, const void *key,
+			   const void *value, __u64 flags);
+	long (*map_delete)(struct cp_map *map, const void *key);
+	__u64 (*clock)(void);
+	__u32 (*current_tid)(void);
+};
+
+/* Everything the runtime needs to know about one policy file. */
+struct cp_policy_file {
+	const struct cache_ext_ops *ops;
+	__u32 state_size;
+	struct cp_map_def *maps;
+	int nr_maps;
+	const struct cp_runtime_api **api;	/* runtime fills *api */
+	/* make `state` and `maps` current for this thread's callbacks */
+	void (*enter)(void *state, struct cp_map **maps);
+	struct cp_policy_file *next;
+};
+
+static inline struct folio *
+cache_ext_node_folio(struct cache_ext_list_node *node)
+{
+	return (struct folio *)((char *)node - offsetof(struct folio, node));
+}
+
+#ifndef CP_RUNTIME_INTERNAL	/* the runtime's own sources stop here */
+/*
+ * Per translation unit (= per policy file): its registration record, the
+ * runtime's table, and this thread's current instance.  Static, so many
+ * policies link side by side into one simulator.
+ */
+static const struct cp_runtime_api *cp_api;
+static __thread void *cp_cur_state __attribute__((tls_model("initial-exec")));
+static __thread struct cp_map **cp_cur_maps
+	__attribute__((tls_model("initial-exec")));
+
+static void cp_enter(void *state, struct cp_map **maps)
+{
+	cp_cur_state = state;
+	cp_cur_maps = maps;
+}
+
+static struct cp_policy_file cp_this_file = {
+	.api = &cp_api,
+	.enter = cp_enter,
+};
+
+#define BPF_STRUCT_OPS(name, args...) name(args)
+#define BPF_STRUCT_OPS_SLEEPABLE(name, args...) name(args)
+
+#define CP_STATE_DECL(type) typedef type cp_state_t
+#define CP_STATE (*(cp_state_t *)cp_cur_state)
+
+/* Maps register themselves with this file's record before main/dlopen
+ * returns; priority 101 runs before the policy's own constructor. */
+#define CP_DECLARE_MAP(name, mtype, ktype, vtype, max)			\
+	static struct cp_map_def name = {				\
+		.type = mtype, .key_size = sizeof(ktype),		\
+		.value_size = sizeof(vtype), .max_entries = (max),	\
+		.name = #name,						\
+	};								\
+	__attribute__((constructor(101))) static void			\
+	cp_add_map_##name(void)						\
+	{								\
+		name.slot = cp_this_file.nr_maps++;			\
+		name.next = cp_this_file.maps;				\
+		cp_this_file.maps = &name;				\
+	}
+#define CP_HASH_MAP(name, ktype, vtype, max) \
+	CP_DECLARE_MAP(name, CP_MAP_HASH, ktype, vtype, max)
+#define CP_ARRAY_MAP(name, ktype, vtype, max) \
+	CP_DECLARE_MAP(name, CP_MAP_ARRAY, ktype, vtype, max)
+
+/*
+ * Registration.  Linked into the runtime, the policy calls
+ * cp_register_policy_file() from a constructor.  Built as its own shared
+ * object, that (weak) symbol is absent and the runtime finds the record
+ * through the exported cp_policy_entry() after dlopen().
+ */
+void cp_register_policy_file(struct cp_policy_file *file)
+	__attribute__((weak));
+struct cp_policy_file *cp_policy_entry(void)
+	__attribute__((weak, visibility("default")));
+
+#define CP_POLICY(pname, ...)						\
+	static const struct cache_ext_ops pname##_ops = {		\
+		__VA_ARGS__,						\
+		.name = #pname,						\
+	};								\
+	struct cp_policy_file *cp_policy_entry(void)			\
+	{								\
+		return &cp_this_file;					\
+	}								\
+	__attribute__((constructor(102))) static void			\
+	cp_register_##pname(void)					\
+	{								\
+		cp_this_file.ops = &pname##_ops;			\
+		cp_this_file.state_size = sizeof(cp_state_t);		\
+		if (cp_register_policy_file)				\
+			cp_register_policy_file(&cp_this_file);		\
+	}
+
+static inline __u64 cache_ext_list_create(struct mem_cgroup *memcg)
+{
+	return cp_api->list_create(memcg);
+}
+
+static inline int cache_ext_list_add(__u64 list, struct folio *folio)
+{
+	return cp_api->list_add(list, folio, false);
+}
+
+static inline int cache_ext_list_add_tail(__u64 list, struct folio *folio)
+{
+	return cp_api->list_add(list, folio, true);
+}
+
+static inline int cache_ext_list_move(__u64 list, struct folio *folio,
+				      bool tail)
+{
+	return cp_api->list_move(list, folio, tail);
+}
+
+static inline int cache_ext_list_del(struct folio *folio)
+{
+	return cp_api->list_del(folio);
+}
+
+static inline int
+cache_ext_list_iterate(struct mem_cgroup *memcg, __u64 list,
+		       int (*cb)(int idx, struct cache_ext_list_node *node),
+		       struct cache_ext_eviction_ctx *ctx)
+{
+	return cp_api->list_iterate(memcg, list, cb, ctx);
+}
+
+static inline int
+cache_ext_list_score(struct mem_cgroup *memcg, __u64 list,
+		     __s64 (*score)(int idx, struct cache_ext_list_node *node),
+		     struct cache_ext_eviction_ctx *ctx, __u32 nr_score)
+{
+	return cp_api->list_score(memcg, list, score, ctx, nr_score);
+}
+
+static inline void *bpf_map_lookup_elem(void *map, const void *key)
+{
+	return cp_api->map_lookup(cp_cur_maps[((struct cp_map_def *)map)->slot],
+				  key);
+}
+
+static inline long bpf_map_update_elem(void *map, const void *key,
+				       const void *value, __u64 flags)
+{
+	return cp_api->map_update(cp_cur_maps[((struct cp_map_def *)map)->slot],
+				  key, value, flags);
+}
+
+static inline long bpf_map_delete_elem(void *map, const void *key)
+{
+	return cp_api->map_delete(cp_cur_maps[((struct cp_map_def *)map)->slot],
+				  key);
+}
+
+static inline __u64 bpf_get_current_pid_tgid(void)
+{
+	__u64 tid = cp_api->current_tid();
+
+	return tid << 32 | tid;
+}
+
+static inline __u64 cp_folio_id(struct folio *folio)
+{
+	return folio->key;
+}
+
+static inline __u64 cp_folio_ino(struct folio *folio)
+{
+	return folio->ino;
+}
+
+static inline __u64 cp_folio_index(struct folio *folio)
+{
+	return folio->index;
+}
+
+static inline __u64 cp_folio_key(struct folio *folio)
+{
+	return folio->key;
+}
+
+static inline __u64 cp_clock(void)
+{
+	return cp_api->clock();
+}
+
+static inline __u32 cp_current_tid(void)
+{
+	return cp_api->current_tid();
+}
+
+#endif /* !CP_RUNTIME_INTERNAL */
+#endif /* __BPF__ */
+
+#endif /* CACHE_EXT_POLICY_H */

@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * Per-instance BPF maps for natively built policies: hash maps and arrays
+ * with the semantics of bpf_map_{lookup,update,delete}_elem.
+ *
+ * Value pointers handed to a policy must stay valid while the map grows
+ * (BPF guarantees that for the element's lifetime), so every element lives
+ * in its own block from a slab that never moves; the table only points to
+ * the blocks.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "maps.h"
+
+struct cp_slot {
+	__u64 hash;
+	char *block;		/* key bytes, then value bytes; NULL = empty */
+};
+
+struct cp_map {
+	enum cp_map_type type;
+	__u32 key_size, value_size, max_entries;
+	/* hash */
+	struct cp_slot *slots;
+	__u64 mask;		/* slots - 1 */
+	__u64 count;
+	char *free_blocks;	/* freelist threaded through the blocks */
+	char **slabs;
+	int nr_slabs;
+	__u32 block_size;
+	/* array */
+	char *array;
+};
+
+#define SLAB_BLOCKS 1024
+
+static __u64 key_hash(const void *key, __u32 size)
+{
+	const unsigned char *p = key;
+	__u64 h = size;
+	__u64 word;
+
+	if (size == 8) {
+		memcpy(&word, key, 8);
+		return cp_hash64(word);
+	}
+	while (size >= 8) {
+		memcpy(&word, p, 8);
+		h = cp_hash64(h ^ word);
+		p += 8;
+		size -= 8;
+	}
+	word = 0;
+	memcpy(&word, p, size);
+	return cp_hash64(h ^ word);
+}
+
+struct cp_map *cp_map_new(const struct cp_map_def *def)
+{
+	struct cp_map *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return NULL;
+	m->type = def->type;
+	m->key_size = def->key_size;
+	m->value_size = def->value_size;
+	m->max_entries = def->max_entries;
+	if (m->type == CP_MAP_ARRAY) {
+		m->array = calloc(def->max_entries ? def->max_entries : 1,
+				  def->value_size ? def->value_size : 1);
+		if (!m->array) {
+			free(m);
+			return NULL;
+		}
+		return m;
+	}
+	/* blocks are 8-byte aligned so values can hold __u64s */
+	m->block_size = (def->key_size + def->value_size + 7) & ~7u;
+	if (m->block_size < sizeof(char *))
+		m->block_size = sizeof(char *);
+	m->mask = 15;
+	m->slots = calloc(m->mask + 1, sizeof(*m->slots));
+	if (!m->slots) {
+		free(m);
+		return NULL;
+	}
+	return m;
+}
+
+void cp_map_free(struct cp_map *m)
+{
+	int i;
+
+	if (!m)
+		return;
+	for (i = 0; i < m->nr_slabs; i++)
+		free(m->slabs[i]);
+	free(m->slabs);
+	free(m->slots);
+	free(m->array);
+	free(m);
+}
+
+static char *block_alloc(struct cp_map *m)
+{
+	char *b, *slab, **slabs;
+	int i;
+
+	if (!m->free_blocks) {
+		slab = malloc((size_t)m->block_size * SLAB_BLOCKS);
+		slabs = realloc(m->slabs, sizeof(*slabs) * (m->nr_slabs + 1));
+		if (!slab || !slabs) {
+			free(slab);
+			if (slabs)
+				m->slabs = slabs;
+			return NULL;
+		}
+		m->slabs = slabs;
+		m->slabs[m->nr_slabs++] = slab;
+		for (i = SLAB_BLOCKS - 1; i >= 0; i--) {
+			b = slab + (size_t)i * m->block_size;
+			*(char **)b = m->free_blocks;
+			m->free_blocks = b;
+		}
+	}
+	b = m->free_blocks;
+	m->free_blocks = *(char **)b;
+	return b;
+}
+
+static void block_free(struct cp_map *m, char *b)
+{
+	*(char **)b = m->free_blocks;
+	m->free_blocks = b;
+}
+
+static struct cp_slot *find_slot(struct cp_map *m, const void *key, __u64 h)
+{
+	__u64 i = h & m->mask;
+
+	for (;;) {
+		struct cp_slot *s = &m->slots[i];
+
+		if (!s->block)
+			return s;
+		if (s->hash == h && !memcmp(s->block, key, m->key_size))
+			return s;
+		i = (i + 1) & m->mask;
+	}
+}
+
+static int grow(struct cp_map *m)
+{
+	__u64 old_n = m->mask + 1, i;
+	struct cp_slot *old = m->slots;
+	struct cp_slot *slots = calloc(old_n * 2, sizeof(*slots));
+
+	if (!slots)
+		return -ENOMEM;
+	m->slots = slots;
+	m->mask = old_n * 2 - 1;
+	for (i = 0; i < old_n; i++) {
+		__u64 j;
+
+		if (!old[i].block)
+			continue;
+		j = old[i].hash & m->mask;
+		while (slots[j].block)
+			j = (j + 1) & m->mask;
+		slots[j] = old[i];
+	}
+	free(old);
+	return 0;
+}
+
+void *cp_map_lookup(struct cp_map *m, const void *key)
+{
+	struct cp_slot *s;
+
+	if (!m || !key)
+		return NULL;
+	if (m->type == CP_MAP_ARRAY) {
+		__u32 idx;
+
+		memcpy(&idx, key, sizeof(idx));
+		if (idx >= m->max_entries)
+			return NULL;
+		return m->array + (size_t)idx * m->value_size;
+	}
+	s = find_slot(m, key, key_hash(key, m->key_size));
+	return s->block ? s->block + m->key_size : NULL;
+}
+
+long cp_map_update(struct cp_map *m, const void *key, const void *value,
+		   __u64 flags)
+{
+	struct cp_slot *s;
+	__u64 h;
+
+	if (!m || !key || !value || flags > BPF_EXIST)
+		return -EINVAL;
+	if (m->type == CP_MAP_ARRAY) {
+		__u32 idx;
+
+		memcpy(&idx, key, sizeof(idx));
+		if (idx >= m->max_entries)
+			return -E2BIG;
+		if (flags == BPF_NOEXIST)
+			return -EEXIST;
+		memcpy(m->array + (size_t)idx * m->value_size, value,
+		       m->value_size);
+		return 0;
+	}
+	h = key_hash(key, m->key_size);
+	s = find_slot(m, key, h);
+	if (s->block) {
+		if (flags == BPF_NOEXIST)
+			return -EEXIST;
+		memcpy(s->block + m->key_size, value, m->value_size);
+		return 0;
+	}
+	if (flags == BPF_EXIST)
+		return -ENOENT;
+	if (m->count >= m->max_entries)
+		return -E2BIG;
+	if ((m->count + 1) * 2 > m->mask + 1) {
+		if (grow(m))
+			return -ENOMEM;
+		s = find_slot(m, key, h);
+	}
+	s->block = block_alloc(m);
+	if (!s->block)
+		return -ENOMEM;
+	s->hash = h;
+	memcpy(s->block, key, m->key_size);
+	memcpy(s->block + m->key_size, value, m->value_size);
+	m->count++;
+	return 0;
+}
+
+long cp_map_delete(struct cp_map *m, const void *key)
+{
+	struct cp_slot *s;
+	__u64 i, j;
+
+	if (!m || !key)
+		return -EINVAL;
+	if (m->type == CP_MAP_ARRAY)
+		return -EINVAL;
+	s = find_slot(m, key, key_hash(key, m->key_size));
+	if (!s->block)
+		return -ENOENT;
+	block_free(m, s->block);
+	m->count--;
+	/* backward-shift deletion keeps probe chains intact without tombstones */
+	i = s - m->slots;
+	j = i;
+	for (;;) {
+		__u64 home;
+
+		j = (j + 1) & m->mask;
+		if (!m->slots[j].block)
+			break;
+		home = m->slots[j].hash & m->mask;
+		/* move j into the hole at i unless its home lies in (i, j] */
+		if (((j - home) & m->mask) >= ((j - i) & m->mask)) {
+			m->slots[i] = m->slots[j];
+			i = j;
+		}
+	}
+	m->slots[i].block = NULL;
+	return 0;
+}

@@ -1,0 +1,15 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+#ifndef CP_MAPS_H
+#define CP_MAPS_H
+
+#define CP_RUNTIME_INTERNAL
+#include "cache_ext_policy.h"
+
+struct cp_map *cp_map_new(const struct cp_map_def *def);
+void cp_map_free(struct cp_map *m);
+void *cp_map_lookup(struct cp_map *m, const void *key);
+long cp_map_update(struct cp_map *m, const void *key, const void *value,
+		   __u64 flags);
+long cp_map_delete(struct cp_map *m, const void *key);
+
+#endif /* CP_MAPS_H */

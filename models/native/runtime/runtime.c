@@ -1,0 +1,729 @@
+// SPDX-License-Identifier: Apache-2.0
+/*
+ * The simulator's host side: a memory cgroup of `capacity` pages whose
+ * eviction is driven by a cache_ext policy, the eviction-list kfuncs, and
+ * reclaim exactly as the kernel contract describes (batches of at most 32
+ * candidates, every candidate validated, fallback to the oldest page).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime.h"
+#include "maps.h"
+
+/* An eviction list: circular, around a sentinel node. */
+struct cp_list {
+	struct cache_ext_list_node head;
+	__u64 len;
+};
+
+/* A block of folios; folios never move, so stale pointers stay checkable. */
+struct cp_chunk {
+	struct folio *base;
+	__u64 count;
+};
+
+/* The instance whose policy callbacks run on this thread right now. */
+static __thread struct cp_instance *cur;
+
+/* ---- policy registry ---------------------------------------------------- */
+
+static struct cp_policy_file *registry;
+
+void cp_register_policy_file(struct cp_policy_file *file)
+{
+	extern const struct cp_runtime_api cp_runtime_api;
+	struct cp_policy_file **p;
+
+	*file->api = &cp_runtime_api;
+	/* a later file with the same name replaces the earlier one */
+	for (p = &registry; *p; p = &(*p)->next) {
+		if (!strcmp((*p)->ops->name, file->ops->name)) {
+			file->next = (*p)->next;
+			*p = file;
+			return;
+		}
+	}
+	file->next = NULL;
+	*p = file;
+}
+
+const struct cp_policy_file *cp_find_policy(const char *name)
+{
+	const struct cp_policy_file *f;
+
+	for (f = registry; f; f = f->next)
+		if (!strcmp(f->ops->name, name))
+			return f;
+	return NULL;
+}
+
+int cp_policy_names(const char **names, int max)
+{
+	const struct cp_policy_file *f;
+	int n = 0;
+
+	for (f = registry; f; f = f->next) {
+		if (n < max)
+			names[n] = f->ops->name;
+		n++;
+	}
+	return n;
+}
+
+/* ---- lists -------------------------------------------------------------- */
+
+static struct cp_list *list_get(__u64 handle)
+{
+	__u32 idx = (__u32)handle;
+
+	if (!cur || !handle || (__u32)(handle >> 32) != cur->serial ||
+	    idx == 0 || idx > (__u32)cur->nr_lists)
+		return NULL;
+	return cur->lists[idx - 1];
+}
+
+static int folio_ok(struct folio *folio)
+{
+	return folio && cur && folio->owner == cur && folio->cached;
+}
+
+static void node_unlink(struct folio *folio)
+{
+	struct cache_ext_list_node *n = &folio->node;
+	struct cp_list *l = list_get(n->list);
+
+	n->prev->next = n->next;
+	n->next->prev = n->prev;
+	if (l)
+		l->len--;
+	n->prev = n->next = NULL;
+	n->list = 0;
+}
+
+static void node_link(struct cp_list *l, __u64 handle, struct folio *folio,
+		      bool tail)
+{
+	struct cache_ext_list_node *n = &folio->node;
+	struct cache_ext_list_node *at = tail ? l->head.prev : &l->head;
+
+	n->prev = at;
+	n->next = at->next;
+	at->next->prev = n;
+	at->next = n;
+	n->list = handle;
+	l->len++;
+}
+
+static __u64 k_list_create(struct mem_cgroup *memcg)
+{
+	struct cp_list *l, **lists;
+
+	if (!cur)
+		return 0;
+	if (cur->nr_lists == cur->cap_lists) {
+		int cap = cur->cap_lists ? cur->cap_lists * 2 : 4;
+
+		lists = realloc(cur->lists, sizeof(*lists) * cap);
+		if (!lists)
+			return 0;
+		cur->lists = lists;
+		cur->cap_lists = cap;
+	}
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return 0;
+	l->head.prev = l->head.next = &l->head;
+	cur->lists[cur->nr_lists++] = l;
+	return (__u64)cur->serial << 32 | (__u32)cur->nr_lists;
+}
+
+static int k_list_add(__u64 list, struct folio *folio, bool tail)
+{
+	struct cp_list *l = list_get(list);
+
+	if (!l || !folio_ok(folio))
+		return -EINVAL;
+	if (folio->node.list)
+		return -EEXIST;
+	node_link(l, list, folio, tail);
+	return 0;
+}
+
+static int k_list_move(__u64 list, struct folio *folio, bool tail)
+{
+	struct cp_list *l = list_get(list);
+
+	if (!l || !folio_ok(folio))
+		return -EINVAL;
+	if (!folio->node.list)
+		return -ENOENT;
+	node_unlink(folio);
+	node_link(l, list, folio, tail);
+	return 0;
+}
+
+static int k_list_del(struct folio *folio)
+{
+	if (!folio_ok(folio))
+		return -EINVAL;
+	if (!folio->node.list)
+		return -ENOENT;
+	node_unlink(folio);
+	return 0;
+}
+
+static int k_list_iterate(struct mem_cgroup *memcg, __u64 list,
+			  int (*cb)(int, struct cache_ext_list_node *),
+			  struct cache_ext_eviction_ctx *ctx)
+{
+	struct cp_list *l = list_get(list);
+	struct cache_ext_list_node *node, *next, *last;
+	__u32 want;
+	int visited = 0;
+
+	if (!l || !cb || !ctx)
+		return -EINVAL;
+	want = ctx->request < CACHE_EXT_MAX_CANDIDATES ?
+	       ctx->request : CACHE_EXT_MAX_CANDIDATES;
+	if (ctx->nr_candidates >= want || !l->len)
+		return 0;
+	/* Visit the nodes present now, once: those moved to the tail during
+	 * the walk come after `last` and are not seen again. */
+	last = l->head.prev;
+	for (node = l->head.next; node != &l->head; node = next) {
+		int is_last = node == last, r;
+
+		next = node->next;
+		r = cb(visited, node);
+		visited++;
+		if (r == CACHE_EXT_ITER_EVICT) {
+			ctx->candidates[ctx->nr_candidates++] =
+				cache_ext_node_folio(node);
+			if (ctx->nr_candidates >= want)
+				break;
+		} else if (r == CACHE_EXT_ITER_STOP) {
+			break;
+		}
+		if (is_last || visited >= CACHE_EXT_ITER_MAX_NODES)
+			break;
+	}
+	return visited;
+}
+
+static int k_list_score(struct mem_cgroup *memcg, __u64 list,
+			__s64 (*score)(int, struct cache_ext_list_node *),
+			struct cache_ext_eviction_ctx *ctx, __u32 nr_score)
+{
+	struct cp_list *l = list_get(list);
+	struct cache_ext_list_node *node, *next;
+	struct folio *best[CACHE_EXT_MAX_CANDIDATES];
+	__s64 best_s[CACHE_EXT_MAX_CANDIDATES];
+	__u32 want, n = 0, limit, i;
+	int scored = 0;
+
+	if (!l || !score || !ctx)
+		return -EINVAL;
+	want = ctx->request < CACHE_EXT_MAX_CANDIDATES ?
+	       ctx->request : CACHE_EXT_MAX_CANDIDATES;
+	if (ctx->nr_candidates >= want)
+		return 0;
+	want -= ctx->nr_candidates;
+	limit = nr_score < CACHE_EXT_ITER_MAX_NODES ?
+		nr_score : CACHE_EXT_ITER_MAX_NODES;
+	for (node = l->head.next; node != &l->head && (__u32)scored < limit;
+	     node = next) {
+		__s64 s;
+
+		next = node->next;
+		s = score(scored, node);
+		scored++;
+		/* keep the `want` lowest, ascending; ties keep list order */
+		if (n == want && s >= best_s[n - 1])
+			continue;
+		i = n < want ? n++ : n - 1;
+		while (i > 0 && best_s[i - 1] > s) {
+			best_s[i] = best_s[i - 1];
+			best[i] = best[i - 1];
+			i--;
+		}
+		best_s[i] = s;
+		best[i] = cache_ext_node_folio(node);
+	}
+	for (i = 0; i < n; i++)
+		ctx->candidates[ctx->nr_candidates++] = best[i];
+	return scored;
+}
+
+static void *k_map_lookup(struct cp_map *m, const void *key)
+{
+	return cp_map_lookup(m, key);
+}
+
+static __u64 k_clock(void)
+{
+	return cur ? cur->clock : 0;
+}
+
+static __u32 k_current_tid(void)
+{
+	return cur ? cur->tid : 0;
+}
+
+const struct cp_runtime_api cp_runtime_api = {
+	.list_create = k_list_create,
+	.list_add = k_list_add,
+	.list_move = k_list_move,
+	.list_del = k_list_del,
+	.list_iterate = k_list_iterate,
+	.list_score = k_list_score,
+	.map_lookup = k_map_lookup,
+	.map_update = cp_map_update,
+	.map_delete = cp_map_delete,
+	.clock = k_clock,
+	.current_tid = k_current_tid,
+};
+
+/* ---- the folio pool and the key table ----------------------------------- */
+
+static void enter(struct cp_instance *inst)
+{
+	cur = inst;
+	inst->file->enter(inst->state, inst->maps);
+}
+
+static int pool_grow(struct cp_instance *inst)
+{
+	__u64 count = inst->pool_size < 1024 ? 1024 : inst->pool_size;
+	struct folio *base;
+	int i;
+
+	if (inst->nr_chunks == inst->cap_chunks) {
+		int cap = inst->cap_chunks ? inst->cap_chunks * 2 : 8;
+		struct cp_chunk *c = realloc(inst->chunks, sizeof(*c) * cap);
+
+		if (!c)
+			return -ENOMEM;
+		inst->chunks = c;
+		inst->cap_chunks = cap;
+	}
+	base = calloc(count, sizeof(*base));
+	if (!base)
+		return -ENOMEM;
+	/* keep chunks sorted by address for the candidate check */
+	for (i = inst->nr_chunks; i > 0 && inst->chunks[i - 1].base > base; i--)
+		inst->chunks[i] = inst->chunks[i - 1];
+	inst->chunks[i].base = base;
+	inst->chunks[i].count = count;
+	inst->nr_chunks++;
+	inst->pool_size += count;
+	while (count--) {
+		base[count].hnext = inst->freelist;
+		inst->freelist = &base[count];
+	}
+	return 0;
+}
+
+/* Is p one of this instance's folios, and cached?  Safe for any pointer. */
+static int folio_cached_here(struct cp_instance *inst, struct folio *p)
+{
+	int lo = 0, hi = inst->nr_chunks - 1;
+	uintptr_t a = (uintptr_t)p;
+
+	while (lo <= hi) {
+		int mid = (lo + hi) / 2;
+		uintptr_t b = (uintptr_t)inst->chunks[mid].base;
+		uintptr_t e = b + inst->chunks[mid].count * sizeof(struct folio);
+
+		if (a < b) {
+			hi = mid - 1;
+		} else if (a >= e) {
+			lo = mid + 1;
+		} else {
+			return (a - b) % sizeof(struct folio) == 0 &&
+			       p->cached && p->owner == inst;
+		}
+	}
+	return 0;
+}
+
+static struct folio *table_find(struct cp_instance *inst, __u64 key)
+{
+	__u64 i = cp_hash64(key) & inst->table_mask;
+	struct folio *f;
+
+	while ((f = inst->table[i])) {
+		if (f->key == key)
+			return f;
+		i = (i + 1) & inst->table_mask;
+	}
+	return NULL;
+}
+
+static void table_put(struct folio **table, __u64 mask, struct folio *f)
+{
+	__u64 i = cp_hash64(f->key) & mask;
+
+	while (table[i])
+		i = (i + 1) & mask;
+	table[i] = f;
+}
+
+static int table_insert(struct cp_instance *inst, struct folio *f)
+{
+	if ((inst->nr_cached + 1) * 2 > inst->table_mask + 1) {
+		__u64 n = (inst->table_mask + 1) * 2, i;
+		struct folio **t = calloc(n, sizeof(*t));
+
+		if (!t)
+			return -ENOMEM;
+		for (i = 0; i <= inst->table_mask; i++)
+			if (inst->table[i])
+				table_put(t, n - 1, inst->table[i]);
+		free(inst->table);
+		inst->table = t;
+		inst->table_mask = n - 1;
+	}
+	table_put(inst->table, inst->table_mask, f);
+	return 0;
+}
+
+static void table_remove(struct cp_instance *inst, struct folio *f)
+{
+	__u64 mask = inst->table_mask;
+	__u64 i = cp_hash64(f->key) & mask, j;
+
+	while (inst->table[i] != f)
+		i = (i + 1) & mask;
+	j = i;
+	for (;;) {
+		__u64 home;
+
+		j = (j + 1) & mask;
+		if (!inst->table[j])
+			break;
+		home = cp_hash64(inst->table[j]->key) & mask;
+		if (((j - home) & mask) >= ((j - i) & mask)) {
+			inst->table[i] = inst->table[j];
+			i = j;
+		}
+	}
+	inst->table[i] = NULL;
+}
+
+/* ---- eviction and reclaim ----------------------------------------------- */
+
+static void evict(struct cp_instance *inst, struct folio *f)
+{
+	if (inst->file->ops->folio_evicted)
+		inst->file->ops->folio_evicted(f);
+	/* the host owns the list node: unlink whatever the policy left */
+	if (f->node.list)
+		node_unlink(f);
+	table_remove(inst, f);
+	if (f->older)
+		f->older->newer = f->newer;
+	else
+		inst->oldest = f->newer;
+	if (f->newer)
+		f->newer->older = f->older;
+	else
+		inst->newest = f->older;
+	f->cached = 0;
+	f->hnext = inst->freelist;
+	inst->freelist = f;
+	inst->nr_cached--;
+	inst->stats.evictions++;
+}
+
+/* Evict `need` pages (fewer only when the cache runs empty). */
+static void reclaim(struct cp_instance *inst, __u64 need)
+{
+	const struct cache_ext_ops *ops = inst->file->ops;
+	struct cache_ext_eviction_ctx ctx;
+	struct folio *victims[CACHE_EXT_MAX_CANDIDATES];
+	struct cp_stats *st = &inst->stats;
+
+	while (need > 0 && inst->nr_cached > 0) {
+		__u32 req = need < CACHE_EXT_MAX_CANDIDATES ?
+			    (__u32)need : CACHE_EXT_MAX_CANDIDATES;
+		__u32 seen, accepted = 0, batch, i;
+
+		if (req > inst->nr_cached)
+			req = (__u32)inst->nr_cached;
+		ctx.request = req;
+		ctx.nr_candidates = 0;
+		st->requests++;
+		batch = ++inst->batch_seq;
+		if (ops->evict_folios)
+			ops->evict_folios(&ctx, (struct mem_cgroup *)inst);
+
+		st->proposed += ctx.nr_candidates;
+		seen = ctx.nr_candidates < req ? ctx.nr_candidates : req;
+		st->rejected_excess += ctx.nr_candidates - seen;
+		for (i = 0; i < seen; i++) {
+			struct folio *f = ctx.candidates[i];
+
+			if (!folio_cached_here(inst, f)) {
+				st->rejected_not_cached++;
+			} else if (f->batch == batch) {
+				st->rejected_duplicate++;
+			} else {
+				f->batch = batch;
+				victims[accepted++] = f;
+			}
+		}
+		for (i = 0; i < accepted; i++)
+			evict(inst, victims[i]);
+		st->accepted += accepted;
+		need -= accepted;
+		/* too few usable candidates: the kernel's own LRU steps in */
+		for (i = accepted; i < req && need > 0 && inst->oldest; i++) {
+			evict(inst, inst->oldest);
+			st->fallback_evictions++;
+			need--;
+		}
+	}
+}
+
+static int insert(struct cp_instance *inst, __u64 key)
+{
+	const struct cache_ext_ops *ops = inst->file->ops;
+	struct folio *f;
+
+	if (!inst->freelist && pool_grow(inst))
+		return -ENOMEM;
+	f = inst->freelist;
+	inst->freelist = f->hnext;
+	memset(f, 0, sizeof(*f));
+	f->key = key;
+	if (table_insert(inst, f)) {
+		f->hnext = inst->freelist;
+		inst->freelist = f;
+		return -ENOMEM;
+	}
+	f->index = key;
+	f->cached = 1;
+	f->owner = inst;
+	f->older = inst->newest;
+	if (inst->newest)
+		inst->newest->newer = f;
+	else
+		inst->oldest = f;
+	inst->newest = f;
+	inst->nr_cached++;
+	inst->stats.inserts++;
+	if (ops->folio_added)
+		ops->folio_added(f);
+	/* the read that faulted the page in marks it accessed (filemap_read) */
+	if (ops->folio_accessed)
+		ops->folio_accessed(f);
+	return 0;
+}
+
+__u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
+			 const __u32 *tids, __u64 n)
+{
+	const struct cache_ext_ops *ops = inst->file->ops;
+	__u64 misses = 0, i;
+
+	enter(inst);
+	for (i = 0; i < n; i++) {
+		__u64 key = keys[i];
+		struct folio *f;
+
+		inst->clock++;
+		if (tids)
+			inst->tid = tids[i];
+		f = table_find(inst, key);
+		if (f) {
+			if (ops->folio_accessed)
+				ops->folio_accessed(f);
+			continue;
+		}
+		misses++;
+		if (ops->admit_folio) {
+			struct cache_ext_admit_ctx actx = { .ino = 0,
+							    .index = key };
+
+			if (!ops->admit_folio(&actx)) {
+				inst->stats.admit_bypassed++;
+				continue;
+			}
+		}
+		if (inst->capacity == 0)
+			continue;
+		if (inst->nr_cached >= inst->capacity)
+			reclaim(inst, inst->nr_cached - inst->capacity + 1);
+		if (insert(inst, key))
+			break;	/* out of memory: stop this batch */
+	}
+	inst->stats.accesses += i;
+	inst->stats.misses += misses;
+	inst->stats.hits += i - misses;
+	cur = NULL;
+	return misses;
+}
+
+void cp_instance_set_capacity(struct cp_instance *inst, __u64 capacity)
+{
+	inst->capacity = capacity;
+	if (inst->nr_cached > capacity) {
+		enter(inst);
+		reclaim(inst, inst->nr_cached - capacity);
+		cur = NULL;
+	}
+}
+
+__u64 cp_instance_cached_keys(struct cp_instance *inst, __u64 *keys)
+{
+	struct folio *f;
+	__u64 n = 0;
+
+	for (f = inst->oldest; f; f = f->newer)
+		keys[n++] = f->key;
+	return n;
+}
+
+/* ---- policy instances --------------------------------------------------- */
+
+static void policy_teardown(struct cp_instance *inst)
+{
+	int i;
+
+	if (inst->maps && inst->file)
+		for (i = 0; i < inst->file->nr_maps; i++)
+			cp_map_free(inst->maps[i]);
+	free(inst->maps);
+	for (i = 0; i < inst->nr_lists; i++)
+		free(inst->lists[i]);
+	free(inst->lists);
+	free(inst->state);
+	inst->maps = NULL;
+	inst->lists = NULL;
+	inst->state = NULL;
+	inst->nr_lists = inst->cap_lists = 0;
+}
+
+/* Give inst a fresh instance of `file` and run its init. */
+static int policy_setup(struct cp_instance *inst,
+			const struct cp_policy_file *file, const char **err)
+{
+	const struct cp_map_def *def;
+	int ret;
+
+	inst->file = file;
+	inst->serial++;
+	inst->state = calloc(1, file->state_size ? file->state_size : 1);
+	inst->maps = calloc(file->nr_maps ? file->nr_maps : 1,
+			    sizeof(*inst->maps));
+	if (!inst->state || !inst->maps) {
+		*err = "out of memory";
+		return -ENOMEM;
+	}
+	for (def = file->maps; def; def = def->next) {
+		inst->maps[def->slot] = cp_map_new(def);
+		if (!inst->maps[def->slot]) {
+			*err = "out of memory creating a policy map";
+			return -ENOMEM;
+		}
+	}
+	if (file->ops->init) {
+		enter(inst);
+		ret = file->ops->init((struct mem_cgroup *)inst);
+		cur = NULL;
+		if (ret) {
+			*err = "the policy's init callback failed";
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
+				    const char **err)
+{
+	const struct cp_policy_file *file = cp_find_policy(policy);
+	struct cp_instance *inst;
+
+	if (!file) {
+		*err = "unknown policy";
+		return NULL;
+	}
+	inst = calloc(1, sizeof(*inst));
+	if (!inst) {
+		*err = "out of memory";
+		return NULL;
+	}
+	inst->capacity = capacity;
+	inst->table_mask = 63;
+	inst->table = calloc(inst->table_mask + 1, sizeof(*inst->table));
+	if (!inst->table || policy_setup(inst, file, err)) {
+		if (!inst->table)
+			*err = "out of memory";
+		cp_instance_free(inst);
+		return NULL;
+	}
+	return inst;
+}
+
+void cp_instance_free(struct cp_instance *inst)
+{
+	int i;
+
+	if (!inst)
+		return;
+	policy_teardown(inst);
+	for (i = 0; i < inst->nr_chunks; i++)
+		free(inst->chunks[i].base);
+	free(inst->chunks);
+	free(inst->table);
+	free(inst);
+}
+
+/* Replace inst's policy instance by a fresh one of `file` and hand it
+ * every cached folio with folio_added, oldest first. */
+static int attach(struct cp_instance *inst, const struct cp_policy_file *file,
+		  const char **err)
+{
+	struct folio *f;
+
+	policy_teardown(inst);
+	for (f = inst->oldest; f; f = f->newer) {
+		f->node.prev = f->node.next = NULL;
+		f->node.list = 0;
+	}
+	if (policy_setup(inst, file, err))
+		return -EINVAL;
+	if (file->ops->folio_added) {
+		enter(inst);
+		for (f = inst->oldest; f; f = f->newer)
+			file->ops->folio_added(f);
+		cur = NULL;
+	}
+	return 0;
+}
+
+/*
+ * Live policy swap, as the kernel does on a struct_ops link update: the old
+ * instance goes away, a fresh one is initialised, and every cached folio is
+ * handed to it with folio_added, oldest first.
+ */
+int cp_instance_swap(struct cp_instance *inst, const char *policy,
+		     const char **err)
+{
+	const struct cp_policy_file *file = cp_find_policy(policy);
+	const struct cp_policy_file *old = inst->file;
+	const char *ignored;
+
+	if (!file) {
+		*err = "unknown policy";
+		return -ENOENT;
+	}
+	if (!attach(inst, file, err))
+		return 0;
+	/* the new policy failed to start: the old one comes back, fresh */
+	if (attach(inst, old, &ignored))
+		return -EIO;
+	return -EINVAL;
+}

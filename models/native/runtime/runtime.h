@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The simulator's "kernel": one simulated memory cgroup (a cache of pages
+ * with a capacity) driving one instance of a cache_ext policy compiled
+ * natively through bpf/include/cache_ext_policy.h.
+ */
+#ifndef CP_RUNTIME_H
+#define CP_RUNTIME_H
+
+#define CP_RUNTIME_INTERNAL
+#include "cache_ext_policy.h"
+
+struct cp_stats {
+	__u64 accesses;
+	__u64 hits;
+	__u64 misses;
+	__u64 inserts;
+	__u64 evictions;		/* all evictions, policy + fallback */
+	__u64 admit_bypassed;		/* misses the policy chose not to cache */
+	__u64 requests;			/* evict_folios calls */
+	__u64 proposed;			/* candidates the policy returned */
+	__u64 accepted;
+	__u64 rejected_not_cached;
+	__u64 rejected_duplicate;
+	__u64 rejected_excess;		/* beyond ctx->request */
+	__u64 fallback_evictions;
+};
+
+struct cp_list;
+struct cp_chunk;
+
+struct cp_instance {
+	/* the policy side: replaced wholesale by a policy swap */
+	const struct cp_policy_file *file;
+	void *state;
+	struct cp_map **maps;
+	struct cp_list **lists;
+	int nr_lists, cap_lists;
+	__u32 serial;			/* tags list handles of this policy */
+
+	/* the host side: the cached pages */
+	struct folio **table;		/* key -> folio, open addressing */
+	__u64 table_mask;
+	__u64 nr_cached;
+	__u64 capacity;
+	struct folio *oldest, *newest;	/* registry, insertion order */
+	struct cp_chunk *chunks;	/* folio pool, sorted by address */
+	int nr_chunks, cap_chunks;
+	__u64 pool_size;
+	struct folio *freelist;
+
+	__u64 clock;			/* accesses so far (cp_clock) */
+	__u32 tid;			/* tid of the current access */
+	__u32 batch_seq;		/* reclaim batch counter */
+	int busy;			/* guards against concurrent use */
+	struct cp_stats stats;
+};
+
+/* policy registry */
+void cp_register_policy_file(struct cp_policy_file *file);
+const struct cp_policy_file *cp_find_policy(const char *name);
+int cp_policy_names(const char **names, int max);
+
+/* instances; *err gets a static message on failure */
+struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
+				    const char **err);
+void cp_instance_free(struct cp_instance *inst);
+int cp_instance_swap(struct cp_instance *inst, const char *policy,
+		     const char **err);
+/* Returns misses among the n accesses; tids may be NULL. */
+__u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
+			 const __u32 *tids, __u64 n);
+void cp_instance_set_capacity(struct cp_instance *inst, __u64 capacity);
+/* Fills keys (room for nr_cached) oldest first; returns the count. */
+__u64 cp_instance_cached_keys(struct cp_instance *inst, __u64 *keys);
+
+#endif /* CP_RUNTIME_H */

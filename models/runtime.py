@@ -1,0 +1,338 @@
+"""The cache_ext policy runtime in user space, and the simulations built on it.
+
+Every policy in ``bpf/policies/<name>.bpf.c`` is compiled natively into
+``cachepilot.models._runtime`` through ``bpf/include/cache_ext_policy.h`` and
+runs here exactly as its BPF build runs in the kernel: the runtime provides
+the struct_ops callbacks' host and the eviction-list kfuncs, and drives
+reclaim as the kernel does (batches of at most 32 candidates, every candidate
+validated, fallback to the oldest page when a policy proposes too few).
+
+- :class:`Cache`      one simulated memory cgroup with one policy instance.
+- :func:`full_mrc`    the miss-ratio curve of a policy by full simulation.
+- :class:`MiniSim`    miniature simulations (SHARDS-sampled stream at rate R,
+                      cache of max(1, round(R*size)) pages) for many policies
+                      and sizes at once, streaming.
+- :func:`minisim_mrc` sample + miniature simulation in one pass.
+- :func:`load_policy_source` compiles a policy file on its own (``cc -shared``)
+                      into a cache directory and loads it; after that its
+                      name works everywhere a built-in policy name does.
+
+Keys are 64-bit page keys (numpy uint64); tids, when given, are the reading
+thread of each access (uint32) and are what the policy sees from
+``bpf_get_current_pid_tgid()``.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from cachepilot.errors import UserError
+from cachepilot.models import _runtime
+from cachepilot.models.mrc import MRC
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+POLICY_INCLUDE = REPO_ROOT / "bpf" / "include"
+THRESHOLD_ALL = (1 << 64) - 1
+# Flags for policies compiled on their own; they match setup.py's so a
+# policy behaves the same built in or loaded.
+POLICY_CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter",
+                 "-fPIC", "-shared", "-fvisibility=hidden"]
+
+STAT_NAMES = ("accesses", "hits", "misses", "inserts", "evictions",
+              "admit_bypassed", "proposed", "accepted", "rejected_not_cached",
+              "rejected_duplicate", "rejected_excess", "fallback_evictions",
+              "requests")
+
+
+def available_policies() -> list[str]:
+    """Names of the policies this process can run, sorted."""
+    return sorted(_runtime.policies())
+
+
+def _check_policy(name: str) -> str:
+    if not isinstance(name, str) or name not in _runtime.policies():
+        raise UserError(f"unknown policy {name!r}; available: "
+                        f"{', '.join(available_policies())}")
+    return name
+
+
+def _keys(keys) -> np.ndarray:
+    arr = np.asarray(keys)
+    if arr.ndim != 1:
+        raise UserError("keys must be a 1-D array of page keys")
+    if arr.dtype != np.uint64:
+        if arr.size and arr.dtype.kind == "i" and arr.min() < 0:
+            raise UserError("page keys must not be negative")
+        if arr.size and arr.dtype.kind not in "iu":
+            raise UserError("page keys must be integers")
+        arr = arr.astype(np.uint64)
+    return np.ascontiguousarray(arr)
+
+
+def _tids(tids, n: int) -> np.ndarray | None:
+    if tids is None:
+        return None
+    arr = np.ascontiguousarray(np.asarray(tids), dtype=np.uint32)
+    if arr.shape != (n,):
+        raise UserError(f"tids must have one entry per key ({n}), "
+                        f"not shape {arr.shape}")
+    return arr
+
+
+def _sizes(sizes) -> np.ndarray:
+    arr = np.asarray(sizes)
+    if arr.ndim != 1 or arr.size == 0:
+        raise UserError("sizes must be a non-empty list of page counts")
+    if arr.dtype.kind not in "iu" and not np.all(arr == np.round(arr)):
+        raise UserError("sizes must be whole page counts")
+    arr = arr.astype(np.int64)
+    if np.any(arr < 1) or np.any(np.diff(arr) <= 0):
+        raise UserError("sizes must be positive and strictly increasing")
+    return arr
+
+
+def rate_threshold(rate: float) -> int:
+    """SHARDS threshold for rate R in (0, 1]: keep keys with hash < R*2^64."""
+    rate = float(rate)
+    if not 0.0 < rate <= 1.0:
+        raise UserError(f"sampling rate must be within (0, 1], not {rate}")
+    if rate == 1.0:
+        return THRESHOLD_ALL
+    return max(1, min(THRESHOLD_ALL, int(rate * 2.0**64)))
+
+
+def sample(keys, rate: float, tids=None):
+    """The SHARDS-sampled substream of keys (and tids) at `rate`."""
+    keys = _keys(keys)
+    tids = _tids(tids, len(keys))
+    idx = np.frombuffer(_runtime.sample_index(keys, rate_threshold(rate)),
+                        dtype=np.uint64)
+    return keys[idx], (None if tids is None else tids[idx])
+
+
+class Cache:
+    """One simulated memory cgroup of `capacity_pages` pages whose eviction
+    is driven by one instance of `policy`."""
+
+    def __init__(self, policy: str, capacity_pages: int):
+        capacity = int(capacity_pages)
+        if capacity < 0:
+            raise UserError("capacity must not be negative")
+        self._c = _runtime.Cache(_check_policy(policy), capacity)
+
+    def access(self, keys, tids=None) -> int:
+        """Run a batch of accesses; returns the misses among them."""
+        keys = _keys(keys)
+        return self._c.access(keys, _tids(tids, len(keys)))
+
+    @property
+    def policy(self) -> str:
+        return self._c.policy
+
+    @property
+    def capacity_pages(self) -> int:
+        return self._c.capacity
+
+    @capacity_pages.setter
+    def capacity_pages(self, pages: int):
+        pages = int(pages)
+        if pages < 0:
+            raise UserError("capacity must not be negative")
+        # lowering it reclaims at once, as writing a memcg limit does
+        self._c.capacity = pages
+
+    @property
+    def nr_cached(self) -> int:
+        return self._c.nr_cached
+
+    def swap_policy(self, policy: str):
+        """Live swap: a fresh instance of `policy` receives every cached page
+        (folio_added, oldest first), as the kernel does on a link update.
+        If the new policy's init fails, the old one is restarted and
+        UserError is raised."""
+        try:
+            self._c.swap_policy(_check_policy(policy))
+        except ValueError as err:
+            raise UserError(str(err)) from None
+
+    @property
+    def stats(self) -> dict:
+        """Counters since creation (see STAT_NAMES) plus `cached`."""
+        return self._c.stats()
+
+    def cached_keys(self) -> np.ndarray:
+        """Keys in the cache, oldest insertion first."""
+        return np.frombuffer(self._c.cached_keys(), dtype=np.uint64).copy()
+
+    def __repr__(self):
+        return (f"Cache(policy={self.policy!r}, capacity_pages="
+                f"{self.capacity_pages}, cached={self.nr_cached})")
+
+
+def full_mrc(keys, policy: str, sizes, tids=None) -> MRC:
+    """Miss-ratio curve of `policy` by simulating the whole stream at every
+    size (method "full")."""
+    _check_policy(policy)
+    keys = _keys(keys)
+    tids = _tids(tids, len(keys))
+    sizes = _sizes(sizes)
+    if len(keys) == 0:
+        raise UserError("no accesses to simulate")
+    ratios = []
+    for size in sizes.tolist():
+        cache = Cache(policy, size)
+        ratios.append(cache.access(keys, tids) / len(keys))
+    return MRC(sizes, np.array(ratios), policy, "full", 1.0,
+               {"accesses": int(len(keys))})
+
+
+class MiniSim:
+    """Streaming miniature simulations: one small cache per (policy, size),
+    of max(1, round(rate*size)) pages, fed the SHARDS-sampled stream.  The
+    miss ratio of a miniature cache estimates the full cache's; misses
+    scaled back by 1/rate estimate the full cache's misses.  Sizes that
+    scale to the same miniature size share one simulation."""
+
+    def __init__(self, policies, sizes_pages, rate: float):
+        if isinstance(policies, str):
+            policies = [policies]
+        self.policies = [_check_policy(p) for p in policies]
+        if not self.policies:
+            raise UserError("MiniSim needs at least one policy")
+        self.sizes = _sizes(sizes_pages)
+        self.rate = float(rate)
+        self.threshold = rate_threshold(rate)
+        self.mini_sizes = np.maximum(
+            1, np.round(self.rate * self.sizes)).astype(np.int64)
+        self._caches = {}      # (policy, mini size) -> Cache
+        for p in self.policies:
+            for m in np.unique(self.mini_sizes).tolist():
+                self._caches[(p, m)] = Cache(p, m)
+        self._window = {k: (0, 0) for k in self._caches}
+        self.sampled = 0           # sampled accesses in the current window
+
+    def feed(self, sampled_keys, tids=None):
+        """Feed keys that are already sampled (cp_hash64(key) < threshold)."""
+        keys = _keys(sampled_keys)
+        tids = _tids(tids, len(keys))
+        if len(keys) == 0:
+            return
+        for cache in self._caches.values():
+            cache.access(keys, tids)
+        self.sampled += len(keys)
+
+    def feed_unsampled(self, keys, tids=None):
+        """Sample the full stream at this MiniSim's rate, then feed it."""
+        keys, tids = sample(keys, self.rate, tids)
+        self.feed(keys, tids)
+
+    def reset_counts(self):
+        """Start a new counting window; cache contents are kept."""
+        for k, cache in self._caches.items():
+            st = cache.stats
+            self._window[k] = (st["accesses"], st["misses"])
+        self.sampled = 0
+
+    def curves(self) -> list[MRC]:
+        """One MRC per policy (in the order given), over the current window.
+        An empty window gives miss ratio 1 everywhere, with
+        meta["sampled_accesses"] = 0 saying so."""
+        out = []
+        for p in self.policies:
+            ratios = []
+            misses_full = []
+            for m in self.mini_sizes.tolist():
+                st = self._caches[(p, m)].stats
+                acc0, miss0 = self._window[(p, m)]
+                acc, miss = st["accesses"] - acc0, st["misses"] - miss0
+                ratios.append(miss / acc if acc else 1.0)
+                misses_full.append(miss / self.rate)
+            out.append(MRC(self.sizes, np.array(ratios), p, "minisim",
+                           self.rate,
+                           {"sampled_accesses": int(self.sampled),
+                            "mini_sizes": self.mini_sizes.tolist(),
+                            "est_misses": misses_full}))
+        return out
+
+    def caches(self) -> dict:
+        """The miniature caches, keyed by (policy, miniature size)."""
+        return dict(self._caches)
+
+
+def minisim_mrc(keys, policies, sizes, rate: float, tids=None) -> list[MRC]:
+    """Sample `keys` at `rate` and run the miniature simulations of every
+    policy at every size in one pass (method "minisim")."""
+    sim = MiniSim(policies, sizes, rate)
+    keys = _keys(keys)
+    if len(keys) == 0:
+        raise UserError("no accesses to simulate")
+    sim.feed_unsampled(keys, tids)
+    curves = sim.curves()
+    for c in curves:
+        c.meta["accesses"] = int(len(keys))
+    return curves
+
+
+# -- policies compiled on their own ----------------------------------------
+
+def policy_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "cachepilot" / "policies"
+
+
+def _compiler() -> str:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    raise UserError("no C compiler found (set CC)")
+
+
+def compile_policy_source(path) -> Path:
+    """Compile one policy file into a shared object in the cache directory
+    (reused while the file, the header and the flags are unchanged)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such policy file")
+    source = path.read_bytes()
+    cc = _compiler()
+    digest = hashlib.sha256()
+    digest.update(source)
+    for header in sorted(POLICY_INCLUDE.glob("*.h")):
+        digest.update(header.read_bytes())
+    digest.update(" ".join([cc] + POLICY_CFLAGS).encode())
+    out_dir = policy_cache_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = path.name.split(".")[0] or "policy"
+    out = out_dir / f"{stem}-{digest.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        tmp_out = Path(tmp) / out.name
+        proc = subprocess.run(
+            [cc, *POLICY_CFLAGS, "-I", str(POLICY_INCLUDE), "-o", str(tmp_out),
+             str(path)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            errors = [ln for ln in proc.stderr.splitlines() if "error" in ln]
+            lines = errors or proc.stderr.strip().splitlines() or ["?"]
+            first = lines[0] if errors else lines[-1]
+            raise UserError(f"{path}: does not compile: {first}")
+        os.replace(tmp_out, out)
+    return out
+
+
+def load_policy_source(path: str) -> str:
+    """Compile a policy file natively (``cc -shared -fPIC -I bpf/include``)
+    into the cache directory, load it into this process and return the
+    policy's name (its CP_POLICY name).  A loaded policy replaces a
+    registered one of the same name for caches created afterwards."""
+    so = compile_policy_source(path)
+    try:
+        return _runtime.load_library(str(so))
+    except ValueError as err:
+        raise UserError(str(err)) from None
