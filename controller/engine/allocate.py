@@ -1,0 +1,155 @@
+"""Dividing each node's memory among its tenants.
+
+Three stages, each a pure function over arrays (one row per tenant; sizes
+in 4 KiB pages as floats; `node` gives each row's node index):
+
+1. serve_slos: every tenant starts at its lower bound (floor, or anonymous
+   usage + margin, whichever is higher).  Tenants with a feasible SLO are
+   then raised to the least size meeting it, highest priority first, and
+   within a priority the smallest extra need first (so the most SLOs fit).
+   A need that does not fit is skipped rather than half-served: half an
+   SLO's memory buys no attainment and would starve the next tenant.
+
+2. distribute: what is left goes where modelled aggregate throughput gains
+   most.  Each tenant's throughput-vs-size points are read on the curve's
+   concave (throughput) hull; taking hull segments greedily by slope is
+   optimal for such separable concave gains, and is computed here as its
+   Lagrangian dual: a price per page, bisected per node, at which each
+   tenant's best point (throughput - price x size) just fills the node.
+   The tenants whose choice changes at that price share the remainder in
+   order of their segment's slope -- exactly the greedy's last, partial
+   segment.  Memory nobody gains from is handed out in proportion to
+   each tenant's headroom below its ceiling, so the cache is not left idle.
+
+3. step_limit: limits move toward the targets, but no node's limits move by
+   more than max_step_fraction of its memory in one interval, summed over
+   its tenants.  Every tenant's move is scaled by the same factor (a convex
+   combination of old and target limits, so a node whose limits fit keeps
+   fitting); raising a tenant to its safety bound is never delayed and
+   uses the step budget first.  A wanted change smaller than the
+   hysteresis (a fraction of node memory) is not made at all.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from cachepilot.controller.engine.curves import miss_at
+from cachepilot.controller.engine.model import throughput
+
+
+def serve_slos(node, memory, lb, need, has_slo, priority, order):
+    """Returns (x_lo, granted): the size each tenant is raised to before the
+    marginal stage and whether its SLO need was granted.
+
+    node: node index per row; memory: pages per node; lb: lower bound per
+    row; need: least size meeting the SLO (inf if impossible); order: a
+    stable tie-break rank per row (e.g. position of the name in sort order).
+    """
+    x_lo = lb.copy()
+    granted = np.zeros(len(lb), dtype=bool)
+    free = memory - np.bincount(node, weights=lb, minlength=len(memory))
+    extra = np.maximum(need - lb, 0.0)
+    want = np.flatnonzero(has_slo & np.isfinite(need))
+    # node, then priority (high first), then smallest extra, then name
+    seq = want[np.lexsort((order[want], extra[want], -priority[want], node[want]))]
+    for i in seq.tolist():
+        n = node[i]
+        if extra[i] <= free[n] + 1e-9:
+            free[n] -= extra[i]
+            x_lo[i] = lb[i] + extra[i]
+            granted[i] = True
+    return x_lo, granted
+
+
+def _grid(xs, ys, a, b, x_lo, x_hi):
+    """Candidate sizes per row (the curve's points inside [x_lo, x_hi], and
+    both ends) and the modelled throughput gain over x_lo at each."""
+    m_lo = miss_at(xs, ys, x_lo)
+    m_hi = miss_at(xs, ys, x_hi)
+    inside = np.clip(xs, x_lo[:, None], x_hi[:, None])
+    m_in = np.where(xs < x_lo[:, None], m_lo[:, None],
+                    np.where(xs > x_hi[:, None], m_hi[:, None], ys))
+    X = np.concatenate((x_lo[:, None], inside, x_hi[:, None]), axis=1)
+    M = np.concatenate((m_lo[:, None], m_in, m_hi[:, None]), axis=1)
+    T = throughput(a[:, None], b[:, None], M)
+    return X - x_lo[:, None], T - T[:, :1]
+
+
+def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=64):
+    """Sizes (pages) per row: x_lo plus a share of each node's `budget`."""
+    nn = len(budget)
+    r = np.arange(len(x_lo))
+    D, G = _grid(xs, ys, a, b, x_lo, x_hi)
+    budget = np.maximum(budget, 0.0)
+
+    def choose(lam_node):
+        V = G - lam_node[node][:, None] * D
+        j = V.argmax(axis=1)        # ties: the smallest size
+        return j, np.bincount(node, weights=D[r, j], minlength=nn)
+
+    zero = np.zeros(nn)
+    j0, s0 = choose(zero)
+    free = s0 <= budget + 1e-9          # everyone gets all they gain from
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slopes = np.where(D > 0, G / np.where(D > 0, D, 1.0), 0.0)
+    lam_max = np.zeros(nn)
+    np.maximum.at(lam_max, node, slopes.max(axis=1, initial=0.0))
+    lo, hi = zero.copy(), lam_max * (1 + 1e-9) + 1e-300
+    if not free.all():
+        for _ in range(iterations):
+            mid = np.where(free, 0.0, 0.5 * (lo + hi))
+            _, s = choose(mid)
+            ok = s <= budget + 1e-9
+            hi = np.where(ok, mid, hi)
+            lo = np.where(ok, lo, mid)
+    j_hi, s_hi = choose(np.where(free, 0.0, hi))
+    j_lo, _ = choose(np.where(free, 0.0, lo))
+    x = x_lo + D[r, j_hi]
+    left = budget - s_hi
+
+    # the partial, last segments: slope order within each node
+    d_hi, d_lo = D[r, j_hi], D[r, j_lo]
+    marginal = np.flatnonzero(~free[node] & (d_lo > d_hi + 1e-12))
+    if len(marginal):
+        seg = (G[marginal, j_lo[marginal]] - G[marginal, j_hi[marginal]]) / \
+            (d_lo[marginal] - d_hi[marginal])
+        for i in marginal[np.lexsort((marginal, -seg, node[marginal]))].tolist():
+            n = node[i]
+            take = min(d_lo[i] - d_hi[i], max(left[n], 0.0))
+            x[i] += take
+            left[n] -= take
+
+    # slack nobody gains from: in proportion to headroom under the ceiling
+    slack_nodes = free & (left > 1e-9)
+    if slack_nodes.any():
+        room = np.where(slack_nodes[node], np.maximum(x_hi - x, 0.0), 0.0)
+        total = np.bincount(node, weights=room, minlength=nn)
+        share = np.where(total > 0, np.minimum(left / np.where(total > 0, total, 1.0), 1.0), 0.0)
+        x += room * share[node]
+    return x
+
+
+def step_limit(node, memory, current, target, lb, ub, max_step_fraction, hysteresis):
+    """New limits (pages) moved from `current` toward `target` under the
+    per-node step budget and hysteresis (see the module comment)."""
+    nn = len(memory)
+    forced = np.maximum(lb - current, 0.0)           # safety raises
+    base = current + forced
+    want = target - base
+    settled = (np.abs(target - current) < hysteresis * memory[node]) & \
+        (forced == 0) & (current <= ub)
+    want = np.where(settled, 0.0, want)
+    step = np.maximum(max_step_fraction * memory
+                      - np.bincount(node, weights=forced, minlength=nn), 0.0)
+    moving = np.bincount(node, weights=np.abs(want), minlength=nn)
+    f = np.where(moving > step, step / np.where(moving > 0, moving, 1.0), 1.0)
+    new = base + f[node] * want
+    # Hysteresis may have kept a shrink that the others' growth counted on:
+    # never let the node's limits add up to more than before (or the node).
+    cap = np.maximum(memory, np.bincount(node, weights=current, minlength=nn))
+    total = np.bincount(node, weights=new, minlength=nn)
+    grow = np.maximum(new - base, 0.0)
+    grown = np.bincount(node, weights=grow, minlength=nn)
+    excess = np.maximum(total - cap, 0.0)
+    keep = np.where(grown > 0, np.maximum(1.0 - excess / np.where(grown > 0, grown, 1.0), 0.0), 1.0)
+    return new - grow * (1.0 - keep[node])

@@ -1,0 +1,60 @@
+"""Policy autopilot: when to switch a tenant's eviction policy.
+
+Each round every allowed policy with a curve is scored by the modelled
+throughput it would give at the tenant's current size.  The best one
+replaces the policy in force only when it beats it by more than
+`autopilot_threshold` (relative) in `autopilot_k` consecutive rounds: a
+single noisy window never flips a policy, a real phase change does within
+K windows.  A policy the tenant is not (or no longer) allowed is left at
+once.  Ties go to the policy in force, then to the alphabetically first,
+so the choice is deterministic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cachepilot.controller.engine.types import TenantState
+
+
+@dataclass
+class PolicyChoice:
+    policy: str                 # the policy to direct this round
+    switched: bool
+    best: str | None            # best-scoring policy this round
+    gain: float                 # predicted relative gain of best over current
+    reason: str
+
+
+def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
+                  st: TenantState, threshold: float, k: int) -> PolicyChoice:
+    """Update st's streak and say which policy to direct.
+
+    current: the policy in force (last directed, else reported);
+    allowed: policies the tenant may use (sorted); scores: modelled
+    throughput at the current size for each allowed policy with a curve."""
+    if not scores:
+        st.streak, st.streak_policy = 0, None
+        return PolicyChoice(current, False, None, 0.0, "no curves to compare")
+    top = max(scores.values())
+    best = current if scores.get(current, -1.0) >= top * (1 - 1e-12) else \
+        min(p for p, v in scores.items() if v >= top * (1 - 1e-12))
+    if current not in allowed:
+        st.streak, st.streak_policy = 0, None
+        return PolicyChoice(best, True, best, float("inf"),
+                            f"{current} is not an allowed policy")
+    base = scores.get(current)
+    gain = float("inf") if not base else top / base - 1.0
+    if best == current or gain <= threshold:
+        st.streak, st.streak_policy = 0, None
+        return PolicyChoice(current, False, best, max(gain, 0.0) if best != current else 0.0,
+                            "keep")
+    st.streak += 1
+    st.streak_policy = best
+    if st.streak >= k:
+        st.streak, st.streak_policy = 0, None
+        what = "no curve for it" if base is None else f"+{gain:.1%}"
+        return PolicyChoice(best, True, best, gain,
+                            f"{best} beats {current} ({what}) for {k} intervals")
+    return PolicyChoice(current, False, best, gain,
+                        f"{best} beats {current} by {gain:.1%} "
+                        f"({st.streak}/{k} intervals)")

@@ -1,0 +1,69 @@
+"""Synthetic tenants for engine tests and the controller benchmark.
+
+A tenant's true behaviour is a miss-ratio curve per policy of a simple
+analytic shape (a power-law fall to a floor of compulsory misses, the shape
+of a zipf workload's LRU curve) and a service model; `report` produces the
+TenantReport an agent would send for it at a given limit and policy, with
+the observed miss ratio and throughput that curve and model imply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cachepilot.agent.types import TenantReport
+from cachepilot.models.mrc import MRC
+
+PAGE = 4096
+
+
+def power_curve(policy: str, footprint_pages: float, alpha: float, floor: float,
+                max_pages: float, points: int = 50) -> MRC:
+    """Miss ratio (1 + s / (footprint/20)) ** -alpha falling to `floor` at
+    the footprint, on `points` log-spaced sizes up to max_pages."""
+    sizes = np.unique(np.geomspace(16, max_pages, points).astype(np.int64))
+    scale = footprint_pages / 20.0
+    m = np.maximum((1.0 + sizes / scale) ** -alpha, floor)
+    m = np.where(sizes >= footprint_pages, floor, m)
+    return MRC(sizes, np.minimum(m, 1.0), policy, "synthetic", 1.0)
+
+
+@dataclass
+class SynthTenant:
+    name: str
+    curves: dict[str, MRC]
+    t_hit: float = 2e-6
+    t_miss: float = 1e-4
+    concurrency: float = 1.0
+    anon_bytes: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def throughput(self, miss_ratio: float) -> float:
+        return self.concurrency / (self.t_hit + miss_ratio * self.t_miss)
+
+    def report(self, limit_bytes: int, policy: str, interval_s: float = 1.0) -> TenantReport:
+        m = float(self.curves[policy].at(limit_bytes / PAGE))
+        thr = self.throughput(m)
+        return TenantReport(
+            tenant=self.name, cgroup=self.name, interval_s=interval_s,
+            accesses_per_s=thr, inserts_per_s=thr * m, removals_per_s=thr * m,
+            refaults_per_s=0.0, limit_bytes=int(limit_bytes),
+            usage_file_bytes=int(limit_bytes), usage_anon_bytes=self.anon_bytes,
+            policy=policy, throughput=thr, miss_ratio=m,
+            curves=list(self.curves.values()))
+
+
+def random_tenant(rng: np.random.Generator, name: str, policies: list[str],
+                  node_pages: float, points: int = 50) -> SynthTenant:
+    """A tenant whose footprint, skew and per-policy advantage are drawn
+    from rng; policies differ by a random factor on alpha and floor."""
+    footprint = float(rng.uniform(0.05, 0.6) * node_pages)
+    alpha = float(rng.uniform(0.4, 1.6))
+    floor = float(rng.uniform(0.0, 0.1))
+    curves = {}
+    for p in policies:
+        f = float(rng.uniform(0.8, 1.25))
+        curves[p] = power_curve(p, footprint, alpha * f, floor, node_pages, points)
+    return SynthTenant(name, curves, t_hit=float(rng.uniform(1e-6, 5e-6)),
+                       t_miss=float(rng.uniform(5e-5, 3e-4)))

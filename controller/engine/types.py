@@ -1,0 +1,104 @@
+"""What the decision engine keeps between rounds and what one round returns."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cachepilot.agent.types import Directive
+
+
+@dataclass
+class TenantState:
+    """One tenant's memory across rounds."""
+    node: str = ""
+    # throughput-model observations: miss ratio and seconds per operation,
+    # oldest first, at most control.model_window of them
+    obs_m: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    obs_y: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    a: float = 0.0                  # fitted seconds per op at m = 0
+    b: float = 0.0                  # fitted extra seconds per op per unit m
+    fitted: bool = False            # (a, b) from data rather than the prior
+    policy: str | None = None       # policy last directed
+    target_bytes: int | None = None  # where the allocation wants it
+    limit_bytes: int | None = None  # limit last directed (after the step)
+    streak: int = 0                 # consecutive rounds a switch looked worth it
+    streak_policy: str | None = None
+    last_round: int = -1
+
+
+@dataclass
+class LogEntry:
+    """One decision and its predicted effect; `observed` is filled in from a
+    later report (and repeated then as an entry of kind "observed")."""
+    round: int
+    node: str
+    tenant: str
+    kind: str                       # "policy", "limit" or "observed"
+    before: str                     # old policy / limit (bytes, as text)
+    after: str
+    reason: str
+    predicted: float | None = None          # modelled throughput after
+    predicted_before: float | None = None   # modelled throughput before
+    predicted_gain: float | None = None     # predicted / predicted_before - 1
+    observed_before: float | None = None    # throughput reported at decision
+    observed: float | None = None
+    observed_gain: float | None = None
+    decided_round: int | None = None        # for "observed": the decision's round
+
+    @property
+    def message(self) -> str:
+        return f"{self.tenant}: {self.kind} {self.before} -> {self.after}: {self.reason}"
+
+
+@dataclass
+class Violation:
+    """An SLO the allocation cannot meet."""
+    tenant: str
+    node: str
+    required: float                 # SLO minimum throughput
+    predicted: float                # modelled throughput at the target size
+    shortfall: float                # required - predicted
+    reason: str
+
+    @property
+    def slo(self) -> float:
+        return self.required
+
+
+@dataclass
+class TenantPlan:
+    """How the engine sees one tenant this round (for tables and tests)."""
+    tenant: str
+    node: str
+    policy: str                     # policy directed
+    curve_policy: str | None        # curve the allocation read (policy in force)
+    target_bytes: int               # where the allocation wants the limit
+    limit_bytes: int                # limit directed this round (step-limited)
+    predicted_throughput: float | None   # at target_bytes
+    slo_need_bytes: dict[str, float]    # least limit meeting the SLO, per policy (inf: none)
+    model: tuple[float, float, bool]    # (a, b, fitted)
+
+
+@dataclass
+class EngineState:
+    """Everything carried across rounds.  decide() updates it in place; a
+    fresh state after a controller restart is rebuilt from the reports
+    (limits and policies in force arrive in every report)."""
+    round: int = 0
+    tenants: dict[str, TenantState] = field(default_factory=dict)
+    log: deque = field(default_factory=lambda: deque(maxlen=10000))
+    # (tenant, LogEntry, reports still to wait) awaiting an observed effect
+    pending: list = field(default_factory=list)
+
+
+@dataclass
+class Decision:
+    round: int
+    directives: dict[str, list[Directive]]
+    violations: list[Violation]
+    log: list[LogEntry]
+    plans: dict[str, TenantPlan]
+    notes: list[str]
+    state: EngineState
