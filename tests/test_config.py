@@ -1,0 +1,158 @@
+"""Config loading: valid files load with their defaults and units; every
+kind of bad input is refused with one line naming file, key and expectation."""
+import re
+import textwrap
+
+import pytest
+
+from cachepilot.controller.config import load_config, parse_bytes
+from cachepilot.errors import UserError
+
+GOOD = """
+control: {interval_s: 2, max_step_fraction: 0.05, hysteresis: 0.01}
+controller: {insecure: true, listen: "127.0.0.1:0"}
+nodes:
+  - {name: n1, memory_bytes: 2GiB, policies: [linux, lru, s3fifo]}
+  - {name: n2, memory_bytes: 1073741824}
+tenants:
+  - name: web
+    node: n1
+    slo: {min_throughput: 20000}
+    priority: 2
+    floor_bytes: 64MiB
+    ceiling_bytes: 1.5G
+    policies: [lru, s3fifo]
+    workload:
+      phases:
+        - {kind: zipf, skew: 1.2, footprint: 512MiB, intervals: 10}
+        - {kind: scan, footprint: 1GiB}
+      service: {t_hit_s: 1.0e-6, t_miss_s: 2.0e-4}
+  - name: batch
+    node: n2
+    slo: {min_throughput: 10, source: {url: "http://127.0.0.1:9090", metric: ops_total, labels: {job: b}}}
+"""
+
+
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def error_of(tmp_path, text):
+    p = write(tmp_path, text)
+    with pytest.raises(UserError) as err:
+        load_config(p)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith(str(p))
+    return msg
+
+
+def test_good_config_loads_with_units_and_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, GOOD))
+    assert cfg.control.interval_s == 2
+    assert cfg.control.autopilot_k == 3            # default
+    assert cfg.node("n1").memory_bytes == 2 << 30
+    web = cfg.tenant("web")
+    assert web.floor_bytes == 64 << 20
+    assert web.ceiling_bytes == int(1.5 * (1 << 30))
+    assert web.cgroup == "web"                    # defaults to the name
+    assert web.workload.phases[0].footprint == 512 << 20
+    assert cfg.tenant("batch").slo.source.metric == "ops_total"
+    assert cfg.tenant("batch").slo.source != "accesses"
+    assert [t.name for t in cfg.tenants_on("n1")] == ["web"]
+    assert cfg.prior_for(cfg.tenant("batch")) == cfg.control.prior
+
+
+def test_example_from_the_issue_negative_slo(tmp_path):
+    msg = error_of(tmp_path, """
+        nodes: [{name: n1, memory_bytes: 1GiB}]
+        tenants:
+          - {name: a, node: n1}
+          - {name: b, node: n1}
+          - {name: c, node: n1, slo: {min_throughput: -5}}
+        """)
+    assert msg.endswith("tenants[2].slo.min_throughput: expected a number >= 0, got -5")
+
+
+@pytest.mark.parametrize("body, key, expect", [
+    ("nodes: []", "nodes", "at least 1"),
+    ("nodes: [{name: n1, memory_bytes: 12 parsecs}]", "nodes[0].memory_bytes", "size"),
+    ("nodes: [{name: n1, memory_bytes: 1G, backnd: sim}]", "nodes[0].backnd", "unknown key"),
+    ("nodes: [{name: n1, memory_bytes: 1G, backend: kvm}]", "nodes[0].backend", "'sim' or 'linux'"),
+    ("nodes: [{name: n1}]", "nodes[0].memory_bytes", "required"),
+    ("control: {max_step_fraction: 1.5}\nnodes: [{name: n1, memory_bytes: 1G}]",
+     "control.max_step_fraction", "<= 1"),
+    ("control: {autopilot_k: 0}\nnodes: [{name: n1, memory_bytes: 1G}]",
+     "control.autopilot_k", ">= 1"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n9}]",
+     "tenants[0].node", "one of the nodes (n1)"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, slo: {min_throughput: fast}}]",
+     "tenants[0].slo.min_throughput", "a number"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, slo: {min_throughput: 5, source: rumour}}]",
+     "tenants[0].slo.source", "'accesses'"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, slo: {min_throughput: 5, source: {url: x}}}]",
+     "tenants[0].slo.source.metric", "required"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, floor_bytes: 2G}]",
+     "tenants[0].floor_bytes", "at most"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, floor_bytes: 512M, ceiling_bytes: 256M}]",
+     "tenants[0]", "above ceiling_bytes"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, floor_bytes: 600M}, {name: b, node: n1, floor_bytes: 600M}]",
+     "tenants", "floors on node 'n1'"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1}, {name: a, node: n1}]",
+     "tenants[1].name", "already used"),
+    ("nodes: [{name: n1, memory_bytes: 1G, policies: [lru]}]\ntenants: [{name: a, node: n1, policies: [lru, s3fifo]}]",
+     "tenants[0].policies", "s3fifo not offered"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, workload: {phases: [{kind: zipf}, {kind: scan}]}}]",
+     "tenants[0].workload.phases", "not the last phase"),
+    ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, workload: {phases: [{kind: trace}]}}]",
+     "tenants[0].workload.phases[0]", "needs a `trace` path"),
+    ("controller: {listen: ':1'}\nnodes: [{name: n1, memory_bytes: 1G}]",
+     "controller", "tls_cert and tls_key are required"),
+])
+def test_bad_input_names_key_and_expectation(tmp_path, body, key, expect):
+    msg = error_of(tmp_path, body)
+    assert f": {key}:" in msg or f": {key} " in msg, msg
+    assert expect in msg, msg
+
+
+def test_tls_default_needs_token(tmp_path):
+    msg = error_of(tmp_path, """
+        controller: {tls_cert: c.pem, tls_key: k.pem}
+        nodes: [{name: n1, memory_bytes: 1G}]
+        """)
+    assert "token" in msg
+
+
+def test_relative_paths_resolve_against_the_file(tmp_path):
+    (tmp_path / "tok").write_text("s3cret-token\n")
+    cfg = load_config(write(tmp_path, """
+        controller: {tls_cert: certs/c.pem, tls_key: certs/k.pem, token_file: tok}
+        nodes: [{name: n1, memory_bytes: 1G}]
+        """))
+    assert cfg.controller.tls_cert == tmp_path / "certs" / "c.pem"
+    assert cfg.controller.token_value() == "s3cret-token"
+
+
+def test_unreadable_files_and_bad_yaml(tmp_path):
+    with pytest.raises(UserError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+    msg = error_of(tmp_path, "nodes: [\n")
+    assert "not valid YAML" in msg
+    assert re.search(r"c\.yaml:\d+:\d+: ", msg), msg
+    assert "empty" in error_of(tmp_path, "")
+    assert "mapping" in error_of(tmp_path, "- 1\n- 2\n")
+
+
+@pytest.mark.parametrize("text, value", [
+    (4096, 4096), ("4096", 4096), ("4k", 4096), ("4KiB", 4096), ("1.5G", 3 << 29),
+    ("2 MiB", 2 << 20), ("1t", 1 << 40)])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["-1", -1, "1x", "", True, [1]])
+def test_parse_bytes_refuses(text):
+    with pytest.raises(ValueError):
+        parse_bytes(text)
