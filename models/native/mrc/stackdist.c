@@ -207,7 +207,11 @@ static uint64_t scaled_bin(const struct cp_stackdist *sd, uint64_t dist)
 	if (!sd->filter || sd->threshold == CP_THRESHOLD_ALL)
 		pages = (double)dist;
 	else
-		pages = (double)dist / cp_sd_rate(sd);
+		/*
+		 * dist - 1 sampled keys lie between the two references; each
+		 * stands for 1/rate keys of the full trace.
+		 */
+		pages = (double)(dist - 1) / cp_sd_rate(sd) + 1.0;
 	if (sd->bin_pages == 1 && pages == floor(pages))
 		return (uint64_t)pages;
 	return (uint64_t)ceil(pages / (double)sd->bin_pages);
