@@ -27,7 +27,9 @@ in 4 KiB pages as floats; `node` gives each row's node index):
    combination of old and target limits, so a node whose limits fit keeps
    fitting); raising a tenant to its safety bound is never delayed and
    uses the step budget first.  A wanted change smaller than the
-   hysteresis (a fraction of node memory) is not made at all.
+   hysteresis (a fraction of node memory) is not made at all.  If a safety
+   raise leaves the node's limits adding up to more than the node, the
+   shrinking tenants pay for it at once, beyond the step if need be.
 """
 from __future__ import annotations
 
@@ -144,12 +146,20 @@ def step_limit(node, memory, current, target, lb, ub, max_step_fraction, hystere
     moving = np.bincount(node, weights=np.abs(want), minlength=nn)
     f = np.where(moving > step, step / np.where(moving > 0, moving, 1.0), 1.0)
     new = base + f[node] * want
-    # Hysteresis may have kept a shrink that the others' growth counted on:
-    # never let the node's limits add up to more than before (or the node).
+    # The limits must not add up to more than before (or than the node):
+    # a safety raise, or a shrink the hysteresis held back, may have pushed
+    # them over.  Cancel growth first, then move shrinking tenants further
+    # toward their targets; the latter may exceed the step, since a safety
+    # raise has to be paid for.
     cap = np.maximum(memory, np.bincount(node, weights=current, minlength=nn))
-    total = np.bincount(node, weights=new, minlength=nn)
-    grow = np.maximum(new - base, 0.0)
-    grown = np.bincount(node, weights=grow, minlength=nn)
-    excess = np.maximum(total - cap, 0.0)
-    keep = np.where(grown > 0, np.maximum(1.0 - excess / np.where(grown > 0, grown, 1.0), 0.0), 1.0)
-    return new - grow * (1.0 - keep[node])
+    excess = np.maximum(np.bincount(node, weights=new, minlength=nn) - cap, 0.0)
+    for room in (lambda: np.maximum(new - base, 0.0),
+                 lambda: np.maximum(new - np.maximum(target, lb), 0.0)):
+        if not (excess > 1e-9).any():
+            break
+        r = room()
+        total = np.bincount(node, weights=r, minlength=nn)
+        cut = np.where(total > 0, np.minimum(excess / np.where(total > 0, total, 1.0), 1.0), 0.0)
+        new = new - r * cut[node]
+        excess = np.maximum(excess - total * cut, 0.0)
+    return new
