@@ -1,0 +1,304 @@
+"""decide() in closed loop over synthetic tenants whose true miss-ratio
+curves and service times are known: the reports it sees are what those
+tenants would observe under the limits and policies it directs."""
+import copy
+
+import numpy as np
+import pytest
+
+from cachepilot.controller import engine
+from cachepilot.controller.config import config_from_dict
+from cachepilot.controller.engine.synthetic import SynthTenant, power_curve
+
+GiB = 1 << 30
+PAGES = GiB // 4096
+
+
+def make(tenants, nodes=None, **control):
+    nodes = nodes or [{"name": "n1", "memory_bytes": GiB}]
+    return config_from_dict({"control": control, "nodes": nodes, "tenants": tenants})
+
+
+class Loop:
+    """Applies directives to synthetic tenants and reports back."""
+
+    def __init__(self, cfg, synth, limits=None, policies=None):
+        self.cfg, self.synth = cfg, synth
+        self.state = engine.EngineState()
+        per_node = {}
+        for t in cfg.tenants:
+            per_node[t.node] = per_node.get(t.node, 0) + 1
+        self.limit = {t.name: (limits or {}).get(
+            t.name, cfg.node(t.node).memory_bytes // per_node[t.node]) for t in cfg.tenants}
+        self.policy = {t.name: (policies or {}).get(t.name, "linux") for t in cfg.tenants}
+        self.decisions = []
+
+    def reports(self, nodes=None):
+        out = {}
+        for t in self.cfg.tenants:
+            if nodes is not None and t.node not in nodes:
+                continue
+            out.setdefault(t.node, []).append(
+                self.synth[t.name].report(self.limit[t.name], self.policy[t.name]))
+        return out
+
+    def step(self, nodes=None):
+        d = engine.decide(self.state, self.reports(nodes), self.cfg)
+        for ds in d.directives.values():
+            for x in ds:
+                self.limit[x.tenant] = x.limit_bytes
+                self.policy[x.tenant] = x.policy
+        self.decisions.append(d)
+        return d
+
+    def true_throughput(self, name):
+        s = self.synth[name]
+        return s.throughput(float(s.curves[self.policy[name]].at(self.limit[name] / 4096)))
+
+
+def tenant(name, footprint_frac, alpha, policies=("linux",), floor=0.01, t_hit=3e-6,
+           t_miss=2e-4, better=None):
+    curves = {}
+    for p in policies:
+        f = (better or {}).get(p, 1.0)
+        curves[p] = power_curve(p, footprint_frac * PAGES, alpha * f, floor, PAGES)
+    return SynthTenant(name, curves, t_hit=t_hit, t_miss=t_miss)
+
+
+def test_feasible_slos_are_met_with_a_model_learnt_from_reports():
+    # The prior (2us hit, 100us miss) is wrong for every tenant: the SLOs are
+    # only met if the model learns from what the tenants report -- the level
+    # from any observation, the slope once miss ratios spread (tenant a,
+    # which starts far from its need).
+    synth = {"a": tenant("a", 0.5, 1.2, t_hit=5e-6, t_miss=4e-4),
+             "b": tenant("b", 0.4, 0.8, t_hit=1e-6, t_miss=1e-4),
+             "c": tenant("c", 0.3, 0.5, t_hit=2e-6, t_miss=3e-4)}
+    # SLOs: what each would get at 30 % / 25 % / 20 % of the node
+    slo = {n: synth[n].throughput(float(synth[n].curves["linux"].at(f * PAGES)))
+           for n, f in (("a", 0.30), ("b", 0.25), ("c", 0.20))}
+    cfg = make([{"name": n, "node": "n1", "slo": {"min_throughput": slo[n]}} for n in "abc"],
+               max_step_fraction=0.2)
+    # start them unevenly so the model sees a spread of miss ratios
+    loop = Loop(cfg, synth, limits={"a": GiB // 10, "b": GiB // 2, "c": GiB // 5})
+    for _ in range(15):
+        d = loop.step()
+    assert loop.state.tenants["a"].fitted
+    st = loop.state.tenants["a"]
+    assert st.a == pytest.approx(5e-6, rel=1e-3) and st.b == pytest.approx(4e-4, rel=1e-3)
+    for n in "abc":
+        assert loop.true_throughput(n) >= slo[n] * 0.99, n
+    assert d.violations == []
+    # the least memory: the SLO tenants' needs were read from the curves
+    plan = d.plans["a"]
+    need = plan.slo_need_bytes["linux"]
+    assert need == pytest.approx(0.30 * GiB, rel=0.05)
+
+
+def test_unmeetable_slos_are_served_by_priority_and_reported():
+    synth = {n: tenant(n, 0.8, 0.9) for n in "xyz"}
+    need_frac = 0.55          # two of these cannot share one node
+    slo = synth["x"].throughput(float(synth["x"].curves["linux"].at(need_frac * PAGES)))
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}, "priority": 1},
+                {"name": "y", "node": "n1", "slo": {"min_throughput": slo}, "priority": 5},
+                {"name": "z", "node": "n1"}], max_step_fraction=1.0)
+    loop = Loop(cfg, synth)
+    for _ in range(4):
+        d = loop.step()
+    assert loop.true_throughput("y") >= slo * 0.99
+    assert [v.tenant for v in d.violations] == ["x"]
+    v = d.violations[0]
+    assert v.required == pytest.approx(slo)
+    assert 0 < v.predicted < slo and v.shortfall == pytest.approx(slo - v.predicted)
+    # the prediction is the tenant's real throughput at the directed size
+    assert v.predicted == pytest.approx(loop.true_throughput("x"), rel=0.02)
+
+
+def test_limits_respect_floor_anon_and_ceiling_and_the_step():
+    synth = {n: tenant(n, 0.6, 1.0) for n in "abc"}
+    synth["b"].anon_bytes = 300 << 20
+    cfg = make([{"name": "a", "node": "n1", "floor_bytes": "200MiB"},
+                {"name": "b", "node": "n1"},
+                {"name": "c", "node": "n1", "ceiling_bytes": "100MiB"}],
+               max_step_fraction=0.05, anon_margin_bytes="32MiB")
+    # a would get almost nothing on its own merits: give it a flat curve
+    synth["a"].curves["linux"] = power_curve("linux", 0.01 * PAGES, 1.0, 0.9, PAGES)
+    loop = Loop(cfg, synth, limits={"a": 250 << 20, "b": 400 << 20, "c": 374 << 20})
+    prev = dict(loop.limit)
+    for i in range(30):
+        loop.step()
+        assert loop.limit["a"] >= 200 << 20
+        assert loop.limit["b"] >= (300 << 20) + (32 << 20)
+        moved = sum(abs(loop.limit[n] - prev[n]) for n in "abc")
+        assert moved <= 0.05 * GiB + 3 * 4096, i
+        prev = dict(loop.limit)
+    assert loop.limit["c"] <= 100 << 20
+    assert sum(loop.limit.values()) <= GiB
+
+
+def test_a_safety_raise_is_immediate():
+    synth = {n: tenant(n, 0.6, 1.0) for n in "ab"}
+    cfg = make([{"name": n, "node": "n1"} for n in "ab"], max_step_fraction=0.01)
+    loop = Loop(cfg, synth)
+    loop.step()
+    synth["a"].anon_bytes = 600 << 20       # a's process grows its heap
+    loop.step()
+    assert loop.limit["a"] >= (600 + 16) << 20
+    assert sum(loop.limit.values()) <= GiB
+
+
+def test_steady_state_is_quiet():
+    synth = {n: tenant(n, f, al) for n, f, al in (("a", 0.5, 1.0), ("b", 0.3, 0.7))}
+    cfg = make([{"name": n, "node": "n1"} for n in "ab"], max_step_fraction=0.2)
+    loop = Loop(cfg, synth)
+    for _ in range(25):
+        loop.step()
+    before = dict(loop.limit)
+    d = loop.step()
+    assert loop.limit == before
+    assert [e for e in d.log if e.kind != "observed"] == []
+
+
+def test_marginal_allocation_beats_the_equal_split():
+    synth = {"hot": tenant("hot", 0.7, 1.4), "cold": tenant("cold", 0.05, 1.0),
+             "mid": tenant("mid", 0.4, 0.6)}
+    cfg = make([{"name": n, "node": "n1"} for n in synth], max_step_fraction=0.3)
+    loop = Loop(cfg, synth)
+    equal = sum(loop.true_throughput(n) for n in synth)
+    for _ in range(10):
+        loop.step()
+    assert sum(loop.true_throughput(n) for n in synth) > 1.05 * equal
+    assert loop.limit["hot"] > loop.limit["cold"]
+
+
+# -- autopilot -------------------------------------------------------------------
+
+POLS = ("linux", "lru", "s3fifo")
+
+
+def test_autopilot_switches_after_k_intervals_and_logs_the_effect():
+    synth = {"a": tenant("a", 0.8, 0.8, POLS, better={"s3fifo": 1.6, "lru": 0.9}),
+             "b": tenant("b", 0.8, 0.8, POLS, better={"s3fifo": 1.01})}   # below threshold
+    cfg = make([{"name": n, "node": "n1"} for n in "ab"],
+               autopilot_k=3, autopilot_threshold=0.05)
+    loop = Loop(cfg, synth)
+    seen = []
+    for _ in range(6):
+        loop.step()
+        seen.append(loop.policy["a"])
+    assert seen[:2] == ["linux", "linux"] and seen[2:] == ["s3fifo"] * 4
+    assert loop.policy["b"] == "linux"
+    log = [e for d in loop.decisions for e in d.log if e.tenant == "a"]
+    sw = [e for e in log if e.kind == "policy"]
+    assert len(sw) == 1 and sw[0].before == "linux" and sw[0].after == "s3fifo"
+    assert sw[0].predicted_gain > 0.05
+    obs = [e for e in log if e.kind == "observed" and e.decided_round == sw[0].round]
+    assert len(obs) == 1
+    assert obs[0].observed_gain > 0.05           # the switch really helped
+    assert sw[0].observed is not None            # filled in on the original too
+
+
+def test_autopilot_ignores_a_one_interval_blip():
+    synth = {"a": tenant("a", 0.8, 0.8, POLS)}
+    good = power_curve("s3fifo", 0.8 * PAGES, 1.5, 0.01, PAGES)
+    same = synth["a"].curves["s3fifo"]
+    cfg = make([{"name": "a", "node": "n1"}], autopilot_k=3)
+    loop = Loop(cfg, synth)
+    for i in range(9):
+        synth["a"].curves["s3fifo"] = good if i % 3 == 0 else same
+        loop.step()
+        assert loop.policy["a"] == "linux"
+
+
+def test_autopilot_follows_a_phase_change_within_k_windows():
+    synth = {"a": tenant("a", 3.0, 0.8, POLS, better={"lru": 1.5})}
+    cfg = make([{"name": "a", "node": "n1"}], autopilot_k=3)
+    loop = Loop(cfg, synth)
+    for _ in range(5):
+        loop.step()
+    assert loop.policy["a"] == "lru"
+    # phase change: now s3fifo is far better, lru worse than linux
+    synth["a"].curves = {p: power_curve(p, 3.0 * PAGES, 0.8 * f, 0.01, PAGES)
+                         for p, f in (("linux", 1.0), ("lru", 0.7), ("s3fifo", 1.8))}
+    switched_at = None
+    for i in range(6):
+        loop.step()
+        if loop.policy["a"] == "s3fifo" and switched_at is None:
+            switched_at = i + 1
+    assert switched_at is not None and switched_at <= 3
+
+
+def test_a_disallowed_policy_is_left_at_once():
+    synth = {"a": tenant("a", 0.5, 1.0, POLS)}
+    cfg = make([{"name": "a", "node": "n1", "policies": ["lru", "s3fifo"]}])
+    loop = Loop(cfg, synth)
+    loop.step()
+    assert loop.policy["a"] in ("lru", "s3fifo")
+
+
+# -- robustness and determinism ---------------------------------------------
+
+def test_same_inputs_same_decision_regardless_of_report_order():
+    synth = {n: tenant(n, 0.2 + 0.1 * i, 0.6 + 0.2 * i, POLS,
+                       better={"lru": 1.1 + 0.1 * i})
+             for i, n in enumerate("abcd")}
+    cfg = make([{"name": n, "node": "n1" if n in "ab" else "n2",
+                 "slo": {"min_throughput": 3000.0} if n in "ac" else None} for n in "abcd"],
+               nodes=[{"name": "n1", "memory_bytes": GiB}, {"name": "n2", "memory_bytes": GiB}])
+    l1, l2 = Loop(cfg, synth), Loop(cfg, copy.deepcopy(synth))
+    for _ in range(5):
+        r = l1.reports()
+        shuffled = {k: list(reversed(v)) for k, v in reversed(list(r.items()))}
+        d1 = engine.decide(l1.state, r, cfg)
+        d2 = engine.decide(l2.state, shuffled, cfg)
+        assert d1.directives == d2.directives
+        assert d1.violations == d2.violations
+        for ds in d1.directives.values():
+            for x in ds:
+                l1.limit[x.tenant] = l2.limit[x.tenant] = x.limit_bytes
+                l1.policy[x.tenant] = l2.policy[x.tenant] = x.policy
+
+
+def test_nodes_and_tenants_come_and_go():
+    synth = {n: tenant(n, 0.4, 1.0) for n in "abcd"}
+    nodes = [{"name": "n1", "memory_bytes": GiB}, {"name": "n2", "memory_bytes": GiB}]
+    cfg = make([{"name": n, "node": "n1" if n in "ab" else "n2"} for n in "abcd"], nodes=nodes)
+    loop = Loop(cfg, synth)
+    loop.step()
+    d = loop.step(nodes={"n2"})            # n1 lost: only n2 reports
+    assert set(d.directives) == {"n2"}
+    d = loop.step(nodes={"n1"})
+    assert set(d.directives) == {"n1"}
+    # a tenant vanishes from n1's reports, an unknown one appears
+    r = loop.reports(nodes={"n1"})
+    r["n1"] = [x for x in r["n1"] if x.tenant != "b"]
+    stranger = copy.deepcopy(r["n1"][0])
+    stranger.tenant = "mallory"
+    r["n1"].append(stranger)
+    r["nowhere"] = [copy.deepcopy(stranger)]
+    d = engine.decide(loop.state, r, cfg)
+    assert [x.tenant for x in d.directives["n1"]] == ["a"]
+    assert any("mallory" in n for n in d.notes) and any("nowhere" in n for n in d.notes)
+    assert engine.decide(loop.state, {}, cfg).directives == {}
+
+
+def test_no_curves_holds_the_limit():
+    synth = {"a": tenant("a", 0.4, 1.0)}
+    cfg = make([{"name": "a", "node": "n1"}])
+    rep = synth["a"].report(300 << 20, "linux")
+    rep.curves = []
+    d = engine.decide(engine.EngineState(), {"n1": [rep]}, cfg)
+    assert d.directives["n1"][0].limit_bytes == 300 << 20
+    assert "no curve" in d.directives["n1"][0].reason
+
+
+def test_restart_rebuilds_from_reports_within_the_step():
+    synth = {n: tenant(n, f, 1.0) for n, f in (("a", 0.9), ("b", 0.05), ("c", 0.3))}
+    cfg = make([{"name": n, "node": "n1"} for n in "abc"], max_step_fraction=0.1)
+    loop = Loop(cfg, synth, limits={"a": 100 << 20, "b": 700 << 20, "c": 200 << 20})
+    loop.step()
+    loop.step()
+    # controller restarts: empty state, limits in force arrive in reports
+    loop.state = engine.EngineState()
+    before = dict(loop.limit)
+    loop.step()
+    assert sum(abs(loop.limit[n] - before[n]) for n in "abc") <= 0.1 * GiB + 3 * 4096
