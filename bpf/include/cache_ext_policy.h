@@ -35,8 +35,9 @@
  *           CP_STATE.list = cache_ext_list_create(memcg);
  *           return CP_STATE.list ? 0 : -1;
  *   }
- *   void BPF_STRUCT_OPS(lru_evict_folios, struct cache_ext_eviction_ctx *ctx,
+ *   void BPF_STRUCT_OPS(lru_evict_folios, struct cache_ext_eviction_ctx *ectx,
  *                       struct mem_cgroup *memcg) { ... }
+ *   // NB: never name a callback parameter `ctx`: BPF_PROG uses that name.
  *   ...
  *
  *   // 4. The ops table.  BPF: the SEC(".struct_ops.link") map named
@@ -65,14 +66,20 @@
  *   - Eviction lists are ordered head -> tail; iterate and score start at
  *     the head, so evict from the head.  FIFO/LRU add at the tail
  *     (cache_ext_list_add_tail) and move accessed folios to the tail.
- *   - cache_ext_list_iterate() visits each node present when the walk began
- *     at most once (a node the callback moves to the tail is not revisited),
- *     at most CACHE_EXT_ITER_MAX_NODES nodes, and stops once ctx holds
- *     ctx->request candidates.  The callback may move or delete the node it
- *     was given, nothing else.
- *   - cache_ext_list_score() scores the first nr_score nodes (bounded by
- *     CACHE_EXT_ITER_MAX_NODES) and proposes the lowest ones, ascending;
- *     equal scores keep list order.
+ *   - cache_ext_list_iterate() walks from the head, continuing from the
+ *     node that followed the one just visited: a node the callback moves to
+ *     the tail is met again later (CLOCK-style second chances work).  It
+ *     stops at the end of the list, on CACHE_EXT_ITER_STOP, once ctx holds
+ *     ctx->request candidates, or after CACHE_EXT_ITER_MAX_NODES nodes.
+ *     The callback may move or delete the node it was given, nothing else.
+ *   - cache_ext_list_score() scores the first nr_score nodes (at most
+ *     CACHE_EXT_SCORE_MAX_NODES) and proposes the lowest ones, ascending;
+ *     equal scores keep list order.  The score callback must not move
+ *     nodes.
+ *   - iterate and score work only inside evict_folios, on its ctx and
+ *     memcg (-EINVAL otherwise).  cache_ext_list_move also puts a folio
+ *     that is on no list onto one; add on a listed folio is -EEXIST; a
+ *     folio the host does not track is -ENOENT; a bad list id -EINVAL.
  *
  * ACCESSORS (use these, never folio fields)
  *
@@ -95,8 +102,9 @@
 #define CACHE_EXT_ITER_CONTINUE 0
 #define CACHE_EXT_ITER_EVICT 1
 #define CACHE_EXT_ITER_STOP 2
-/* Upper bound on nodes one iterate/score call visits. */
+/* Upper bounds on the nodes one iterate / score call visits. */
 #define CACHE_EXT_ITER_MAX_NODES 65536
+#define CACHE_EXT_SCORE_MAX_NODES 16384
 
 #ifdef __BPF__
 /* ------------------------------------------------------------------------

@@ -138,76 +138,91 @@ static __u64 k_list_create(struct mem_cgroup *memcg)
 	return (__u64)cur->serial << 32 | (__u32)cur->nr_lists;
 }
 
-static int k_list_add(__u64 list, struct folio *folio, bool tail)
+/* Add (or, with move, re-place) a folio on a list; -EINVAL for a bad
+ * list, -ENOENT for a folio the host does not track, -EEXIST for an add of
+ * a folio already on a list. */
+static int place(__u64 list, struct folio *folio, bool tail, bool move)
 {
 	struct cp_list *l = list_get(list);
 
-	if (!l || !folio_ok(folio))
+	if (!l)
 		return -EINVAL;
-	if (folio->node.list)
-		return -EEXIST;
+	if (!folio_ok(folio))
+		return -ENOENT;
+	if (folio->node.list) {
+		if (!move)
+			return -EEXIST;
+		node_unlink(folio);
+	}
 	node_link(l, list, folio, tail);
 	return 0;
 }
 
+static int k_list_add(__u64 list, struct folio *folio, bool tail)
+{
+	return place(list, folio, tail, false);
+}
+
 static int k_list_move(__u64 list, struct folio *folio, bool tail)
 {
-	struct cp_list *l = list_get(list);
-
-	if (!l || !folio_ok(folio))
-		return -EINVAL;
-	if (!folio->node.list)
-		return -ENOENT;
-	node_unlink(folio);
-	node_link(l, list, folio, tail);
-	return 0;
+	return place(list, folio, tail, true);
 }
 
 static int k_list_del(struct folio *folio)
 {
 	if (!folio_ok(folio))
-		return -EINVAL;
-	if (!folio->node.list)
 		return -ENOENT;
-	node_unlink(folio);
+	if (folio->node.list)
+		node_unlink(folio);
 	return 0;
 }
 
+/* Walks take only the context of the running evict_folios, like the
+ * kernel; returns the list or NULL. */
+static struct cp_list *walk_begin(struct mem_cgroup *memcg, __u64 list,
+				  struct cache_ext_eviction_ctx *ctx,
+				  __u32 *limit)
+{
+	if (!cur || memcg != (struct mem_cgroup *)cur || !ctx ||
+	    ctx != cur->evict_ctx || cur->walking)
+		return NULL;
+	*limit = ctx->request < CACHE_EXT_MAX_CANDIDATES ?
+		 ctx->request : CACHE_EXT_MAX_CANDIDATES;
+	return list_get(list);
+}
+
+/*
+ * The walk continues from the node that followed the one just visited, so
+ * a node the callback moves to the tail is met again later (CLOCK-style
+ * second chances work); CACHE_EXT_ITER_MAX_NODES bounds it.
+ */
 static int k_list_iterate(struct mem_cgroup *memcg, __u64 list,
 			  int (*cb)(int, struct cache_ext_list_node *),
 			  struct cache_ext_eviction_ctx *ctx)
 {
-	struct cp_list *l = list_get(list);
-	struct cache_ext_list_node *node, *next, *last;
-	__u32 want;
-	int visited = 0;
+	struct cache_ext_list_node *node, *next;
+	struct cp_list *l;
+	__u32 limit;
+	int visited = 0, r;
 
-	if (!l || !cb || !ctx)
+	l = walk_begin(memcg, list, ctx, &limit);
+	if (!l || !cb)
 		return -EINVAL;
-	want = ctx->request < CACHE_EXT_MAX_CANDIDATES ?
-	       ctx->request : CACHE_EXT_MAX_CANDIDATES;
-	if (ctx->nr_candidates >= want || !l->len)
-		return 0;
-	/* Visit the nodes present now, once: those moved to the tail during
-	 * the walk come after `last` and are not seen again. */
-	last = l->head.prev;
-	for (node = l->head.next; node != &l->head; node = next) {
-		int is_last = node == last, r;
-
+	cur->walking = 1;
+	for (node = l->head.next;
+	     node != &l->head && visited < CACHE_EXT_ITER_MAX_NODES;
+	     node = next) {
+		if (ctx->nr_candidates >= limit)
+			break;
 		next = node->next;
-		r = cb(visited, node);
-		visited++;
-		if (r == CACHE_EXT_ITER_EVICT) {
+		r = cb(visited++, node);
+		if (r == CACHE_EXT_ITER_EVICT)
 			ctx->candidates[ctx->nr_candidates++] =
 				cache_ext_node_folio(node);
-			if (ctx->nr_candidates >= want)
-				break;
-		} else if (r == CACHE_EXT_ITER_STOP) {
-			break;
-		}
-		if (is_last || visited >= CACHE_EXT_ITER_MAX_NODES)
+		else if (r == CACHE_EXT_ITER_STOP)
 			break;
 	}
+	cur->walking = 0;
 	return visited;
 }
 
@@ -215,29 +230,28 @@ static int k_list_score(struct mem_cgroup *memcg, __u64 list,
 			__s64 (*score)(int, struct cache_ext_list_node *),
 			struct cache_ext_eviction_ctx *ctx, __u32 nr_score)
 {
-	struct cp_list *l = list_get(list);
 	struct cache_ext_list_node *node, *next;
 	struct folio *best[CACHE_EXT_MAX_CANDIDATES];
 	__s64 best_s[CACHE_EXT_MAX_CANDIDATES];
-	__u32 want, n = 0, limit, i;
+	__u32 limit, want, n = 0, i;
+	struct cp_list *l;
 	int scored = 0;
 
-	if (!l || !score || !ctx)
+	l = walk_begin(memcg, list, ctx, &limit);
+	if (!l || !score)
 		return -EINVAL;
-	want = ctx->request < CACHE_EXT_MAX_CANDIDATES ?
-	       ctx->request : CACHE_EXT_MAX_CANDIDATES;
-	if (ctx->nr_candidates >= want)
+	if (ctx->nr_candidates >= limit)
 		return 0;
-	want -= ctx->nr_candidates;
-	limit = nr_score < CACHE_EXT_ITER_MAX_NODES ?
-		nr_score : CACHE_EXT_ITER_MAX_NODES;
-	for (node = l->head.next; node != &l->head && (__u32)scored < limit;
+	want = limit - ctx->nr_candidates;
+	if (nr_score > CACHE_EXT_SCORE_MAX_NODES)
+		nr_score = CACHE_EXT_SCORE_MAX_NODES;
+	cur->walking = 1;
+	for (node = l->head.next; node != &l->head && (__u32)scored < nr_score;
 	     node = next) {
 		__s64 s;
 
 		next = node->next;
-		s = score(scored, node);
-		scored++;
+		s = score(scored++, node);
 		/* keep the `want` lowest, ascending; ties keep list order */
 		if (n == want && s >= best_s[n - 1])
 			continue;
@@ -250,7 +264,8 @@ static int k_list_score(struct mem_cgroup *memcg, __u64 list,
 		best_s[i] = s;
 		best[i] = cache_ext_node_folio(node);
 	}
-	for (i = 0; i < n; i++)
+	cur->walking = 0;
+	for (i = 0; i < n && ctx->nr_candidates < limit; i++)
 		ctx->candidates[ctx->nr_candidates++] = best[i];
 	return scored;
 }
@@ -455,8 +470,11 @@ static void reclaim(struct cp_instance *inst, __u64 need)
 		ctx.nr_candidates = 0;
 		st->requests++;
 		batch = ++inst->batch_seq;
-		if (ops->evict_folios)
+		if (ops->evict_folios) {
+			inst->evict_ctx = &ctx;
 			ops->evict_folios(&ctx, (struct mem_cgroup *)inst);
+			inst->evict_ctx = NULL;
+		}
 
 		st->proposed += ctx.nr_candidates;
 		seen = ctx.nr_candidates < req ? ctx.nr_candidates : req;

@@ -53,6 +53,8 @@ struct cp_instance {
 	__u32 tid;			/* tid of the current access */
 	__u32 batch_seq;		/* reclaim batch counter */
 	int busy;			/* guards against concurrent use */
+	int walking;			/* inside iterate/score */
+	struct cache_ext_eviction_ctx *evict_ctx;	/* of evict_folios */
 	struct cp_stats stats;
 };
 
