@@ -1,0 +1,228 @@
+"""MRCBuilder: the streaming, per-cgroup MRC engine the agent runs.
+
+The agent feeds batches of sampled page keys (numpy uint64) as they come out
+of the kernel's ring buffer; a snapshot at any time gives one curve per
+policy: LRU from SHARDS (all sizes at once), every other policy from
+miniature simulations of the real policy code (models/runtime.py).
+
+Sampling.  `threshold` is the hash threshold the kernel should sample at: the
+largest any consumer needs.  SHARDS re-filters at its own (possibly lower,
+in fixed-size mode) threshold, the miniature simulations at theirs, so keys
+sampled under an older, higher threshold are still fine.
+
+Ageing.  Counts are kept per window; the cache state (LRU stack, miniature
+cache contents) is never aged because it is the state of a real cache.
+- default: a sliding window.  The snapshot is the current window plus the
+  previous one, the previous weighted by the part of a window the current
+  one has not filled yet.  A phase change shows completely one window after
+  it happens.
+- half_life=h: exponential decay, the past loses half its weight every h
+  windows.
+A window ends when end_window() is called (the agent does so every control
+interval) or, with window=W, automatically every W accesses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cachepilot.models.exact import as_keys, auto_sizes, check_sizes, coarsen
+from cachepilot.models.mrc import MRC
+from cachepilot.models.shards import (Shards, curve_from_histogram,
+                                      rate_threshold, sample_mask_index,
+                                      threshold_rate)
+
+DEFAULT_MAX_SAMPLES = 8192
+AUTO_GRID_POINTS = 24
+MIN_MINI_PAGES = 32        # smallest miniature cache the default rate allows
+MIN_MINISIM_RATE = 0.001
+
+
+@dataclass
+class _Window:
+    """Counts of one window (or of the decayed past)."""
+    hist: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    bin_pages: int = 1
+    rate: float = 1.0              # SHARDS rate the histogram is counted at
+    accesses: float = 0.0          # unsampled accesses represented
+    mini: dict = field(default_factory=dict)   # policy -> (misses, accesses) arrays
+
+    def scaled_to(self, rate: float, bin_pages: int) -> np.ndarray:
+        hist = coarsen(self.hist, bin_pages // self.bin_pages)
+        return hist * (rate / self.rate)
+
+
+def _add_hist(a: np.ndarray, b: np.ndarray, wb: float = 1.0) -> np.ndarray:
+    out = np.zeros(max(len(a), len(b)))
+    out[:len(a)] += a
+    out[:len(b)] += wb * b
+    return out
+
+
+class MRCBuilder:
+    def __init__(self, policies=("lru",), *, rate: float | None = None,
+                 max_samples: int | None = None, sizes=None,
+                 max_pages: int | None = None, window: int | None = None,
+                 half_life: float | None = None, minisim_rate: float | None = None,
+                 adj: bool = True):
+        if isinstance(policies, str):
+            policies = [policies]
+        self.policies = list(dict.fromkeys(p.strip().lower() for p in policies))
+        if not self.policies:
+            raise ValueError("MRCBuilder needs at least one policy")
+        if window is not None and int(window) < 1:
+            raise ValueError("window must be at least one access")
+        if half_life is not None and not half_life > 0:
+            raise ValueError("half_life must be positive")
+        if rate is None and max_samples is None:
+            max_samples = DEFAULT_MAX_SAMPLES
+        self.shards = Shards(rate, max_samples, adj)
+        self.adj = adj
+        self.window = None if window is None else int(window)
+        self.half_life = half_life
+        self.max_pages = None if max_pages is None else int(max_pages)
+        if sizes is not None:
+            self.sizes = check_sizes(sizes)
+            if self.sizes[0] < 1:
+                raise ValueError("cache sizes must be at least one page")
+        elif self.max_pages is not None:
+            top = max(1, self.max_pages)
+            self.sizes = np.unique(np.round(np.geomspace(
+                max(1, top / 100), top, AUTO_GRID_POINTS)).astype(np.int64))
+        else:
+            self.sizes = None
+
+        self.minisim = None
+        self.mini_policies = [p for p in self.policies if p != "lru"]
+        if self.mini_policies:
+            from cachepilot.models import runtime
+            known = runtime.available_policies()
+            unknown = [p for p in self.mini_policies if p not in known]
+            if unknown:
+                raise ValueError(f"unknown policy {unknown[0]!r}; accepted: "
+                                 + ", ".join(sorted(set(known) | {"lru"})))
+            if self.sizes is None:
+                raise ValueError("miniature simulations need sizes or max_pages")
+            if minisim_rate is None:
+                minisim_rate = rate if rate is not None else min(
+                    1.0, max(MIN_MINISIM_RATE, MIN_MINI_PAGES / float(self.sizes[0])))
+            self.minisim_rate = float(minisim_rate)
+            self.minisim_threshold = rate_threshold(self.minisim_rate)
+            self.minisim = runtime.MiniSim(self.mini_policies, self.sizes, self.minisim_rate)
+        else:
+            self.minisim_rate = None
+            self.minisim_threshold = 0
+
+        self._past = _Window()
+        self._cur_accesses = 0.0
+        self.total_accesses = 0
+        self.windows = 0
+
+    # -- sampling -------------------------------------------------------------
+    @property
+    def threshold(self) -> int:
+        """The threshold the kernel sampler should use for this cgroup."""
+        return max(self.shards.threshold, self.minisim_threshold)
+
+    @property
+    def rate(self) -> float:
+        return threshold_rate(self.threshold)
+
+    # -- input ----------------------------------------------------------------
+    def feed(self, keys, total_accesses: int | None = None, tids=None) -> None:
+        """A batch of keys, unsampled or pre-sampled at a threshold >= the
+        current one.  total_accesses = unsampled accesses the batch stands
+        for (None: len(keys), the keys are unsampled)."""
+        keys = as_keys(keys)
+        total = len(keys) if total_accesses is None else int(total_accesses)
+        if total < len(keys):
+            raise ValueError("total_accesses is smaller than the batch")
+        if tids is not None:
+            tids = np.ascontiguousarray(np.asarray(tids, dtype=np.uint32).reshape(-1))
+            if len(tids) != len(keys):
+                raise ValueError("tids and keys differ in length")
+        if self.window is not None and self._cur_accesses + total > self.window \
+                and len(keys) > 1 and total == len(keys):
+            # Unsampled input: split the batch at the window boundary.
+            cut = int(self.window - self._cur_accesses)
+            self.feed(keys[:cut], None, None if tids is None else tids[:cut])
+            self.feed(keys[cut:], None, None if tids is None else tids[cut:])
+            return
+        self.shards.feed(keys, total)
+        if self.minisim is not None:
+            idx = sample_mask_index(keys, self.minisim_threshold)
+            self.minisim.feed(keys[idx], None if tids is None else tids[idx])
+        self._cur_accesses += total
+        self.total_accesses += total
+        if self.window is not None and self._cur_accesses >= self.window:
+            self.end_window()
+
+    # -- ageing ---------------------------------------------------------------
+    def end_window(self) -> None:
+        """Close the current window (call once per control interval)."""
+        cur = self._current(reset=True)
+        if self.half_life is None:
+            self._past = cur
+        else:
+            decay = 0.5 ** (1.0 / self.half_life)
+            self._past = self._merge(cur, self._past, decay)
+        self._cur_accesses = 0.0
+        self.windows += 1
+
+    def _current(self, reset: bool) -> _Window:
+        hist, bin_pages, rate, accesses = self.shards.take_histogram(reset=reset)
+        mini = {}
+        if self.minisim is not None:
+            sampled = self.minisim.sampled
+            for curve in self.minisim.curves():
+                acc = np.full(len(curve.sizes), float(sampled))
+                mini[curve.policy] = (curve.miss_ratio * acc, acc)
+            if reset:
+                self.minisim.reset_counts()
+        return _Window(hist, bin_pages, rate, float(accesses), mini)
+
+    def _merge(self, cur: _Window, past: _Window, weight: float) -> _Window:
+        bin_pages = max(cur.bin_pages, past.bin_pages)
+        hist = _add_hist(cur.scaled_to(cur.rate, bin_pages),
+                         past.scaled_to(cur.rate, bin_pages), weight)
+        mini = {}
+        for p in set(cur.mini) | set(past.mini):
+            zero = (np.zeros(len(self.sizes)), np.zeros(len(self.sizes)))
+            cm, ca = cur.mini.get(p, zero)
+            pm, pa = past.mini.get(p, zero)
+            mini[p] = (cm + weight * pm, ca + weight * pa)
+        return _Window(hist, bin_pages, cur.rate,
+                       cur.accesses + weight * past.accesses, mini)
+
+    # -- output ---------------------------------------------------------------
+    def snapshot(self) -> list[MRC]:
+        """One MRC per policy, in the order given: "lru" by SHARDS (method
+        "shards"), the others by miniature simulation (method "minisim")."""
+        cur = self._current(reset=False)
+        if self.half_life is None:
+            weight = 0.0
+            if self._past.accesses > 0:
+                weight = max(0.0, 1.0 - cur.accesses / self._past.accesses)
+        else:
+            weight = 1.0
+        both = self._merge(cur, self._past, weight)
+        sizes = self.sizes
+        if sizes is None:
+            sizes = auto_sizes(max(1, int(round(self.shards.unique_estimate))))
+        out = []
+        for policy in self.policies:
+            if policy == "lru":
+                curve = curve_from_histogram(
+                    both.hist, both.bin_pages, both.rate, both.accesses, sizes,
+                    adj=self.adj, unique=self.shards.unique_estimate,
+                    max_samples=self.shards.max_samples)
+            else:
+                misses, acc = both.mini[policy]
+                ratios = np.where(acc > 0, misses / np.maximum(acc, 1e-300), 1.0)
+                curve = MRC(sizes, np.clip(ratios, 0.0, 1.0), policy, "minisim",
+                            self.minisim_rate,
+                            {"sampled_accesses": float(acc[0]) if len(acc) else 0.0})
+            curve.meta["window_accesses"] = float(both.accesses)
+            out.append(curve)
+        return out

@@ -1,0 +1,118 @@
+"""MRCBuilder: same curves as the one-shot engines, pre-sampled input,
+threshold for the kernel, and ageing that lets a phase change show."""
+import numpy as np
+import pytest
+
+from cachepilot.models import generators as gen
+from cachepilot.models import runtime
+from cachepilot.models.builder import MRCBuilder
+from cachepilot.models.exact import exact_lru_mrc
+from cachepilot.models.shards import rate_threshold, sample_mask_index, shards_mrc
+
+
+def test_lru_snapshot_is_the_shards_curve():
+    keys = gen.zipf(30_000, 0.9, seed=1).next(300_000)
+    b = MRCBuilder(("lru",), max_samples=4096)
+    for part in np.array_split(keys, 7):
+        b.feed(part)
+    (curve,) = b.snapshot()
+    ref = shards_mrc(keys, max_samples=4096, sizes=curve.sizes)
+    assert curve.method == "shards" and curve.policy == "lru"
+    assert np.allclose(curve.miss_ratio, ref.miss_ratio, atol=1e-12)
+    assert curve.rate == pytest.approx(ref.rate)
+
+
+def test_other_policies_are_the_miniature_simulations():
+    keys, tids = gen.get_scan(20_000, 0.9, scan_fraction=0.3, scan_pages=256, seed=2).next(200_000)
+    sizes = np.array([500, 2000, 8000, 20000])
+    b = MRCBuilder(("lru", "fifo", "mru"), rate=0.05, sizes=sizes)
+    for k, t in zip(np.array_split(keys, 5), np.array_split(tids, 5)):
+        b.feed(k, tids=t)
+    curves = b.snapshot()
+    assert [c.policy for c in curves] == ["lru", "fifo", "mru"]
+    ref = runtime.minisim_mrc(keys, ["fifo", "mru"], sizes, 0.05, tids=tids)
+    for mine, theirs in zip(curves[1:], ref):
+        assert mine.method == "minisim"
+        assert np.allclose(mine.miss_ratio, theirs.miss_ratio, atol=1e-12)
+
+
+def test_threshold_is_what_every_consumer_needs_and_drops_in_fixed_size():
+    b = MRCBuilder(("lru", "fifo"), max_samples=500, sizes=[1000, 4000])
+    assert b.threshold == (1 << 64) - 1
+    b.feed(gen.uniform(50_000, seed=3).next(100_000))
+    assert b.shards.threshold < b.minisim_threshold == b.threshold
+    lru_only = MRCBuilder(("lru",), max_samples=500)
+    lru_only.feed(gen.uniform(50_000, seed=3).next(100_000))
+    assert lru_only.threshold == lru_only.shards.threshold < rate_threshold(0.05)
+
+
+def test_presampled_batches_match_unsampled_feeding():
+    keys = gen.zipf(40_000, 0.8, seed=4).next(400_000)
+    a = MRCBuilder(("lru", "fifo"), rate=0.02, sizes=[400, 4000, 40000])
+    b = MRCBuilder(("lru", "fifo"), rate=0.02, sizes=[400, 4000, 40000])
+    for part in np.array_split(keys, 10):
+        a.feed(part)
+        kept = part[sample_mask_index(part, b.threshold)]     # what the kernel sends
+        b.feed(kept, total_accesses=len(part))
+    for ca, cb in zip(a.snapshot(), b.snapshot()):
+        assert np.allclose(ca.miss_ratio, cb.miss_ratio, atol=1e-12)
+
+
+def mae(curve, exact):
+    return float(np.mean(np.abs(curve.miss_ratio - exact.at(curve.sizes))))
+
+
+def test_a_phase_change_shows_within_one_window():
+    window = 400_000
+    a = gen.zipf(20_000, 1.1, seed=5).next(window)                  # small, hot
+    bkeys = gen.uniform(60_000, seed=6, base=10**9).next(window)     # large, flat
+    sizes = np.unique(np.geomspace(600, 60_000, 30).astype(np.int64))
+    builder = MRCBuilder(("lru",), max_samples=8192, sizes=sizes)
+    builder.feed(a)
+    builder.end_window()
+    builder.feed(bkeys[: window // 2])
+    halfway = builder.snapshot()[0]
+    builder.feed(bkeys[window // 2:])
+    builder.end_window()
+    after = builder.snapshot()[0]
+    only_a, only_b = exact_lru_mrc(a), exact_lru_mrc(bkeys)
+    # one window after the change the curve is phase B's, not A's
+    assert mae(after, only_b) <= 0.02
+    assert mae(after, only_a) > 0.2
+    # halfway, it lies between the two
+    mid = halfway.at(6000)
+    assert min(only_a.at(6000), only_b.at(6000)) < mid < max(only_a.at(6000), only_b.at(6000))
+
+
+def test_window_in_accesses_rotates_by_itself():
+    b = MRCBuilder(("lru",), rate=0.1, window=10_000)
+    b.feed(gen.uniform(1000, seed=7).next(25_000))
+    assert b.windows == 2
+    assert b.snapshot()[0].meta["window_accesses"] == pytest.approx(10_000)
+
+
+def test_half_life_keeps_a_decaying_past():
+    sizes = [500, 5000]
+    fast = MRCBuilder(("lru",), rate=0.1, sizes=sizes)
+    slow = MRCBuilder(("lru",), rate=0.1, sizes=sizes, half_life=4)
+    hot = gen.zipf(1000, 1.2, seed=8).next(100_000)
+    flat = gen.uniform(50_000, seed=9, base=10**9).next(100_000)
+    for b in (fast, slow):
+        b.feed(hot)
+        b.end_window()
+        b.feed(flat)
+        b.end_window()
+    # the slowly decaying builder still remembers the hot phase
+    assert slow.snapshot()[0].at(500) < fast.snapshot()[0].at(500) - 0.1
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown policy 'nope'; accepted: "):
+        MRCBuilder(("lru", "nope"), sizes=[10])
+    with pytest.raises(ValueError, match="sizes or max_pages"):
+        MRCBuilder(("fifo",))
+    b = MRCBuilder(("lru",))
+    with pytest.raises(ValueError, match="tids"):
+        b.feed(np.arange(5, dtype=np.uint64), tids=np.arange(4))
+    with pytest.raises(ValueError, match="total_accesses"):
+        b.feed(np.arange(5, dtype=np.uint64), total_accesses=3)
