@@ -70,7 +70,7 @@ def run_static_equal(cfg, intervals: int, seed: int | None = None):
     no controller; same seeds as the autopilot run."""
     history = {t.name: [] for t in cfg.tenants}
     for node in cfg.nodes:
-        backend = SimBackend(cfg, node.name, seed=_node_seed(node, seed))
+        backend = SimBackend(cfg, node.name, seed=_node_seed(node, seed), curves=False)
         specs = cfg.tenants_on(node.name)
         share = node.memory_bytes // len(specs)
         results = backend.apply([Directive(t.name, share, BASELINE_POLICY, "static-equal")

@@ -68,7 +68,7 @@ class PhaseStream:
 
 class SimTenant:
     def __init__(self, spec, node_spec, policies, limit_bytes: int, seed: int,
-                 curve_rate: float, interval_s: float):
+                 curve_rate: float, interval_s: float, curves: bool = True):
         from cachepilot.models.builder import MRCBuilder
         from cachepilot.models.runtime import Cache
         if spec.workload is None:
@@ -85,7 +85,9 @@ class SimTenant:
                             f"available (have {', '.join(policies)})")
         self.cache = Cache(self.policy, max(1, self.limit_bytes // PAGE_SIZE))
         self.sizes = curve_sizes(node_spec.memory_bytes)
-        self.builder = MRCBuilder(self.allowed, rate=curve_rate, sizes=self.sizes)
+        # A node that reports nothing (the static baseline) needs no curves.
+        self.builder = MRCBuilder(self.allowed, rate=curve_rate, sizes=self.sizes) \
+            if curves else None
         self.interval = 0
         self.phase_index = -1
         self.stream = None
@@ -111,9 +113,11 @@ class SimTenant:
         m = misses / max(1, len(keys))
         svc = self.workload.service
         throughput = svc.throughput(m)
-        self.builder.feed(keys, tids=tids)
-        curves = self.builder.snapshot()
-        self.builder.end_window()
+        curves = []
+        if self.builder is not None:
+            self.builder.feed(keys, tids=tids)
+            curves = self.builder.snapshot()
+            self.builder.end_window()
         resident = min(self.limit_bytes, _resident_bytes(self.cache))
         self.interval += 1
         report = TenantReport(
@@ -157,19 +161,14 @@ class SimTenant:
 
 
 def _resident_bytes(cache) -> int:
-    stats = getattr(cache, "stats", None)
-    if isinstance(stats, dict):
-        for key in ("resident", "resident_pages", "size", "pages"):
-            if key in stats:
-                return int(stats[key]) * PAGE_SIZE
-    return int(getattr(cache, "capacity_pages", 0)) * PAGE_SIZE
+    return int(cache.nr_cached) * PAGE_SIZE
 
 
 class SimBackend:
     """Backend protocol (agent/backend.py) over emulated tenants."""
 
     def __init__(self, config, node_name: str, seed: int | None = None,
-                 curve_rate: float = 0.25):
+                 curve_rate: float = 0.25, curves: bool = True):
         from cachepilot.models.runtime import available_policies
         try:
             self.node = config.node(node_name)
@@ -188,7 +187,7 @@ class SimBackend:
                 else base * 7919 + i
             self.tenants[t.name] = SimTenant(
                 t, self.node, self.policies, t.initial_limit_bytes or equal, tseed,
-                curve_rate, config.control.interval_s)
+                curve_rate, config.control.interval_s, curves)
 
     def info(self) -> NodeInfo:
         return NodeInfo(self.node.name, self.node.memory_bytes, 0, True, list(self.policies),

@@ -1,0 +1,118 @@
+"""The sim backend: emulated tenants under their limits, live policy swaps,
+phase changes, curves in the reports, seeds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cachepilot.agent.backends.sim import SimBackend
+from cachepilot.agent.types import Directive
+from cachepilot.controller.config import config_from_dict
+from cachepilot.errors import UserError
+
+MiB = 1 << 20
+
+
+def config(tenants, memory="32MiB", seed=5):
+    return config_from_dict({
+        "control": {"interval_s": 1.0},
+        "nodes": [{"name": "n", "memory_bytes": memory, "seed": seed}],
+        "tenants": [dict(t, node="n") for t in tenants]}, "sim-test.yaml")
+
+
+def tenant(name, phases, policy="lru", limit="16MiB", n=8000, **kw):
+    return dict({"name": name, "policies": ["lru", "fifo", "mru"], "initial_policy": policy,
+                 "initial_limit_bytes": limit,
+                 "workload": {"phases": phases, "accesses_per_interval": n,
+                              "service": {"t_hit_s": 1e-6, "t_miss_s": 1e-4,
+                                          "concurrency": 2}}}, **kw)
+
+
+def run(backend, k):
+    return [backend.collect() for _ in range(k)]
+
+
+def test_uniform_tenant_misses_in_proportion_to_what_does_not_fit():
+    # 4096 of 8192 equally likely pages fit: about half the accesses miss
+    # once the cache is warm, under any policy that keeps it full.
+    b = SimBackend(config([tenant("u", [{"kind": "uniform", "footprint": "32MiB"}])]), "n")
+    rows = run(b, 8)
+    (r,) = rows[-1]
+    assert r.limit_bytes == 16 * MiB and r.policy == "lru"
+    late = np.mean([rows[i][0].miss_ratio for i in range(4, 8)])
+    assert 0.45 < late < 0.55
+    # Throughput follows the tenant's service model from the observed ratio.
+    assert r.throughput == pytest.approx(2 / (1e-6 + r.miss_ratio * 1e-4))
+    assert r.usage_file_bytes == 16 * MiB
+
+
+def test_limit_directive_changes_what_the_tenant_gets():
+    b = SimBackend(config([tenant("u", [{"kind": "uniform", "footprint": "32MiB"}])]), "n")
+    run(b, 4)
+    (res,) = b.apply([Directive("u", 28 * MiB, "lru", "more")])
+    assert res.ok and res.applied_limit_bytes == 28 * MiB
+    rows = run(b, 6)
+    late = np.mean([r[0].miss_ratio for r in rows[3:]])
+    assert 0.08 < late < 0.20          # 1 - 28/32 = 0.125
+    assert rows[-1][0].limit_bytes == 28 * MiB
+
+
+def test_live_policy_swap_rescues_a_loop():
+    # A cyclic pass over 24 MiB with 16 MiB of cache: LRU misses every
+    # access; MRU keeps most of the loop resident.
+    b = SimBackend(config([tenant("l", [{"kind": "loop", "footprint": "24MiB"}])]), "n")
+    rows = run(b, 4)
+    assert rows[-1][0].miss_ratio > 0.99
+    (res,) = b.apply([Directive("l", 16 * MiB, "mru", "loop")])
+    assert res.ok and res.applied_policy == "mru"
+    rows = run(b, 4)
+    assert rows[-1][0].policy == "mru" and rows[-1][0].miss_ratio < 0.5
+    # The curves saw it too: MRU's curve is below LRU's at the limit.
+    curves = {c.policy: c for c in rows[-1][0].curves}
+    assert set(curves) == {"lru", "fifo", "mru"}
+    assert curves["mru"].at(4096) < curves["lru"].at(4096) - 0.3
+
+
+def test_phase_changes_at_interval_boundaries():
+    phases = [{"kind": "zipf", "skew": 1.2, "footprint": "16MiB", "intervals": 3},
+              {"kind": "scan", "footprint": "64MiB"}]
+    b = SimBackend(config([tenant("p", phases)]), "n")
+    rows = run(b, 6)
+    assert [h["phase"] for h in b.tenants["p"].history] == [0, 0, 0, 1, 1, 1]
+    # A hot zipf set fits; a scan never hits.
+    assert rows[2][0].miss_ratio < 0.2
+    assert rows[5][0].miss_ratio == 1.0
+
+
+def test_refused_and_clamped_directives_are_reported_not_raised():
+    t = tenant("c", [{"kind": "uniform", "footprint": "8MiB"}], floor_bytes="4MiB",
+               ceiling_bytes="20MiB", policies=["lru", "fifo"])
+    b = SimBackend(config([t]), "n")
+    low, high, bad, ghost = b.apply([Directive("c", 1 * MiB, "lru"),
+                                     Directive("c", 30 * MiB, "lru"),
+                                     Directive("c", 8 * MiB, "mru"),
+                                     Directive("nobody", 8 * MiB, "lru")])
+    assert low.applied_limit_bytes == 4 * MiB and "floor" in low.message
+    assert high.applied_limit_bytes == 20 * MiB and "ceiling" in high.message
+    assert not bad.ok and bad.applied_policy == "lru" and "not allowed" in bad.message
+    assert not ghost.ok
+    assert b.current()["c"] == {"limit_bytes": 8 * MiB, "policy": "lru", "phase": -1}
+
+
+def test_same_seed_same_run_and_different_seed_differs():
+    tl = [tenant("z", [{"kind": "zipf", "skew": 0.9, "footprint": "64MiB"}])]
+    a = [r[0].miss_ratio for r in run(SimBackend(config(tl, seed=3), "n"), 3)]
+    b = [r[0].miss_ratio for r in run(SimBackend(config(tl, seed=3), "n"), 3)]
+    c = [r[0].miss_ratio for r in run(SimBackend(config(tl, seed=4), "n"), 3)]
+    assert a == b and a != c
+
+
+def test_info_and_bad_setup():
+    b = SimBackend(config([tenant("u", [{"kind": "uniform", "footprint": "8MiB"}])]), "n")
+    info = b.info()
+    assert info.node_id == "n" and info.memory_bytes == 32 * MiB and info.backend == "sim"
+    assert {"lru", "fifo", "mru"} <= set(info.policies)
+    with pytest.raises(UserError, match="no node named"):
+        SimBackend(config([tenant("u", [{"kind": "uniform"}])]), "other")
+    with pytest.raises(UserError, match="needs a `workload`"):
+        SimBackend(config([{"name": "w"}]), "n")
