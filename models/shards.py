@@ -94,7 +94,7 @@ class Shards:
         stands for; None = len(keys)."""
         keys = as_keys(keys)
         self._sd.feed(keys)
-        self.accesses += len(keys) if total_accesses is None else int(total_accesses)
+        self.accesses += len(keys) if total_accesses is None else total_accesses
 
     def take_histogram(self, reset: bool = False):
         """(histogram at the current rate, bin width in pages, rate, accesses);

@@ -214,3 +214,13 @@ def test_empty_and_missing_traces(tmp_path):
     assert trace.read_all().size == 0 and trace.requests == 0
     with pytest.raises(TraceError, match="no such trace file"):
         open_trace(tmp_path / "absent.txt")
+
+
+def test_cpaccess_tally_records_count_but_are_not_accesses(tmp_path):
+    p = tmp_path / "tally.cpa"
+    parts = [records.make_records([5, 6]), records.make_tally(1000),
+             records.make_records([7]), records.make_tally(234)]
+    records.write_records(p, parts, threshold=1 << 50)
+    trace = open_trace(p)
+    assert trace.read_all().tolist() == [5, 6, 7]
+    assert trace.requests == 3 and trace.tallied == 1234

@@ -67,9 +67,12 @@ def normalise_format(name: str | None) -> str | None:
     return key
 
 
-def open_binary(path) -> BinaryIO:
-    """The file's bytes, decompressed on the fly when it is zstd."""
+def open_binary(path, raw_sink: list | None = None) -> BinaryIO:
+    """The file's bytes, decompressed on the fly when it is zstd.  The raw
+    file object is appended to raw_sink (for progress: its tell())."""
     f = open(path, "rb")
+    if raw_sink is not None:
+        raw_sink.append(f)
     if f.read(4) == ZSTD_MAGIC:
         f.seek(0)
         return zstandard.ZstdDecompressor().stream_reader(f, closefd=True)
@@ -135,9 +138,20 @@ class Trace:
         self.threshold = records.THRESHOLD_ALL
         self.requests = 0
         self.accesses = 0
+        self.tallied = None       # cpaccess: accesses the tally records count
+        self.size_bytes = self.path.stat().st_size
+        self._raw = []
         if self.format == "cpaccess":
             with open_binary(self.path) as src:
                 self.threshold = self._cpaccess_header(src).threshold
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of the (compressed) file consumed so far, for progress."""
+        try:
+            return self._raw[-1].tell() if self._raw else 0
+        except (ValueError, OSError):     # closed: the pass is over
+            return self.size_bytes
 
     @property
     def rate(self) -> float:
@@ -151,6 +165,8 @@ class Trace:
     def chunks_with_tids(self) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """(keys, tids) chunks; tids is None for formats without threads."""
         self.requests = self.accesses = 0
+        self.tallied = None
+        self._raw = []
         if self.format in _TEXT_CODES:
             source = self._text_chunks()
         elif self.format == "oracle":
@@ -172,7 +188,7 @@ class Trace:
         code = _TEXT_CODES[self.format]
         line_base = 0         # lines before the current block
         carry = b""
-        with open_binary(self.path) as src:
+        with open_binary(self.path, self._raw) as src:
             while True:
                 block = src.read(TEXT_BLOCK)
                 data = carry + block
@@ -206,7 +222,7 @@ class Trace:
 
     def _oracle_chunks(self):
         size = ORACLE_DTYPE.itemsize
-        with open_binary(self.path) as src:
+        with open_binary(self.path, self._raw) as src:
             while True:
                 raw = records._read_full(src, BINARY_CHUNK * size)
                 if not raw:
@@ -227,10 +243,13 @@ class Trace:
             raise TraceError(f"{self.path}: {err}") from None
 
     def _cpaccess_chunks(self):
-        with open_binary(self.path) as src:
+        with open_binary(self.path, self._raw) as src:
             self._cpaccess_header(src)
             try:
                 for recs in records.iter_records(src, name=str(self.path)):
+                    tally = recs["key"][recs["op"] == records.OP_TALLY]
+                    if len(tally):
+                        self.tallied = (self.tallied or 0) + int(tally.sum())
                     acc = recs[recs["op"] == records.OP_ACCESS]
                     self.requests += len(acc)
                     yield acc["key"].copy(), acc["tid"].astype(np.uint32)

@@ -27,7 +27,12 @@ THRESHOLD_ALL = 0xFFFF_FFFF_FFFF_FFFF   # every key sampled (rate 1)
 OP_ACCESS = 0
 OP_INSERT = 1
 OP_REMOVE = 2
-OP_NAMES = {OP_ACCESS: "access", OP_INSERT: "insert", OP_REMOVE: "remove"}
+# A tally record carries no page: its `key` is the number of accesses (sampled
+# or not) the sampler counted for `cgroup_id` since the previous tally.  It
+# lets a reader of a sampled file know the unsampled total (SHARDS_adj).
+OP_TALLY = 3
+OP_NAMES = {OP_ACCESS: "access", OP_INSERT: "insert", OP_REMOVE: "remove",
+            OP_TALLY: "tally"}
 
 # Header flags.  Unknown flag bits are reserved: writers set them to 0 and
 # readers ignore them, so a later version can add meaning without breaking
@@ -95,6 +100,11 @@ def make_records(keys, *, time_ns=None, cgroup_id=0, tids=None,
     rec["op"] = op
     rec["folio_order"] = folio_order
     return rec
+
+
+def make_tally(accesses: int, *, time_ns: int = 0, cgroup_id: int = 0) -> np.ndarray:
+    """One tally record: `accesses` counted since the previous tally."""
+    return make_records([accesses], time_ns=time_ns, cgroup_id=cgroup_id, op=OP_TALLY)
 
 
 def write_header(out: BinaryIO, threshold: int = THRESHOLD_ALL, flags: int = 0) -> None:
@@ -166,7 +176,7 @@ def _read_full(src: BinaryIO, n: int) -> bytes:
 
 
 __all__ = ["MAGIC", "VERSION", "HEADER_SIZE", "RECORD_SIZE", "THRESHOLD_ALL",
-           "OP_ACCESS", "OP_INSERT", "OP_REMOVE", "FLAG_KEYS_ARE_PAGE_KEYS",
+           "OP_ACCESS", "OP_INSERT", "OP_REMOVE", "OP_TALLY", "FLAG_KEYS_ARE_PAGE_KEYS",
            "RECORD_DTYPE", "HEADER_DTYPE", "RecordHeader", "RecordFormatError",
            "make_records", "write_header", "write_records", "read_header",
            "iter_records", "read_records"]

@@ -1,0 +1,338 @@
+"""`cachepilot mrc`: miss-ratio curves of a trace file.
+
+    cachepilot mrc TRACE [--format F] [--policy lru,fifo,...|all]
+                   [--method exact|shards|minisim|full]
+                   [--rate R | --max-samples S] [--sizes a,b,c | auto]
+                   [--json OUT] [--plot OUT.png]
+
+Methods come in pairs: `exact` (Mattson stack distances) and `shards` are
+LRU-only; asked for with other policies, those get the matching policy-
+runtime method (`exact` -> `full` simulation, `shards` -> `minisim`).
+`minisim` and `full` run every named policy, LRU included.
+
+Counts in the JSON: `requests` = trace requests (text lines, binary records);
+`accesses` = the 4 KiB page accesses they expand to (miss ratios are misses
+per page access); `unique` = distinct pages (an estimate, marked by
+`unique_estimated`, when only sampled methods ran).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cachepilot.errors import UserError
+from cachepilot.models.exact import ExactLRU, auto_sizes
+from cachepilot.models.mrc import MRC
+from cachepilot.models.shards import Shards, rate_threshold, sample_mask_index
+from cachepilot.models.traces import open_trace
+from cachepilot.models.traces.readers import formats_help, normalise_format
+
+METHODS = ("exact", "shards", "minisim", "full")
+DEFAULT_MINISIM_RATE = 0.01
+DEFAULT_MAX_SAMPLES = 8192
+TABLE_ROWS = 24
+
+
+def register(subparsers):
+    p = subparsers.add_parser(
+        "mrc", help="miss-ratio curves of a trace",
+        description="Miss-ratio curves of a trace, for one or more eviction "
+                    "policies.  Sizes are in 4 KiB pages.  JSON counts: "
+                    "requests = trace requests (lines/records), accesses = "
+                    "page accesses they expand to, unique = distinct pages.")
+    p.add_argument("trace", help="trace file (txt, csv, lis, oracleGeneral, "
+                                 "cpaccess; optionally .zst)")
+    p.add_argument("--format", help=f"trace format: {formats_help()} "
+                                    "(default: detected)")
+    p.add_argument("--policy", default="lru",
+                   help="comma-separated policies, or 'all' (default: lru)")
+    p.add_argument("--method", default=None,
+                   help="exact | shards | minisim | full (default: exact for "
+                        "lru, minisim for others; shards if --rate/--max-samples)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--rate", type=str, help="sampling rate in (0, 1]")
+    g.add_argument("--max-samples", type=str,
+                   help="fixed-size SHARDS: at most S sampled pages")
+    p.add_argument("--sizes", default="auto",
+                   help="comma-separated sizes in pages, or 'auto' "
+                        "(~50 log-spaced from 1%% to 100%% of the unique pages)")
+    p.add_argument("--json", metavar="OUT", help="write the curves as JSON")
+    p.add_argument("--plot", metavar="OUT.png", help="write a PNG, one line per curve")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_mrc)
+
+
+# -- argument checking ------------------------------------------------------------
+def accepted_policies() -> list[str]:
+    try:
+        from cachepilot.models import runtime
+        others = list(runtime.available_policies())
+    except ImportError:
+        others = []
+    return ["lru"] + [p for p in others if p != "lru"]
+
+
+def parse_policies(text: str) -> list[str]:
+    accepted = accepted_policies()
+    names = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UserError(f"no policy given; accepted: {', '.join(accepted)}, all")
+    if "all" in names:
+        return accepted
+    for name in names:
+        if name not in accepted:
+            raise UserError(f"unknown policy {name!r}; accepted: "
+                            f"{', '.join(accepted)}, all")
+    return list(dict.fromkeys(names))
+
+
+def parse_number(text, name, kind, lo, hi):
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise UserError(f"--{name} must be a number, not {text!r}") from None
+    if not lo <= value <= hi:
+        raise UserError(f"--{name} must be within [{lo}, {hi}], not {text}")
+    return value
+
+
+def parse_sizes(text: str):
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        sizes = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise UserError(f"--sizes takes 'auto' or comma-separated page counts, "
+                        f"not {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise UserError("--sizes needs page counts of at least 1 (or 'auto')")
+    return np.array(sizes, dtype=np.int64)
+
+
+class Plan:
+    """Which engine computes which curve."""
+
+    def __init__(self, args):
+        self.policies = parse_policies(args.policy)
+        method = args.method.strip().lower() if args.method else None
+        if method is not None and method not in METHODS:
+            raise UserError(f"unknown method {args.method!r}; accepted: "
+                            f"{', '.join(METHODS)}")
+        self.rate = (None if args.rate is None else
+                     parse_number(args.rate, "rate", float, 1e-9, 1.0))
+        if self.rate is not None and self.rate <= 0:
+            raise UserError("--rate must be positive")
+        self.max_samples = (None if args.max_samples is None else
+                            parse_number(args.max_samples, "max-samples", int, 1, 1 << 40))
+        sampled = self.rate is not None or self.max_samples is not None
+        if method == "exact" and sampled:
+            raise UserError("--rate/--max-samples go with --method shards or minisim")
+        if method in ("minisim", "full") and self.max_samples is not None:
+            raise UserError(f"--method {method} takes --rate, not --max-samples")
+        if method == "full" and self.rate is not None:
+            raise UserError("--method full simulates every access; it takes no --rate")
+        # exact and shards are LRU-only; other policies get their runtime
+        # counterpart: exact <-> full simulation, shards <-> miniature sims.
+        lru_method = method or ("shards" if sampled else "exact")
+        other_method = {None: "minisim", "exact": "full", "shards": "minisim",
+                        "minisim": "minisim", "full": "full"}[method]
+        self.methods = {p: (lru_method if p == "lru" else other_method)
+                        for p in self.policies}
+        if self.methods.get("lru") == "shards" and not sampled:
+            self.max_samples = DEFAULT_MAX_SAMPLES
+        self.minisim_rate = self.rate or DEFAULT_MINISIM_RATE
+        self.sizes = parse_sizes(args.sizes)
+
+    def uses(self, method):
+        return [p for p, m in self.methods.items() if m == method]
+
+
+# -- running ----------------------------------------------------------------------
+class Progress:
+    """A progress bar on stderr (bytes of the trace file), only on a tty."""
+
+    def __init__(self, trace, label, enabled):
+        self.trace, self.bar = trace, None
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (BarColumn, Progress as Bar, TextColumn,
+                                       TimeRemainingColumn)
+            self.bar = Bar(TextColumn(label), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                           TextColumn("{task.fields[acc]} accesses"), TimeRemainingColumn(),
+                           console=Console(stderr=True), transient=True)
+            self.task = self.bar.add_task(label, total=max(1, trace.size_bytes), acc=0)
+            self.bar.start()
+
+    def update(self):
+        if self.bar:
+            self.bar.update(self.task, completed=self.trace.bytes_read,
+                            acc=f"{self.trace.accesses:,}")
+
+    def close(self):
+        if self.bar:
+            self.bar.stop()
+
+
+def one_pass(trace, label, progress, consumers):
+    bar = Progress(trace, label, progress)
+    try:
+        for keys, tids in trace.chunks_with_tids():
+            for feed in consumers:
+                feed(keys, tids)
+            bar.update()
+    finally:
+        bar.close()
+    if trace.accesses == 0:
+        raise UserError(f"{trace.path}: the trace holds no page accesses "
+                        f"(accepted formats: {formats_help()})")
+
+
+def compute(trace, plan: Plan, progress: bool = True) -> dict:
+    """Every requested curve, in at most two passes over the trace."""
+    from_sample = trace.threshold != rate_threshold(1.0)   # a sampled cpaccess file
+    exact = None
+    need_unique_first = plan.sizes is None and (plan.uses("minisim") or plan.uses("full"))
+    if plan.uses("exact") or need_unique_first:
+        exact = ExactLRU() if not from_sample else Shards(rate=trace.rate)
+        scale = 1.0 / trace.rate        # a sampled file stands for more accesses
+        one_pass(trace, "exact LRU", progress,
+                 [lambda k, t: exact.feed(k) if not from_sample
+                  else exact.feed(k, len(k) * scale)])
+    if from_sample and exact is not None and trace.tallied:
+        exact.accesses = trace.tallied      # the file says how many in all
+    unique_estimated = from_sample
+    unique = None if exact is None else (
+        exact.unique if not from_sample else int(round(exact.unique_estimate)))
+    requests, accesses = trace.requests, trace.accesses
+
+    shards = None
+    if plan.uses("shards"):
+        shards = Shards(plan.rate, plan.max_samples)
+    sizes = plan.sizes
+    if sizes is None and unique is not None:
+        sizes = auto_sizes(unique)
+    minisim = full = None
+    consumers = []
+    if shards is not None:
+        scale = 1.0 / trace.rate
+        consumers.append(lambda k, t: shards.feed(k, len(k) * scale))
+    if plan.uses("minisim"):
+        from cachepilot.models import runtime
+        minisim = runtime.MiniSim(plan.uses("minisim"), sizes, plan.minisim_rate)
+        thr = minisim.threshold
+
+        def feed_minisim(k, t):
+            idx = sample_mask_index(k, thr)
+            minisim.feed(k[idx], None if t is None else t[idx])
+        consumers.append(feed_minisim)
+    if plan.uses("full"):
+        from cachepilot.models import runtime
+        full = {(p, int(s)): runtime.Cache(p, int(s))
+                for p in plan.uses("full") for s in sizes}
+        full_misses = {k: 0 for k in full}
+
+        def feed_full(k, t):
+            for key, cache in full.items():
+                full_misses[key] += cache.access(k, t)
+        consumers.append(feed_full)
+    counter = None
+    if consumers and unique is None and shards is None:
+        counter = ExactLRU() if not from_sample else Shards(rate=trace.rate)
+        consumers.append(lambda k, t: counter.feed(k))
+    if consumers:
+        one_pass(trace, "curves", progress, consumers)
+        requests, accesses = trace.requests, trace.accesses
+    if shards is not None and from_sample and trace.tallied:
+        shards.accesses = trace.tallied
+    if counter is not None:
+        unique = counter.unique if not from_sample else int(round(counter.unique_estimate))
+
+    if shards is not None and unique is None:
+        unique, unique_estimated = int(round(shards.unique_estimate)), True
+    if sizes is None:
+        sizes = auto_sizes(unique)
+
+    curves = []
+    for policy in plan.policies:
+        method = plan.methods[policy]
+        if method == "exact":
+            curve = exact.mrc(sizes)
+            if from_sample:
+                curve.method = "shards"
+        elif method == "shards":
+            curve = shards.mrc(sizes)
+        elif method == "minisim":
+            curve = next(c for c in minisim.curves() if c.policy == policy)
+        else:
+            ratios = [full_misses[(policy, int(s))] / accesses for s in sizes]
+            curve = MRC(sizes, np.array(ratios), policy, "full", 1.0,
+                        {"accesses": int(accesses)})
+        curves.append(curve)
+    return {"trace": str(trace.path), "format": trace.format,
+            "requests": int(requests), "accesses": int(accesses),
+            "unique": int(unique), "unique_estimated": bool(unique_estimated),
+            "curves": curves}
+
+
+def print_table(result, out=None):
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    curves = result["curves"]
+    est = " (estimated)" if result["unique_estimated"] else ""
+    title = escape(f"{result['trace']} ({result['format']}): {result['requests']:,} requests, "
+             f"{result['accesses']:,} page accesses, {result['unique']:,} unique pages{est}")
+    table = Table(title=title, title_justify="left")
+    table.add_column("size (pages)", justify="right")
+    table.add_column("MiB", justify="right")
+    for c in curves:
+        table.add_column(f"{c.policy} {c.method}", justify="right")
+    sizes = curves[0].sizes
+    rows = range(len(sizes))
+    if len(sizes) > TABLE_ROWS:
+        rows = sorted(set(np.linspace(0, len(sizes) - 1, TABLE_ROWS).round().astype(int)))
+    for i in rows:
+        table.add_row(f"{sizes[i]:,}", f"{sizes[i] * 4096 / 2**20:,.1f}",
+                      *[f"{c.miss_ratio[i]:.4f}" for c in curves])
+    Console(file=out or sys.stdout, width=max(100, 24 + 16 * len(curves))).print(table)
+
+
+def to_json(result) -> dict:
+    doc = dict(result)
+    doc["curves"] = [{"policy": c.policy, "method": c.method, "rate": c.rate,
+                      "sizes": c.sizes.tolist(),
+                      "miss_ratio": [round(float(v), 12) for v in c.miss_ratio]}
+                     for c in result["curves"]]
+    doc["counts"] = ("requests = trace requests (lines or records); accesses = "
+                     "4 KiB page accesses (miss-ratio denominator); unique = "
+                     "distinct pages; sizes in pages")
+    return doc
+
+
+def run_mrc(args) -> int:
+    normalise_format(args.format)             # unknown format: one clear line
+    plan = Plan(args)
+    trace = open_trace(args.trace, args.format)
+    started = time.perf_counter()
+    result = compute(trace, plan, progress=not args.no_progress)
+    elapsed = time.perf_counter() - started
+    print_table(result)
+    print(f"{result['accesses']:,} accesses in {elapsed:.2f} s", file=sys.stderr)
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(to_json(result), indent=1) + "\n")
+        except OSError as err:
+            raise UserError(f"cannot write {args.json}: {err.strerror}") from None
+    if args.plot:
+        from cachepilot.models.plot import plot_curves
+        try:
+            plot_curves(result["curves"], args.plot,
+                        title=f"{Path(result['trace']).name}: {result['accesses']:,} accesses",
+                        unique=result["unique"])
+        except OSError as err:
+            raise UserError(f"cannot write {args.plot}: {err.strerror}") from None
+    return 0

@@ -1,0 +1,50 @@
+"""PNG plots of miss-ratio curves (matplotlib, headless)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from cachepilot.models.mrc import PAGE_SIZE  # noqa: E402
+
+
+def curve_label(curve) -> str:
+    label = f"{curve.policy} ({curve.method}"
+    if curve.rate < 1.0:
+        label += f", R={curve.rate:.3g}"
+    return label + ")"
+
+
+def plot_curves(curves, out, title: str = "", unique: int | None = None) -> Path:
+    """One line per curve (policy, method); x = cache size in pages (log
+    axis when the sizes span more than two decades), top axis in MiB."""
+    out = Path(out)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lo, hi = None, None
+    for curve in curves:
+        ax.plot(curve.sizes, curve.miss_ratio, marker="." if len(curve.sizes) < 60 else None,
+                linewidth=1.4, label=curve_label(curve))
+        lo = curve.sizes.min() if lo is None else min(lo, curve.sizes.min())
+        hi = curve.sizes.max() if hi is None else max(hi, curve.sizes.max())
+    if lo is not None and lo > 0 and hi / lo > 100:
+        ax.set_xscale("log")
+    if unique:
+        ax.axvline(unique, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("cache size (4 KiB pages)")
+    ax.set_ylabel("miss ratio")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, alpha=0.3)
+    sec = ax.secondary_xaxis("top", functions=(lambda p: p * PAGE_SIZE / 2**20,
+                                               lambda m: m * 2**20 / PAGE_SIZE))
+    sec.set_xlabel("MiB")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
