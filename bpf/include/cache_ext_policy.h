@@ -27,6 +27,10 @@
  *   //    -ENOENT, -EEXIST, -E2BIG when max_entries is reached).
  *   CP_HASH_MAP(meta, __u64, struct my_meta, 1 << 20);  // key: cp_folio_id()
  *   CP_ARRAY_MAP(hist, __u32, __u64, 64);               // zero-filled
+ *   CP_LRU_HASH_MAP(ghosts, __u64, __u64, 1 << 18);     // full: drops the
+ *                                                       // least recently used
+ *   // (ghost / shadow entries: key them with cp_folio_key(), which survives
+ *   // eviction; cp_folio_id() does not in the kernel.)
  *
  *   // 3. Callbacks.  Name them <policy>_<op> so names stay unique when all
  *   //    policies link into one simulator; make helpers `static`.
@@ -142,9 +146,18 @@ struct folio *cache_ext_node_folio(struct cache_ext_list_node *node) __ksym;
 #define CP_STATE_DECL(type) type cp_state_data
 #define CP_STATE cp_state_data
 
+/* Hash maps allocate on demand: max_entries is a bound, not a cost. */
 #define CP_HASH_MAP(name, ktype, vtype, max)			\
 	struct {						\
 		__uint(type, BPF_MAP_TYPE_HASH);		\
+		__uint(map_flags, BPF_F_NO_PREALLOC);		\
+		__uint(max_entries, max);			\
+		__type(key, ktype);				\
+		__type(value, vtype);				\
+	} name SEC(".maps")
+#define CP_LRU_HASH_MAP(name, ktype, vtype, max)		\
+	struct {						\
+		__uint(type, BPF_MAP_TYPE_LRU_HASH);		\
 		__uint(max_entries, max);			\
 		__type(key, ktype);				\
 		__type(value, vtype);				\
@@ -276,7 +289,7 @@ struct cache_ext_ops {
 	char name[CACHE_EXT_OPS_NAME_LEN];
 };
 
-enum cp_map_type { CP_MAP_HASH = 1, CP_MAP_ARRAY = 2 };
+enum cp_map_type { CP_MAP_HASH = 1, CP_MAP_ARRAY = 2, CP_MAP_LRU_HASH = 9 };
 
 /* A map declaration; the runtime creates one map per instance from it. */
 struct cp_map_def {
@@ -357,23 +370,25 @@ static struct cp_policy_file cp_this_file = {
 
 /* Maps register themselves with this file's record before main/dlopen
  * returns; priority 101 runs before the policy's own constructor. */
-#define CP_DECLARE_MAP(name, mtype, ktype, vtype, max)			\
-	static struct cp_map_def name = {				\
+#define CP_DECLARE_MAP(mname, mtype, ktype, vtype, max)		\
+	static struct cp_map_def mname = {				\
 		.type = mtype, .key_size = sizeof(ktype),		\
 		.value_size = sizeof(vtype), .max_entries = (max),	\
-		.name = #name,						\
+		.name = #mname,						\
 	};								\
 	__attribute__((constructor(101))) static void			\
-	cp_add_map_##name(void)						\
+	cp_add_map_##mname(void)					\
 	{								\
-		name.slot = cp_this_file.nr_maps++;			\
-		name.next = cp_this_file.maps;				\
-		cp_this_file.maps = &name;				\
+		mname.slot = cp_this_file.nr_maps++;			\
+		mname.next = cp_this_file.maps;				\
+		cp_this_file.maps = &mname;				\
 	}
 #define CP_HASH_MAP(name, ktype, vtype, max) \
 	CP_DECLARE_MAP(name, CP_MAP_HASH, ktype, vtype, max)
 #define CP_ARRAY_MAP(name, ktype, vtype, max) \
 	CP_DECLARE_MAP(name, CP_MAP_ARRAY, ktype, vtype, max)
+#define CP_LRU_HASH_MAP(name, ktype, vtype, max) \
+	CP_DECLARE_MAP(name, CP_MAP_LRU_HASH, ktype, vtype, max)
 
 /*
  * Registration.  Linked into the runtime, the policy calls

@@ -7,15 +7,27 @@
  * (BPF guarantees that for the element's lifetime), so every element lives
  * in its own block from a slab that never moves; the table only points to
  * the blocks.
+ *
+ * LRU hash maps (BPF_MAP_TYPE_LRU_HASH) make room for a new element when
+ * full by dropping the least recently used one; lookups and updates count
+ * as uses.  The kernel's LRU is approximate; this one is exact.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "maps.h"
 
+/* Every element: LRU links (used by LRU hash maps; the freelist reuses
+ * `older`), then the key bytes, then the value bytes. */
+struct cp_elem {
+	struct cp_elem *older, *newer;
+};
+
+#define ELEM_KEY(e) ((char *)(e) + sizeof(struct cp_elem))
+
 struct cp_slot {
 	__u64 hash;
-	char *block;		/* key bytes, then value bytes; NULL = empty */
+	struct cp_elem *elem;	/* NULL = empty */
 };
 
 struct cp_map {
@@ -25,10 +37,11 @@ struct cp_map {
 	struct cp_slot *slots;
 	__u64 mask;		/* slots - 1 */
 	__u64 count;
-	char *free_blocks;	/* freelist threaded through the blocks */
+	struct cp_elem *free_elems;
+	struct cp_elem *oldest, *newest;	/* LRU hash: use order */
 	char **slabs;
 	int nr_slabs;
-	__u32 block_size;
+	__u32 elem_size;
 	/* array */
 	char *array;
 };
@@ -75,10 +88,9 @@ struct cp_map *cp_map_new(const struct cp_map_def *def)
 		}
 		return m;
 	}
-	/* blocks are 8-byte aligned so values can hold __u64s */
-	m->block_size = (def->key_size + def->value_size + 7) & ~7u;
-	if (m->block_size < sizeof(char *))
-		m->block_size = sizeof(char *);
+	/* elements are 8-byte aligned so values can hold __u64s */
+	m->elem_size = (sizeof(struct cp_elem) + def->key_size +
+			def->value_size + 7) & ~7u;
 	m->mask = 15;
 	m->slots = calloc(m->mask + 1, sizeof(*m->slots));
 	if (!m->slots) {
@@ -102,37 +114,68 @@ void cp_map_free(struct cp_map *m)
 	free(m);
 }
 
-static char *block_alloc(struct cp_map *m)
+static struct cp_elem *elem_alloc(struct cp_map *m)
 {
-	char *b, *slab, **slabs;
+	struct cp_elem *e;
+	char *slab, **slabs;
 	int i;
 
-	if (!m->free_blocks) {
-		slab = malloc((size_t)m->block_size * SLAB_BLOCKS);
+	if (!m->free_elems) {
+		slab = malloc((size_t)m->elem_size * SLAB_BLOCKS);
 		slabs = realloc(m->slabs, sizeof(*slabs) * (m->nr_slabs + 1));
+		if (slabs)
+			m->slabs = slabs;
 		if (!slab || !slabs) {
 			free(slab);
-			if (slabs)
-				m->slabs = slabs;
 			return NULL;
 		}
-		m->slabs = slabs;
 		m->slabs[m->nr_slabs++] = slab;
 		for (i = SLAB_BLOCKS - 1; i >= 0; i--) {
-			b = slab + (size_t)i * m->block_size;
-			*(char **)b = m->free_blocks;
-			m->free_blocks = b;
+			e = (struct cp_elem *)(slab + (size_t)i * m->elem_size);
+			e->older = m->free_elems;
+			m->free_elems = e;
 		}
 	}
-	b = m->free_blocks;
-	m->free_blocks = *(char **)b;
-	return b;
+	e = m->free_elems;
+	m->free_elems = e->older;
+	return e;
 }
 
-static void block_free(struct cp_map *m, char *b)
+static void elem_free(struct cp_map *m, struct cp_elem *e)
 {
-	*(char **)b = m->free_blocks;
-	m->free_blocks = b;
+	e->older = m->free_elems;
+	m->free_elems = e;
+}
+
+static void lru_unlink(struct cp_map *m, struct cp_elem *e)
+{
+	if (e->older)
+		e->older->newer = e->newer;
+	else
+		m->oldest = e->newer;
+	if (e->newer)
+		e->newer->older = e->older;
+	else
+		m->newest = e->older;
+}
+
+static void lru_push(struct cp_map *m, struct cp_elem *e)
+{
+	e->newer = NULL;
+	e->older = m->newest;
+	if (m->newest)
+		m->newest->newer = e;
+	else
+		m->oldest = e;
+	m->newest = e;
+}
+
+static void lru_touch(struct cp_map *m, struct cp_elem *e)
+{
+	if (m->type == CP_MAP_LRU_HASH && m->newest != e) {
+		lru_unlink(m, e);
+		lru_push(m, e);
+	}
 }
 
 static struct cp_slot *find_slot(struct cp_map *m, const void *key, __u64 h)
@@ -142,9 +185,9 @@ static struct cp_slot *find_slot(struct cp_map *m, const void *key, __u64 h)
 	for (;;) {
 		struct cp_slot *s = &m->slots[i];
 
-		if (!s->block)
+		if (!s->elem)
 			return s;
-		if (s->hash == h && !memcmp(s->block, key, m->key_size))
+		if (s->hash == h && !memcmp(ELEM_KEY(s->elem), key, m->key_size))
 			return s;
 		i = (i + 1) & m->mask;
 	}
@@ -163,10 +206,10 @@ static int grow(struct cp_map *m)
 	for (i = 0; i < old_n; i++) {
 		__u64 j;
 
-		if (!old[i].block)
+		if (!old[i].elem)
 			continue;
 		j = old[i].hash & m->mask;
-		while (slots[j].block)
+		while (slots[j].elem)
 			j = (j + 1) & m->mask;
 		slots[j] = old[i];
 	}
@@ -189,7 +232,10 @@ void *cp_map_lookup(struct cp_map *m, const void *key)
 		return m->array + (size_t)idx * m->value_size;
 	}
 	s = find_slot(m, key, key_hash(key, m->key_size));
-	return s->block ? s->block + m->key_size : NULL;
+	if (!s->elem)
+		return NULL;
+	lru_touch(m, s->elem);
+	return ELEM_KEY(s->elem) + m->key_size;
 }
 
 long cp_map_update(struct cp_map *m, const void *key, const void *value,
@@ -214,27 +260,34 @@ long cp_map_update(struct cp_map *m, const void *key, const void *value,
 	}
 	h = key_hash(key, m->key_size);
 	s = find_slot(m, key, h);
-	if (s->block) {
+	if (s->elem) {
 		if (flags == BPF_NOEXIST)
 			return -EEXIST;
-		memcpy(s->block + m->key_size, value, m->value_size);
+		memcpy(ELEM_KEY(s->elem) + m->key_size, value, m->value_size);
+		lru_touch(m, s->elem);
 		return 0;
 	}
 	if (flags == BPF_EXIST)
 		return -ENOENT;
-	if (m->count >= m->max_entries)
-		return -E2BIG;
+	if (m->count >= m->max_entries) {
+		if (m->type != CP_MAP_LRU_HASH || !m->oldest)
+			return -E2BIG;
+		cp_map_delete(m, ELEM_KEY(m->oldest));
+		s = find_slot(m, key, h);
+	}
 	if ((m->count + 1) * 2 > m->mask + 1) {
 		if (grow(m))
 			return -ENOMEM;
 		s = find_slot(m, key, h);
 	}
-	s->block = block_alloc(m);
-	if (!s->block)
+	s->elem = elem_alloc(m);
+	if (!s->elem)
 		return -ENOMEM;
 	s->hash = h;
-	memcpy(s->block, key, m->key_size);
-	memcpy(s->block + m->key_size, value, m->value_size);
+	memcpy(ELEM_KEY(s->elem), key, m->key_size);
+	memcpy(ELEM_KEY(s->elem) + m->key_size, value, m->value_size);
+	if (m->type == CP_MAP_LRU_HASH)
+		lru_push(m, s->elem);
 	m->count++;
 	return 0;
 }
@@ -249,9 +302,11 @@ long cp_map_delete(struct cp_map *m, const void *key)
 	if (m->type == CP_MAP_ARRAY)
 		return -EINVAL;
 	s = find_slot(m, key, key_hash(key, m->key_size));
-	if (!s->block)
+	if (!s->elem)
 		return -ENOENT;
-	block_free(m, s->block);
+	if (m->type == CP_MAP_LRU_HASH)
+		lru_unlink(m, s->elem);
+	elem_free(m, s->elem);
 	m->count--;
 	/* backward-shift deletion keeps probe chains intact without tombstones */
 	i = s - m->slots;
@@ -260,7 +315,7 @@ long cp_map_delete(struct cp_map *m, const void *key)
 		__u64 home;
 
 		j = (j + 1) & m->mask;
-		if (!m->slots[j].block)
+		if (!m->slots[j].elem)
 			break;
 		home = m->slots[j].hash & m->mask;
 		/* move j into the hole at i unless its home lies in (i, j] */
@@ -269,6 +324,6 @@ long cp_map_delete(struct cp_map *m, const void *key)
 			i = j;
 		}
 	}
-	m->slots[i].block = NULL;
+	m->slots[i].elem = NULL;
 	return 0;
 }

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * linux: the kernel's default page-cache policy for file pages (the classic
+ * active/inactive two-list LRU, not MGLRU), so "keep the default" has its
+ * own curve.  Modelled on Linux 6.12:
+ *
+ *  - A new page enters the inactive list (mm/swap.c folio_add_lru), unless
+ *    it refaults: its shadow entry (mm/workingset.c) says it was evicted at
+ *    non-resident age E, and if the age now minus E is at most the active
+ *    list's size, the page would have stayed cached with that much more
+ *    memory, so it enters the active list directly (workingset_refault).
+ *  - Access (folio_mark_accessed): the first sets PG_referenced; a second
+ *    one on an inactive page activates it and clears PG_referenced; on an
+ *    active page it only sets PG_referenced.  The read that brings a page
+ *    in counts as its first access.
+ *  - The non-resident age ticks on every eviction (the shadow records the
+ *    age before the tick) and on every activation.
+ *  - Reclaim deactivates pages from the cold end of the active list while
+ *    the inactive list is low (inactive * ratio < active, ratio =
+ *    int_sqrt(10 * GiB of the lists) or 1; mm/vmscan.c inactive_is_low),
+ *    keeping PG_referenced, then evicts from the cold end of the inactive
+ *    list.  Clean, unmapped page-cache pages are reclaimed there whatever
+ *    PG_referenced says (folio_check_references), so no second chance.
+ *
+ * Simplifications: deactivation moves exactly enough pages to restore the
+ * balance instead of scanning SWAP_CLUSTER_MAX batches in proportion to
+ * list sizes; there are no mapped, dirty or executable pages; shadows live
+ * in an LRU map instead of the xarray with its shadow shrinker.
+ *
+ * List heads are the cold ends (kernel list tails): evict from the head,
+ * add and activate at the tail.
+ */
+#include "cache_ext_policy.h"
+
+struct linux_state {
+	__u64 inactive, active;		/* list ids */
+	__u64 nr_inactive, nr_active;
+	__u64 nonresident_age;
+};
+CP_STATE_DECL(struct linux_state);
+
+struct linux_folio {
+	__u8 active;
+	__u8 referenced;
+};
+
+/* per cached folio */
+CP_HASH_MAP(linux_folios, __u64, struct linux_folio, 1 << 24);
+/* shadow entries of evicted pages: page key -> age at eviction */
+CP_LRU_HASH_MAP(linux_shadows, __u64, __u64, 1 << 18);
+
+static __u64 linux_int_sqrt(__u64 x)
+{
+	__u64 r = 0, bit = 1ULL << 62;
+	int i;
+
+	/* bit-by-bit square root, bounded for the verifier */
+	for (i = 0; i < 32; i++) {
+		if (bit > x) {
+			bit >>= 2;
+			continue;
+		}
+		if (x >= r + bit) {
+			x -= r + bit;
+			r = (r >> 1) + bit;
+		} else {
+			r >>= 1;
+		}
+		bit >>= 2;
+	}
+	return r;
+}
+
+static bool linux_inactive_is_low(void)
+{
+	__u64 inactive = CP_STATE.nr_inactive, active = CP_STATE.nr_active;
+	__u64 gb = (inactive + active) >> (30 - 12);
+	__u64 ratio = gb ? linux_int_sqrt(10 * gb) : 1;
+
+	return inactive * ratio < active;
+}
+
+s32 BPF_STRUCT_OPS_SLEEPABLE(linux_init, struct mem_cgroup *memcg)
+{
+	CP_STATE.inactive = cache_ext_list_create(memcg);
+	CP_STATE.active = cache_ext_list_create(memcg);
+	return CP_STATE.inactive && CP_STATE.active ? 0 : -1;
+}
+
+/* Move one page from the cold end of the active list to the inactive. */
+static int linux_deactivate(int idx, struct cache_ext_list_node *node)
+{
+	struct folio *folio = cache_ext_node_folio(node);
+	__u64 id = cp_folio_id(folio);
+	struct linux_folio *lf;
+
+	if (!linux_inactive_is_low())
+		return CACHE_EXT_ITER_STOP;
+	lf = bpf_map_lookup_elem(&linux_folios, &id);
+	if (!lf)
+		return CACHE_EXT_ITER_CONTINUE;
+	if (cache_ext_list_move(CP_STATE.inactive, folio, true))
+		return CACHE_EXT_ITER_CONTINUE;
+	lf->active = 0;
+	CP_STATE.nr_active--;
+	CP_STATE.nr_inactive++;
+	return CACHE_EXT_ITER_CONTINUE;
+}
+
+static int linux_reclaim(int idx, struct cache_ext_list_node *node)
+{
+	return CACHE_EXT_ITER_EVICT;
+}
+
+void BPF_STRUCT_OPS(linux_evict_folios, struct cache_ext_eviction_ctx *ectx,
+		    struct mem_cgroup *memcg)
+{
+	if (linux_inactive_is_low())
+		cache_ext_list_iterate(memcg, CP_STATE.active, linux_deactivate,
+				       ectx);
+	cache_ext_list_iterate(memcg, CP_STATE.inactive, linux_reclaim, ectx);
+	/* An inactive list shorter than the request: the kernel would
+	 * deactivate more and reclaim those, i.e. the coldest active pages. */
+	if (ectx->nr_candidates < ectx->request)
+		cache_ext_list_iterate(memcg, CP_STATE.active, linux_reclaim,
+				       ectx);
+}
+
+void BPF_STRUCT_OPS(linux_folio_added, struct folio *folio)
+{
+	struct linux_folio lf = {};
+	__u64 key = cp_folio_key(folio), id = cp_folio_id(folio);
+	__u64 *evicted_at = bpf_map_lookup_elem(&linux_shadows, &key);
+
+	if (evicted_at) {
+		__u64 distance = CP_STATE.nonresident_age - *evicted_at;
+
+		bpf_map_delete_elem(&linux_shadows, &key);
+		if (distance <= CP_STATE.nr_active) {
+			lf.active = 1;
+			CP_STATE.nonresident_age++;
+		}
+	}
+	if (bpf_map_update_elem(&linux_folios, &id, &lf, BPF_ANY))
+		return;
+	if (lf.active) {
+		cache_ext_list_add_tail(CP_STATE.active, folio);
+		CP_STATE.nr_active++;
+	} else {
+		cache_ext_list_add_tail(CP_STATE.inactive, folio);
+		CP_STATE.nr_inactive++;
+	}
+}
+
+void BPF_STRUCT_OPS(linux_folio_accessed, struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+	struct linux_folio *lf = bpf_map_lookup_elem(&linux_folios, &id);
+
+	if (!lf)
+		return;
+	if (!lf->referenced) {
+		lf->referenced = 1;
+	} else if (!lf->active) {
+		if (cache_ext_list_move(CP_STATE.active, folio, true))
+			return;
+		lf->active = 1;
+		lf->referenced = 0;
+		CP_STATE.nr_inactive--;
+		CP_STATE.nr_active++;
+		CP_STATE.nonresident_age++;
+	}
+}
+
+void BPF_STRUCT_OPS(linux_folio_evicted, struct folio *folio)
+{
+	__u64 key = cp_folio_key(folio), id = cp_folio_id(folio);
+	struct linux_folio *lf = bpf_map_lookup_elem(&linux_folios, &id);
+	__u64 age = CP_STATE.nonresident_age;
+
+	if (!lf)
+		return;
+	if (lf->active)
+		CP_STATE.nr_active--;
+	else
+		CP_STATE.nr_inactive--;
+	bpf_map_delete_elem(&linux_folios, &id);
+	bpf_map_update_elem(&linux_shadows, &key, &age, BPF_ANY);
+	CP_STATE.nonresident_age++;
+}
+
+CP_POLICY(linux,
+	  .init = (void *)linux_init,
+	  .evict_folios = (void *)linux_evict_folios,
+	  .folio_added = (void *)linux_folio_added,
+	  .folio_accessed = (void *)linux_folio_accessed,
+	  .folio_evicted = (void *)linux_folio_evicted);
