@@ -8,7 +8,7 @@ import pytest
 from scipy.optimize import nnls
 
 from cachepilot.controller.engine import allocate, model
-from cachepilot.controller.engine.curves import CurveBank, miss_at, size_for
+from cachepilot.controller.engine.curves import CurveBank, miss_at
 from cachepilot.models.mrc import MRC
 
 
@@ -25,15 +25,22 @@ def test_curve_bank_reads_like_mrc():
     rng = np.random.default_rng(7)
     curves = [random_curve(rng) for _ in range(300)]
     bank = CurveBank(curves)
+    rows = np.arange(len(curves))
+    pxs, pys = bank.padded(rows)
     for trial in range(5):
         x = rng.uniform(0, 6000, size=len(curves))
-        got = miss_at(bank.xs, bank.ys, x)
+        got = bank.miss_at(rows, x)
         # MRC.at interpolates the raw points; the bank reads the monotone
         # (min-accumulated) curve, which is what size_for uses too.
         want = [np.interp(xi, *_mono(c)) for c, xi in zip(curves, x)]
         np.testing.assert_allclose(got, want, atol=1e-12)
+        np.testing.assert_allclose(miss_at(pxs, pys, x), want, atol=1e-12)
+        # a subset, in another order
+        sub = rows[::-7]
+        np.testing.assert_allclose(bank.miss_at(sub, x[sub]), np.asarray(want)[sub], atol=1e-12)
         t = rng.uniform(-0.1, 1.1, size=len(curves))
-        got = size_for(bank.xs, bank.ys, t)
+        t[::5] = [c.miss_ratio[len(c.miss_ratio) // 2] for c in curves[::5]]  # on a point
+        got = bank.size_for(rows, t)
         for c, ti, g in zip(curves, t, got):
             w = c.size_for(float(ti))
             if w is None:
@@ -52,7 +59,8 @@ def test_curve_bank_on_monotone_curves_matches_at_exactly():
     c = MRC(sizes, [0.9, 0.5, 0.3, 0.1])
     bank = CurveBank([c, MRC([0, 5], [1.0, 0.2])])
     x = np.array([30.0, 7.0])
-    np.testing.assert_allclose(miss_at(bank.xs, bank.ys, x), [c.at(30.0), 0.2 + 0.0 * 7])
+    np.testing.assert_allclose(bank.miss_at(np.arange(2), x), [c.at(30.0), 0.2])
+    assert bank.size_for(np.array([0]), np.array([0.3]))[0] == c.size_for(0.3) == 40
 
 
 def test_nnls2_matches_scipy():
@@ -165,10 +173,10 @@ def test_distribute_matches_exhaustive_search():
         a = rng.uniform(1e-6, 1e-5, k)
         b = rng.uniform(1e-5, 1e-3, k)
         budget = float(rng.integers(20, 250))
-        bank = CurveBank(curves)
+        pxs, pys = CurveBank(curves).padded(np.arange(k))
         lo, hi = np.zeros(k), np.full(k, 100.0)
         x = allocate.distribute(np.zeros(k, dtype=np.int64), np.array([budget]), lo, hi,
-                                bank.xs, bank.ys, a, b)
+                                pxs, pys, a, b)
         assert x.sum() <= budget + 1e-6
         assert np.all(x >= lo - 1e-9) and np.all(x <= hi + 1e-9)
         got = sum(hull_value(c, a[i], b[i], x[i]) for i, c in enumerate(curves))
@@ -190,9 +198,9 @@ def test_distribute_matches_exhaustive_search():
 
 def test_distribute_gives_memory_nobody_gains_from_by_headroom():
     flat = MRC([10, 20], [0.5, 0.5])          # no gain past 10 pages
-    bank = CurveBank([flat, flat])
+    pxs, pys = CurveBank([flat, flat]).padded(np.arange(2))
     x = allocate.distribute(np.zeros(2, dtype=np.int64), np.array([100.0]),
-                            np.zeros(2), np.array([30.0, 90.0]), bank.xs, bank.ys,
+                            np.zeros(2), np.array([30.0, 90.0]), pxs, pys,
                             np.full(2, 1e-6), np.full(2, 1e-4))
     assert x.sum() == pytest.approx(100.0)
     assert x[1] > x[0] and x[0] <= 30 and x[1] <= 90

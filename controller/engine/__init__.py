@@ -33,9 +33,10 @@ import numpy as np
 from cachepilot.agent.types import Directive, TenantReport
 from cachepilot.controller.engine import allocate, model
 from cachepilot.controller.engine.autopilot import choose_policy
-from cachepilot.controller.engine.curves import CurveBank, miss_at, size_for
+from cachepilot.controller.engine.curves import CurveBank
 from cachepilot.controller.engine.types import (Decision, EngineState, LogEntry,
-                                                TenantPlan, TenantState, Violation)
+                                                Observations, TenantPlan, TenantState,
+                                                Violation)
 
 __all__ = ["decide", "Decision", "EngineState", "LogEntry", "TenantPlan",
            "TenantState", "Violation"]
@@ -49,24 +50,11 @@ def _mib(pages: float) -> str:
     return "inf" if pages == math.inf else f"{pages * PAGE / 1048576:.0f} MiB"
 
 
-def _valid_observation(r: TenantReport) -> bool:
-    return (r.throughput > 0 and math.isfinite(r.throughput)
-            and 0.0 <= r.miss_ratio <= 1.0 and r.accesses_per_s > 0)
-
-
-def _refit(ts: list[TenantState], priors: np.ndarray, ctl) -> None:
-    w = max((len(t.obs_m) for t in ts), default=0)
-    n = len(ts)
-    om, oy = np.zeros((n, max(w, 1))), np.zeros((n, max(w, 1)))
-    count = np.zeros(n, dtype=np.int64)
-    for i, t in enumerate(ts):
-        k = len(t.obs_m)
-        if k:
-            om[i, :k], oy[i, :k], count[i] = t.obs_m, t.obs_y, k
-    a, b, fitted = model.fit(om, oy, count, priors[:, 0], priors[:, 1],
+def _refit(obs, slots, priors, ctl):
+    a, b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
+                             priors[:, 0], priors[:, 1],
                              ctl.model_min_points, ctl.model_min_spread)
-    for i, t in enumerate(ts):
-        t.a, t.b, t.fitted = float(a[i]), float(b[i]), bool(fitted[i])
+    return a, b, fitted
 
 
 def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
@@ -79,8 +67,7 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     rnd = state.round
     ctl = config.control
     notes: list[str] = []
-    specs = {t.name: t for t in config.tenants}
-    node_specs = {n.name: n for n in config.nodes}
+    specs, node_specs = _indexes(state, config)
 
     # -- rows: live nodes, their known tenants, in sorted order -------------
     nodes: list[str] = []
@@ -111,43 +98,54 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     node_of = np.fromiter((ni for ni, _, _ in rows), dtype=np.int64, count=nt)
 
     # -- 1. throughput models -------------------------------------------------
+    if state.obs is None or state.obs.window != ctl.model_window:
+        state.obs = Observations(ctl.model_window)
+        for st in state.tenants.values():
+            st.slot = -1
+    obs = state.obs
     tstates: list[TenantState] = []
     priors = np.zeros((nt, 2))
-    window = ctl.model_window
     for i, (ni, spec, r) in enumerate(rows):
         st = state.tenants.get(spec.name)
         if st is None:
             st = state.tenants[spec.name] = TenantState()
+        if st.slot < 0:
+            st.slot = obs.new_slot()
         st.node = nodes[ni]
-        if _valid_observation(r):
-            st.obs_m = np.append(st.obs_m, r.miss_ratio)[-window:]
-            st.obs_y = np.append(st.obs_y, 1.0 / r.throughput)[-window:]
         p = spec.model or ctl.prior
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         tstates.append(st)
-    _refit(tstates, priors, ctl)
-    a = np.fromiter((t.a for t in tstates), dtype=np.float64, count=nt)
-    b = np.fromiter((t.b for t in tstates), dtype=np.float64, count=nt)
+    slots = np.fromiter((t.slot for t in tstates), dtype=np.int64, count=nt)
+    thr_obs = np.fromiter((r.throughput for _, _, r in rows), dtype=np.float64, count=nt)
+    m_obs = np.fromiter((r.miss_ratio for _, _, r in rows), dtype=np.float64, count=nt)
+    acc = np.fromiter((r.accesses_per_s for _, _, r in rows), dtype=np.float64, count=nt)
+    valid = (thr_obs > 0) & np.isfinite(thr_obs) & (m_obs >= 0) & (m_obs <= 1) & (acc > 0)
+    obs.add(slots[valid], m_obs[valid], 1.0 / thr_obs[valid])
+    a, b, fitted = _refit(obs, slots, priors, ctl)
+    for t, ai, bi, fi in zip(tstates, a.tolist(), b.tolist(), fitted.tolist()):
+        t.a, t.b, t.fitted = ai, bi, fi
 
     # -- curves: one bank row per (tenant, allowed policy) ------------------
     curves, row_tenant, row_policy = [], [], []
-    first_row = [0] * (nt + 1)
+    row_of: list[dict[str, int]] = []          # per tenant: policy -> bank row
     allowed_of: list[list[str]] = []
+    node_pol = [set(node_specs[n].policies) if n in node_specs and
+                node_specs[n].policies is not None else None for n in nodes]
     for i, (ni, spec, r) in enumerate(rows):
-        node_pol = node_specs[nodes[ni]].policies if nodes[ni] in node_specs else None
         by_policy = {c.policy: c for c in r.curves}
-        allowed = spec.policies if spec.policies is not None else sorted(by_policy)
-        if node_pol is not None:
-            allowed = [p for p in allowed if p in node_pol]
-        allowed = sorted(allowed)
+        allowed = sorted(spec.policies if spec.policies is not None else by_policy)
+        if node_pol[ni] is not None:
+            allowed = [p for p in allowed if p in node_pol[ni]]
         allowed_of.append(allowed)
+        mine = {}
         for p in allowed:
             c = by_policy.get(p)
             if c is not None:
+                mine[p] = len(curves)
                 curves.append(c)
                 row_tenant.append(i)
                 row_policy.append(p)
-        first_row[i + 1] = len(curves)
+        row_of.append(mine)
     bank = CurveBank(curves)
     row_tenant = np.asarray(row_tenant, dtype=np.int64)
 
@@ -170,27 +168,25 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     # -- 2. autopilot ---------------------------------------------------------
     if bank.n:
         score = model.throughput(a[row_tenant], b[row_tenant],
-                                 miss_at(bank.xs, bank.ys, np.minimum(ref, ub)[row_tenant]))
+                                 bank.miss_at(np.arange(bank.n), np.minimum(ref, ub)[row_tenant]))
     else:
         score = np.zeros(0)
+    # ... and the curve the allocation reads: the policy that will be in
+    # force (the new one when switching, else the one reported in force)
     choices = []
+    alloc_row = np.full(nt, -1, dtype=np.int64)
+    old_row = np.full(nt, -1, dtype=np.int64)
+    score_l = score.tolist()
     for i, (ni, spec, r) in enumerate(rows):
         st = tstates[i]
         cur = st.policy if st.policy is not None else r.policy
-        s, e = first_row[i], first_row[i + 1]
-        scores = dict(zip(row_policy[s:e], score[s:e].tolist()))
-        choices.append(choose_policy(cur, allowed_of[i], scores, st,
-                                     ctl.autopilot_threshold, ctl.autopilot_k))
-
-    # the curve the allocation reads: the policy that will be in force
-    alloc_row = np.full(nt, -1, dtype=np.int64)
-    for i, (_, _, r) in enumerate(rows):
-        s, e = first_row[i], first_row[i + 1]
-        pols = row_policy[s:e]
-        ch = choices[i]
-        want = ch.policy if (ch.switched or r.policy not in pols) else r.policy
-        if want in pols:
-            alloc_row[i] = s + pols.index(want)
+        mine = row_of[i]
+        ch = choose_policy(cur, allowed_of[i], {p: score_l[k] for p, k in mine.items()},
+                           st, ctl.autopilot_threshold, ctl.autopilot_k)
+        choices.append(ch)
+        k_old = mine.get(r.policy, -1)
+        old_row[i] = k_old
+        alloc_row[i] = mine.get(ch.policy, -1) if (ch.switched or k_old < 0) else k_old
     has_curve = alloc_row >= 0
 
     # -- 3. SLO needs -----------------------------------------------------------
@@ -199,7 +195,7 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     has_slo = np.fromiter((spec.slo is not None for _, spec, _ in rows), dtype=bool, count=nt)
     if bank.n:
         m_star = model.miss_ratio_for(a[row_tenant], b[row_tenant], slo[row_tenant])
-        need_rows = size_for(bank.xs, bank.ys, np.clip(m_star, -1.0, 2.0))
+        need_rows = bank.size_for(np.arange(bank.n), m_star)
         need_rows = np.where(m_star < 0, np.inf, need_rows)
     else:
         need_rows = np.zeros(0)
@@ -219,9 +215,9 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     cr = np.flatnonzero(has_curve)
     if len(cr):
         budget = mem_pages - fixed_use - np.bincount(node_of[cr], weights=x_lo[cr], minlength=nn)
-        ar = alloc_row[cr]
+        pxs, pys = bank.padded(alloc_row[cr])
         target[cr] = allocate.distribute(node_of[cr], budget, x_lo[cr], ub[cr],
-                                         bank.xs[ar], bank.ys[ar], a[cr], b[cr])
+                                         pxs, pys, a[cr], b[cr])
     new = allocate.step_limit(node_of, mem_pages, current, target, lb, ub,
                               ctl.max_step_fraction, ctl.hysteresis)
     new = np.maximum(new, lb)
@@ -232,19 +228,13 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     pred_old = np.full(nt, np.nan)
     if len(cr):
         ar = alloc_row[cr]
-        xs, ys = bank.xs[ar], bank.ys[ar]
-        pred_target[cr] = model.throughput(a[cr], b[cr], miss_at(xs, ys, target[cr]))
-        pred_new[cr] = model.throughput(a[cr], b[cr], miss_at(xs, ys, new[cr]))
+        pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, target[cr]))
+        pred_new[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, new[cr]))
     # before: the policy in force at the limit in force
-    old_row = np.full(nt, -1, dtype=np.int64)
-    for i, (_, _, r) in enumerate(rows):
-        s, e = first_row[i], first_row[i + 1]
-        if r.policy in row_policy[s:e]:
-            old_row[i] = s + row_policy[s:e].index(r.policy)
     orr = np.flatnonzero(old_row >= 0)
     if len(orr):
-        pred_old[orr] = model.throughput(a[orr], b[orr], miss_at(
-            bank.xs[old_row[orr]], bank.ys[old_row[orr]], current[orr]))
+        pred_old[orr] = model.throughput(a[orr], b[orr],
+                                         bank.miss_at(old_row[orr], current[orr]))
 
     # -- 5. outputs ---------------------------------------------------------------
     log: list[LogEntry] = []
@@ -308,7 +298,7 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
                          observed_before=float(r.throughput))
             log.append(e)
             state.log.append(e)
-            state.pending.append([spec.name, e, OBSERVE_AFTER])
+            state.pending.setdefault(spec.name, []).append([e, OBSERVE_AFTER])
 
         st.policy = ch.policy
         st.target_bytes = target_b
@@ -316,18 +306,32 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         st.last_round = rnd
         needs = {}
         if L["has_slo"][i]:
-            for k in range(first_row[i], first_row[i + 1]):
+            for p_, k in row_of[i].items():
                 v = L["need_rows"][k]
-                needs[row_policy[k]] = max(v, lb_i) * PAGE if v != math.inf else math.inf
+                needs[p_] = max(v, lb_i) * PAGE if v != math.inf else math.inf
         else:
-            for k in range(first_row[i], first_row[i + 1]):
-                needs[row_policy[k]] = lb_i * PAGE
+            for p_ in row_of[i]:
+                needs[p_] = lb_i * PAGE
         plans[spec.name] = TenantPlan(
             spec.name, node, ch.policy,
             row_policy[L["alloc_row"][i]] if curve_i else None,
             target_b, limit_b, _num(p), needs, (st.a, st.b, st.fitted))
 
     return Decision(rnd, directives, violations, log, plans, notes, state)
+
+
+def _indexes(state: EngineState, config):
+    """Name -> spec maps for the config, kept across calls: the service calls
+    decide once per node, and rebuilding them for 1,000 tenants each time
+    would cost more than the node's own decision."""
+    key = (id(config), id(config.tenants), len(config.tenants),
+           id(config.nodes), len(config.nodes))
+    cached = getattr(state, "_indexes", None)
+    if cached is None or cached[0] != key:
+        cached = (key, {t.name: t for t in config.tenants},
+                  {n.name: n for n in config.nodes})
+        state._indexes = cached
+    return cached[1], cached[2]
 
 
 def _num(v) -> float | None:
@@ -339,33 +343,38 @@ def _observe_effects(state: EngineState, rows, rnd: int, log: list) -> None:
     made OBSERVE_AFTER reports ago."""
     if not state.pending:
         return
-    by_name = {spec.name: r for _, spec, r in rows}
-    keep = []
-    for item in state.pending:
-        name, entry, wait = item
-        r = by_name.get(name)
-        if r is None:
-            if rnd - entry.round <= PENDING_MAX_AGE:
+    for _, spec, r in rows:
+        items = state.pending.get(spec.name)
+        if not items:
+            continue
+        keep = []
+        for item in items:
+            entry, wait = item
+            if wait > 1:
+                item[1] = wait - 1
                 keep.append(item)
-            continue
-        wait -= 1
-        if wait > 0:
-            item[2] = wait
-            keep.append(item)
-            continue
-        entry.observed = float(r.throughput)
-        if entry.observed_before:
-            entry.observed_gain = entry.observed / entry.observed_before - 1.0
-        obs = LogEntry(rnd, entry.node, name, "observed", entry.before, entry.after,
-                            f"{entry.kind} change of round {entry.round}: predicted "
-                            f"{_fmt(entry.predicted)}/s, observed {entry.observed:.4g}/s",
-                            predicted=entry.predicted, predicted_before=entry.predicted_before,
-                            predicted_gain=entry.predicted_gain,
-                            observed_before=entry.observed_before, observed=entry.observed,
-                            observed_gain=entry.observed_gain, decided_round=entry.round)
-        log.append(obs)
-        state.log.append(obs)
-    state.pending = keep
+                continue
+            entry.observed = float(r.throughput)
+            if entry.observed_before:
+                entry.observed_gain = entry.observed / entry.observed_before - 1.0
+            obs = LogEntry(rnd, entry.node, spec.name, "observed", entry.before, entry.after,
+                           f"{entry.kind} change of round {entry.round}: predicted "
+                           f"{_fmt(entry.predicted)}/s, observed {entry.observed:.4g}/s",
+                           predicted=entry.predicted, predicted_before=entry.predicted_before,
+                           predicted_gain=entry.predicted_gain,
+                           observed_before=entry.observed_before, observed=entry.observed,
+                           observed_gain=entry.observed_gain, decided_round=entry.round)
+            log.append(obs)
+            state.log.append(obs)
+        if keep:
+            state.pending[spec.name] = keep
+        else:
+            del state.pending[spec.name]
+    # decisions whose tenant stopped reporting are not waited for forever
+    if rnd % PENDING_MAX_AGE == 0:
+        for name in [n for n, items in state.pending.items()
+                     if all(rnd - e.round > PENDING_MAX_AGE for e, _ in items)]:
+            del state.pending[name]
 
 
 def _fmt(v):

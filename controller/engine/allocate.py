@@ -77,7 +77,7 @@ def _grid(xs, ys, a, b, x_lo, x_hi):
     return X - x_lo[:, None], T - T[:, :1]
 
 
-def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=64):
+def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=40):
     """Sizes (pages) per row: x_lo plus a share of each node's `budget`."""
     nn = len(budget)
     r = np.arange(len(x_lo))

@@ -1,13 +1,18 @@
-"""Many miss-ratio curves at once, as padded numpy matrices.
+"""Many miss-ratio curves at once.
 
 A decision round reads thousands of curves (1,000 tenants x 5 policies);
 calling MRC.at / MRC.size_for on each would spend the round in Python.  A
-CurveBank stacks them row by row so every question is one vectorised pass.
+CurveBank lays them end to end in flat arrays, each curve with its implicit
+(0 pages, miss ratio 1.0) origin in front and made non-increasing (a larger
+cache never misses more -- the same reading MRC.size_for uses).  Questions
+about one point per curve are then a single searchsorted over keys that
+keep the curves apart:
 
-Each row is the curve with its implicit (0 pages, miss ratio 1.0) origin
-prepended, made non-increasing (a larger cache never misses more -- the
-same reading MRC.size_for uses), and padded to a common width by repeating
-its last point.  Repeated points are harmless to every reader below.
+    reading forwards:  curve_id * SPAN + size       (sizes increase)
+    reading backwards: curve_id * 4 + (1 - miss)    (miss ratios fall)
+
+For the allocation, which walks all points of a few curves, `padded`
+returns them as rows of equal width (the last point repeated).
 """
 from __future__ import annotations
 
@@ -15,72 +20,91 @@ import numpy as np
 
 from cachepilot.models.mrc import MRC
 
-_EPS = 1e-12
+_EPS = 1e-11
 
 
 class CurveBank:
     def __init__(self, curves: list[MRC]):
         n = len(curves)
-        lens = np.fromiter((len(c.sizes) for c in curves), dtype=np.int64, count=n)
-        width = int(lens.max()) + 1 if n else 1
-        if n:
-            flat_x = np.concatenate([c.sizes for c in curves]).astype(np.float64)
-            flat_y = np.concatenate([c.miss_ratio for c in curves])
-            starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
-            cols = np.minimum(np.arange(width - 1)[None, :], (lens - 1)[:, None])
-            idx = starts[:, None] + cols
-            xs = np.empty((n, width))
-            ys = np.empty((n, width))
-            xs[:, 0], ys[:, 0] = 0.0, 1.0
-            xs[:, 1:] = flat_x[idx]
-            ys[:, 1:] = np.minimum(flat_y[idx], 1.0)
-            np.minimum.accumulate(ys, axis=1, out=ys)
-        else:
-            xs = np.zeros((0, width))
-            ys = np.ones((0, width))
-        self.xs = xs            # pages, non-decreasing per row
-        self.ys = ys            # miss ratio, non-increasing per row
         self.n = n
+        lens = np.fromiter((len(c.sizes) for c in curves), dtype=np.int64, count=n) + 1
+        self.lens = lens
+        self.start = np.zeros(n, dtype=np.int64)
+        if n:
+            self.start[1:] = np.cumsum(lens)[:-1]
+        total = int(lens.sum())
+        cid = np.repeat(np.arange(n), lens)
+        origin = np.zeros(total, dtype=bool)
+        origin[self.start] = True
+        xs = np.zeros(total)
+        ys = np.ones(total)
+        if n:
+            xs[~origin] = np.concatenate([c.sizes for c in curves])
+            ys[~origin] = np.minimum(np.concatenate([c.miss_ratio for c in curves]), 1.0)
+            # Cumulative minimum within each curve: lift every curve above
+            # the ones after it so one global accumulate stays segmented,
+            # then take the (exact) original value at each running minimum.
+            lifted = ys + 2.0 * (n - 1 - cid)
+            at_min = lifted <= np.minimum.accumulate(lifted)
+            ys = ys[np.maximum.accumulate(np.where(at_min, np.arange(total), 0))]
+        self.xs, self.ys, self.cid = xs, ys, cid
+        self.span = float(xs.max()) + 2.0 if total else 1.0
+        self.fkey = cid * self.span + xs
+        # (lifting may tie values closer than its rounding; keep keys sorted)
+        self.bkey = np.maximum.accumulate(cid * 4.0 + (1.0 - ys))
 
-    @property
-    def max_size(self) -> np.ndarray:
-        return self.xs[:, -1]
+    def end(self, rows):
+        return self.start[rows] + self.lens[rows] - 1
 
-    def rows(self, rows) -> "CurveBank":
-        sub = CurveBank.__new__(CurveBank)
-        sub.xs, sub.ys = self.xs[rows], self.ys[rows]
-        sub.n = len(sub.xs)
-        return sub
+    def miss_at(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Miss ratio of curve rows[i] at size x[i] (pages)."""
+        x = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
+        xq = np.minimum(x, self.span - 1.0)
+        i = np.searchsorted(self.fkey, rows * self.span + xq, side="right") - 1
+        j = np.minimum(i + 1, self.end(rows))
+        x0, x1, y0, y1 = self.xs[i], self.xs[j], self.ys[i], self.ys[j]
+        span = x1 - x0
+        frac = np.where(span > 0, (x - x0) / np.where(span > 0, span, 1.0), 0.0)
+        return y0 + np.clip(frac, 0.0, 1.0) * (y1 - y0)
+
+    def size_for(self, rows: np.ndarray, target: np.ndarray) -> np.ndarray:
+        """Least size (pages) at which curve rows[i] misses <= target[i]:
+        the curve read backwards; +inf where no size reaches it."""
+        t = np.clip(np.asarray(target, dtype=np.float64), -1.0, 2.0)
+        first, last = self.start[rows], self.end(rows)
+        j = np.searchsorted(self.bkey, rows * 4.0 + (1.0 - t) - _EPS, side="left")
+        reachable = j <= last
+        j = np.minimum(j, last)
+        i = np.maximum(j - 1, first)
+        x0, x1, y0, y1 = self.xs[i], self.xs[j], self.ys[i], self.ys[j]
+        drop = y0 - y1
+        frac = np.where(drop > 0, (y0 - t) / np.where(drop > 0, drop, 1.0), 1.0)
+        out = np.where(j == first, self.xs[first], x0 + np.clip(frac, 0.0, 1.0) * (x1 - x0))
+        return np.where(reachable, out, np.inf)
+
+    def padded(self, rows: np.ndarray):
+        """(xs, ys) matrices, one row per curve in rows, equal width."""
+        if len(rows) == 0:
+            return np.zeros((0, 1)), np.ones((0, 1))
+        lens = self.lens[rows]
+        width = int(lens.max())
+        idx = self.start[rows][:, None] + np.minimum(np.arange(width)[None, :],
+                                                     (lens - 1)[:, None])
+        return self.xs[idx], self.ys[idx]
 
 
 def miss_at(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Miss ratio of row i at size x[i] (pages), linear between points,
-    flat beyond the last point."""
+    """Padded rows: miss ratio of row i at size x[i] (pages), linear between
+    points, flat beyond the last point."""
     width = xs.shape[1]
     x = np.asarray(x, dtype=np.float64)
     i = (xs <= x[:, None]).sum(axis=1) - 1
-    i = np.clip(i, 0, width - 2)
+    i = np.clip(i, 0, width - 2) if width > 1 else np.zeros_like(i)
     r = np.arange(len(xs))
-    x0, x1 = xs[r, i], xs[r, i + 1]
-    y0, y1 = ys[r, i], ys[r, i + 1]
+    j = np.minimum(i + 1, width - 1)
+    x0, x1 = xs[r, i], xs[r, j]
+    y0, y1 = ys[r, i], ys[r, j]
     span = x1 - x0
     frac = np.where(span > 0, (x - x0) / np.where(span > 0, span, 1.0), 1.0)
     frac = np.clip(frac, 0.0, 1.0)
     return y0 + frac * (y1 - y0)
-
-
-def size_for(xs: np.ndarray, ys: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Least size (pages) at which row i's miss ratio is <= target[i]: the
-    curve read backwards.  +inf where even the largest size misses more."""
-    target = np.asarray(target, dtype=np.float64)
-    ok = ys <= target[:, None] + _EPS
-    reachable = ok[:, -1]
-    i = np.argmax(ok, axis=1)
-    r = np.arange(len(xs))
-    prev = np.maximum(i - 1, 0)
-    x0, x1 = xs[r, prev], xs[r, i]
-    y0, y1 = ys[r, prev], ys[r, i]
-    drop = y0 - y1
-    frac = np.where(drop > 0, (y0 - target) / np.where(drop > 0, drop, 1.0), 1.0)
-    out = np.where(i == 0, xs[:, 0], x0 + np.clip(frac, 0.0, 1.0) * (x1 - x0))
-    return np.where(reachable, out, np.inf)

@@ -13,10 +13,7 @@ from cachepilot.agent.types import Directive
 class TenantState:
     """One tenant's memory across rounds."""
     node: str = ""
-    # throughput-model observations: miss ratio and seconds per operation,
-    # oldest first, at most control.model_window of them
-    obs_m: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    obs_y: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    slot: int = -1                  # this tenant's row in EngineState.obs
     a: float = 0.0                  # fitted seconds per op at m = 0
     b: float = 0.0                  # fitted extra seconds per op per unit m
     fitted: bool = False            # (a, b) from data rather than the prior
@@ -89,8 +86,41 @@ class EngineState:
     round: int = 0
     tenants: dict[str, TenantState] = field(default_factory=dict)
     log: deque = field(default_factory=lambda: deque(maxlen=10000))
-    # (tenant, LogEntry, reports still to wait) awaiting an observed effect
-    pending: list = field(default_factory=list)
+    # tenant -> [LogEntry, reports still to wait] awaiting an observed effect
+    pending: dict = field(default_factory=dict)
+    obs: "Observations | None" = None
+
+
+class Observations:
+    """Every tenant's throughput-model observations in one ring-buffer
+    matrix (a row per tenant, `window` columns): miss ratio and seconds per
+    operation.  The order within a row does not matter to a least-squares
+    fit, so adding a round's observations is one vectorised write."""
+
+    def __init__(self, window: int, rows: int = 64):
+        self.window = window
+        self.m = np.zeros((rows, window))
+        self.y = np.zeros((rows, window))
+        self.count = np.zeros(rows, dtype=np.int64)
+        self.next = np.zeros(rows, dtype=np.int64)
+        self.used = 0
+
+    def new_slot(self) -> int:
+        if self.used == len(self.count):
+            grow = len(self.count)
+            self.m = np.vstack((self.m, np.zeros((grow, self.window))))
+            self.y = np.vstack((self.y, np.zeros((grow, self.window))))
+            self.count = np.concatenate((self.count, np.zeros(grow, dtype=np.int64)))
+            self.next = np.concatenate((self.next, np.zeros(grow, dtype=np.int64)))
+        self.used += 1
+        return self.used - 1
+
+    def add(self, slots: np.ndarray, m: np.ndarray, y: np.ndarray) -> None:
+        col = self.next[slots]
+        self.m[slots, col] = m
+        self.y[slots, col] = y
+        self.next[slots] = (col + 1) % self.window
+        self.count[slots] = np.minimum(self.count[slots] + 1, self.window)
 
 
 @dataclass
