@@ -124,7 +124,10 @@ class Cache:
         capacity = int(capacity_pages)
         if capacity < 0:
             raise UserError("capacity must not be negative")
-        self._c = _runtime.Cache(_check_policy(policy), capacity)
+        try:
+            self._c = _runtime.Cache(_check_policy(policy), capacity)
+        except ValueError as err:
+            raise UserError(str(err)) from None
 
     def access(self, keys, tids=None) -> int:
         """Run a batch of accesses; returns the misses among them."""
@@ -194,10 +197,16 @@ def full_mrc(keys, policy: str, sizes, tids=None) -> MRC:
 
 class MiniSim:
     """Streaming miniature simulations: one small cache per (policy, size),
-    of max(1, round(rate*size)) pages, fed the SHARDS-sampled stream.  The
-    miss ratio of a miniature cache estimates the full cache's; misses
-    scaled back by 1/rate estimate the full cache's misses.  Sizes that
-    scale to the same miniature size share one simulation."""
+    of max(1, round(rate*size)) pages, fed the SHARDS-sampled stream.
+    Sizes that scale to the same miniature size share one simulation.
+
+    Miss ratio estimate.  When the caller says how many accesses the full
+    stream had (``feed(..., accesses=n)``, or :meth:`feed_unsampled`), the
+    miniature misses are scaled back by 1/rate and divided by that count:
+    this is the SHARDS_adj correction (Waldspurger et al., FAST'15), which
+    removes most of the error that a few hot sampled keys cause.  Without
+    the count it is sampled misses / sampled accesses
+    (meta["estimator"] says which)."""
 
     def __init__(self, policies, sizes_pages, rate: float):
         if isinstance(policies, str):
@@ -216,11 +225,18 @@ class MiniSim:
                 self._caches[(p, m)] = Cache(p, m)
         self._window = {k: (0, 0) for k in self._caches}
         self.sampled = 0           # sampled accesses in the current window
+        self.accesses = 0          # full-stream accesses, when told
 
-    def feed(self, sampled_keys, tids=None):
-        """Feed keys that are already sampled (cp_hash64(key) < threshold)."""
+    def feed(self, sampled_keys, tids=None, accesses: int | None = None):
+        """Feed keys that are already sampled (cp_hash64(key) < threshold).
+        `accesses`: how many accesses of the full stream this batch stands
+        for (sampled or not), for the scaled-back estimate."""
         keys = _keys(sampled_keys)
         tids = _tids(tids, len(keys))
+        if accesses is not None:
+            if int(accesses) < len(keys):
+                raise UserError("accesses must count at least the sampled keys")
+            self.accesses += int(accesses)
         if len(keys) == 0:
             return
         for cache in self._caches.values():
@@ -229,8 +245,9 @@ class MiniSim:
 
     def feed_unsampled(self, keys, tids=None):
         """Sample the full stream at this MiniSim's rate, then feed it."""
+        n = len(_keys(keys))
         keys, tids = sample(keys, self.rate, tids)
-        self.feed(keys, tids)
+        self.feed(keys, tids, accesses=n)
 
     def reset_counts(self):
         """Start a new counting window; cache contents are kept."""
@@ -238,11 +255,13 @@ class MiniSim:
             st = cache.stats
             self._window[k] = (st["accesses"], st["misses"])
         self.sampled = 0
+        self.accesses = 0
 
     def curves(self) -> list[MRC]:
         """One MRC per policy (in the order given), over the current window.
         An empty window gives miss ratio 1 everywhere, with
         meta["sampled_accesses"] = 0 saying so."""
+        scaled = self.accesses > 0
         out = []
         for p in self.policies:
             ratios = []
@@ -251,13 +270,19 @@ class MiniSim:
                 st = self._caches[(p, m)].stats
                 acc0, miss0 = self._window[(p, m)]
                 acc, miss = st["accesses"] - acc0, st["misses"] - miss0
-                ratios.append(miss / acc if acc else 1.0)
+                if scaled:
+                    ratios.append(min(1.0, miss / self.rate / self.accesses))
+                else:
+                    ratios.append(miss / acc if acc else 1.0)
                 misses_full.append(miss / self.rate)
+            meta = {"sampled_accesses": int(self.sampled),
+                    "mini_sizes": self.mini_sizes.tolist(),
+                    "est_misses": misses_full,
+                    "estimator": "scaled" if scaled else "sampled"}
+            if scaled:
+                meta["accesses"] = int(self.accesses)
             out.append(MRC(self.sizes, np.array(ratios), p, "minisim",
-                           self.rate,
-                           {"sampled_accesses": int(self.sampled),
-                            "mini_sizes": self.mini_sizes.tolist(),
-                            "est_misses": misses_full}))
+                           self.rate, meta))
         return out
 
     def caches(self) -> dict:
@@ -273,10 +298,7 @@ def minisim_mrc(keys, policies, sizes, rate: float, tids=None) -> list[MRC]:
     if len(keys) == 0:
         raise UserError("no accesses to simulate")
     sim.feed_unsampled(keys, tids)
-    curves = sim.curves()
-    for c in curves:
-        c.meta["accesses"] = int(len(keys))
-    return curves
+    return sim.curves()
 
 
 # -- policies compiled on their own ----------------------------------------

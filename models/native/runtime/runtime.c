@@ -307,6 +307,32 @@ static void enter(struct cp_instance *inst)
 	inst->file->enter(inst->state, inst->maps);
 }
 
+/*
+ * Free folios queue up and are reused oldest first, so a stale pointer a
+ * policy keeps to an evicted folio keeps pointing at a free folio for a
+ * long while and is caught as "not cached" instead of silently hitting
+ * the page that reused it.
+ */
+static void free_push(struct cp_instance *inst, struct folio *f)
+{
+	f->hnext = NULL;
+	if (inst->free_tail)
+		inst->free_tail->hnext = f;
+	else
+		inst->freelist = f;
+	inst->free_tail = f;
+}
+
+static struct folio *free_pop(struct cp_instance *inst)
+{
+	struct folio *f = inst->freelist;
+
+	inst->freelist = f->hnext;
+	if (!inst->freelist)
+		inst->free_tail = NULL;
+	return f;
+}
+
 static int pool_grow(struct cp_instance *inst)
 {
 	__u64 count = inst->pool_size < 1024 ? 1024 : inst->pool_size;
@@ -332,10 +358,8 @@ static int pool_grow(struct cp_instance *inst)
 	inst->chunks[i].count = count;
 	inst->nr_chunks++;
 	inst->pool_size += count;
-	while (count--) {
-		base[count].hnext = inst->freelist;
-		inst->freelist = &base[count];
-	}
+	for (i = 0; (__u64)i < count; i++)
+		free_push(inst, &base[i]);
 	return 0;
 }
 
@@ -445,8 +469,7 @@ static void evict(struct cp_instance *inst, struct folio *f)
 	else
 		inst->newest = f->older;
 	f->cached = 0;
-	f->hnext = inst->freelist;
-	inst->freelist = f;
+	free_push(inst, f);
 	inst->nr_cached--;
 	inst->stats.evictions++;
 }
@@ -511,13 +534,11 @@ static int insert(struct cp_instance *inst, __u64 key)
 
 	if (!inst->freelist && pool_grow(inst))
 		return -ENOMEM;
-	f = inst->freelist;
-	inst->freelist = f->hnext;
+	f = free_pop(inst);
 	memset(f, 0, sizeof(*f));
 	f->key = key;
 	if (table_insert(inst, f)) {
-		f->hnext = inst->freelist;
-		inst->freelist = f;
+		free_push(inst, f);
 		return -ENOMEM;
 	}
 	f->index = key;

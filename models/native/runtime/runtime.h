@@ -47,7 +47,7 @@ struct cp_instance {
 	struct cp_chunk *chunks;	/* folio pool, sorted by address */
 	int nr_chunks, cap_chunks;
 	__u64 pool_size;
-	struct folio *freelist;
+	struct folio *freelist, *free_tail;	/* queue, see free_push */
 
 	__u64 clock;			/* accesses so far (cp_clock) */
 	__u32 tid;			/* tid of the current access */

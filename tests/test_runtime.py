@@ -1,0 +1,334 @@
+"""The cache_ext policy runtime: policies against independent reference
+models, the kernel-style handling of misbehaving policies, live swaps,
+capacity changes, per-instance isolation, and loading policies from source."""
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachepilot.errors import UserError
+from cachepilot.models import runtime as rt
+
+TEST_POLICIES = Path(__file__).resolve().parent / "policies"
+
+
+def load_test_policy(name):
+    return rt.load_policy_source(str(TEST_POLICIES / f"{name}.bpf.c"))
+
+
+def stream(n=20000, universe=600, seed=1):
+    """Skewed random keys: some reuse at every distance."""
+    rng = np.random.default_rng(seed)
+    hot = rng.integers(0, universe // 10, n)
+    cold = rng.integers(0, universe, n)
+    return np.where(rng.random(n) < 0.5, hot, cold).astype(np.uint64)
+
+
+# -- reference models, written from the policy definitions -----------------
+
+def ref_misses(policy, keys, capacity):
+    """Miss count of a textbook fifo / lru / mru cache, evict-before-insert."""
+    cache = OrderedDict()          # first = next victim for fifo / lru
+    misses = 0
+    for k in keys.tolist():
+        if k in cache:
+            if policy == "lru":
+                cache.move_to_end(k)
+            elif policy == "mru":
+                cache.move_to_end(k)
+            continue
+        misses += 1
+        if len(cache) >= capacity:
+            if policy == "mru":
+                cache.popitem(last=True)     # most recently used
+            else:
+                cache.popitem(last=False)
+        cache[k] = True
+    return misses
+
+
+def ref_lfu_misses(keys, capacity):
+    """LFU, ties to the least recently accessed; the read that brings a
+    page in counts as its first access (as in the kernel)."""
+    meta = {}
+    misses = 0
+    for t, k in enumerate(keys.tolist(), start=1):
+        if k in meta:
+            c, _ = meta[k]
+            meta[k] = (c + 1, t)
+            continue
+        misses += 1
+        if len(meta) >= capacity:
+            victim = min(meta, key=lambda x: meta[x])
+            del meta[victim]
+        meta[k] = (1, t)
+    return misses
+
+
+@pytest.mark.parametrize("policy", ["fifo", "lru", "mru"])
+@pytest.mark.parametrize("capacity", [1, 7, 64, 250])
+def test_policies_match_reference_models(policy, capacity):
+    keys = stream()
+    cache = rt.Cache(policy, capacity)
+    misses = cache.access(keys)
+    assert misses == ref_misses(policy, keys, capacity)
+    st = cache.stats
+    assert st["accesses"] == len(keys)
+    assert st["hits"] + st["misses"] == len(keys)
+    # a well-behaved policy never needs the fallback
+    assert st["fallback_evictions"] == 0
+    assert st["accepted"] == st["evictions"] == st["inserts"] - st["cached"]
+    assert st["cached"] == min(capacity, len(np.unique(keys)))
+
+
+def test_batches_do_not_change_results():
+    keys = stream(seed=3)
+    whole = rt.Cache("lru", 50)
+    whole.access(keys)
+    parts = rt.Cache("lru", 50)
+    for chunk in np.array_split(keys, 37):
+        parts.access(chunk)
+    assert whole.stats == parts.stats
+    assert np.array_equal(whole.cached_keys(), parts.cached_keys())
+
+
+def test_instances_are_independent():
+    """Interleaving two instances of the same policy (state, lists, maps
+    per instance) must not change either one's results."""
+    a_keys, b_keys = stream(seed=4), stream(seed=5, universe=2000)
+    for policy in ["lru", "linux"]:
+        alone_a, alone_b = rt.Cache(policy, 40), rt.Cache(policy, 90)
+        alone_a.access(a_keys)
+        alone_b.access(b_keys)
+        a, b = rt.Cache(policy, 40), rt.Cache(policy, 90)
+        for ca, cb in zip(np.array_split(a_keys, 50), np.array_split(b_keys, 50)):
+            a.access(ca)
+            b.access(cb)
+        assert a.stats == alone_a.stats
+        assert b.stats == alone_b.stats
+
+
+def test_score_kfunc_and_maps_with_lfu_test_policy():
+    load_test_policy("score_lfu")
+    keys = stream(n=6000, seed=6)
+    for capacity in [1, 16, 100]:
+        cache = rt.Cache("score_lfu", capacity)
+        assert cache.access(keys) == ref_lfu_misses(keys, capacity)
+        assert cache.stats["fallback_evictions"] == 0
+
+
+def test_admission_and_tids():
+    load_test_policy("admit_tid")
+    keys = np.arange(100, dtype=np.uint64)
+    tids = np.where(keys % 2 == 0, 7, 3).astype(np.uint32)
+    cache = rt.Cache("admit_tid", 1000)
+    assert cache.access(keys, tids) == 100
+    st = cache.stats
+    assert st["admit_bypassed"] == 50
+    cached = set(cache.cached_keys().tolist())
+    assert cached == set(range(1, 100, 2))
+    # bypassed pages miss again; admitted ones hit
+    assert cache.access(keys, np.full(100, 3, np.uint32)) == 50
+
+
+# -- misbehaving policies --------------------------------------------------
+
+def test_policy_proposing_duplicates():
+    load_test_policy("bad_duplicate")
+    keys = stream(seed=7)
+    cache = rt.Cache("bad_duplicate", 64)
+    misses = cache.access(keys)
+    st = cache.stats
+    # the first copy is accepted, the others ignored and counted; with one
+    # page needed per miss the duplicates never show, so lower the limit
+    assert st["rejected_duplicate"] == 0
+    cache.capacity_pages = 10          # one reclaim of 54 pages: 32 + 22
+    st = cache.stats
+    assert st["cached"] == 10
+    assert st["rejected_duplicate"] == 31 + 21
+    assert st["fallback_evictions"] == 31 + 21
+    assert st["requests"] == (misses - 64) + 2
+    # it evicts in FIFO order through the fallback too, so the survivors
+    # are the 10 newest pages
+    ref = rt.Cache("fifo", 64)
+    ref.access(keys)
+    ref.capacity_pages = 10
+    assert np.array_equal(np.sort(cache.cached_keys()), np.sort(ref.cached_keys()))
+
+
+def test_policy_proposing_pages_not_cached():
+    load_test_policy("bad_not_cached")
+    keys = stream(seed=8)
+    cache = rt.Cache("bad_not_cached", 50)
+    misses = cache.access(keys)
+    st = cache.stats
+    evictions = misses - 50
+    assert st["evictions"] == st["fallback_evictions"] == evictions
+    assert st["accepted"] == 0
+    # each request: the last evicted folio (after the first eviction) and a
+    # fake folio -- but only `request` (1) is looked at
+    assert st["rejected_not_cached"] == evictions
+    # fallback evicts the oldest page: FIFO
+    assert misses == ref_misses("fifo", keys, 50)
+
+
+def test_policy_proposing_nothing():
+    load_test_policy("bad_none")
+    keys = stream(seed=9)
+    cache = rt.Cache("bad_none", 30)
+    misses = cache.access(keys)
+    st = cache.stats
+    assert st["proposed"] == 0
+    assert st["fallback_evictions"] == st["evictions"] == misses - 30
+    assert st["requests"] == misses - 30
+    assert misses == ref_misses("fifo", keys, 30)
+
+
+def test_policy_proposing_too_many():
+    load_test_policy("bad_too_many")
+    keys = stream(seed=10)
+    cache = rt.Cache("bad_too_many", 30)
+    misses = cache.access(keys)
+    st = cache.stats
+    assert st["requests"] == misses - 30
+    # each request wants 1, gets a claim of 40: 39 ignored
+    assert st["rejected_excess"] == 39 * st["requests"]
+    assert st["accepted"] == st["evictions"] == misses - 30
+    assert st["fallback_evictions"] == 0
+    assert misses == ref_misses("fifo", keys, 30)
+
+
+def test_failing_init():
+    load_test_policy("bad_init")
+    with pytest.raises(UserError, match="init"):
+        rt.Cache("bad_init", 10)
+    cache = rt.Cache("lru", 10)
+    cache.access(np.arange(20, dtype=np.uint64))
+    with pytest.raises(UserError):
+        cache.swap_policy("bad_init")
+    # the old policy is back, with the cached pages
+    assert cache.policy == "lru"
+    assert cache.access(np.arange(10, 20, dtype=np.uint64)) == 0
+
+
+# -- host behaviour --------------------------------------------------------
+
+def test_lowering_capacity_reclaims_like_a_limit():
+    cache = rt.Cache("lru", 100)
+    cache.access(np.arange(100, dtype=np.uint64))
+    cache.access(np.arange(50, dtype=np.uint64))      # 0..49 most recent
+    cache.capacity_pages = 40
+    assert cache.nr_cached == 40
+    assert set(cache.cached_keys().tolist()) == set(range(10, 50))
+    st = cache.stats
+    assert st["requests"] == 2                          # 32 + 28 pages
+    cache.capacity_pages = 80                           # raising evicts nothing
+    assert cache.nr_cached == 40
+
+
+def test_swap_policy_hands_pages_over_in_order():
+    keys = stream(seed=11)
+    cache = rt.Cache("lru", 80)
+    cache.access(keys)
+    before = cache.cached_keys()
+    cache.swap_policy("fifo")
+    assert cache.policy == "fifo"
+    assert np.array_equal(cache.cached_keys(), before)
+    # fifo now evicts in the handed-over (insertion) order
+    new = np.arange(10**6, 10**6 + 20, dtype=np.uint64)
+    cache.access(new)
+    assert np.array_equal(cache.cached_keys(), np.concatenate([before[20:], new]))
+    assert cache.stats["fallback_evictions"] == 0
+
+
+def test_zero_capacity_caches_nothing():
+    cache = rt.Cache("lru", 0)
+    assert cache.access(np.array([1, 1, 1], np.uint64)) == 3
+    assert cache.nr_cached == 0
+
+
+# -- the linux policy ------------------------------------------------------
+
+def test_linux_protects_pages_used_twice_from_a_scan():
+    hot = np.arange(40, dtype=np.uint64)
+    scan = np.arange(1000, 3000, dtype=np.uint64)   # read once each
+    seq = np.concatenate([hot, hot, scan, hot])
+    lx = rt.Cache("linux", 100)
+    lru = rt.Cache("lru", 100)
+    lx.access(seq[:-40])
+    lru.access(seq[:-40])
+    # active pages survive the one-pass scan, LRU loses them all
+    assert lx.access(hot) == 0
+    assert lru.access(hot) == 40
+
+
+def test_linux_refault_activation():
+    """A page evicted and read again within the active list's size enters
+    the active list directly (and survives a scan); one refaulting from
+    further away enters the inactive list (and does not)."""
+    cap = 100
+    hot = np.arange(40, dtype=np.uint64)
+    warm = np.concatenate([hot, hot,                    # 40 active pages
+                           np.arange(100, 200, dtype=np.uint64)])
+    # 100..159 filled the inactive list, then 100..139 were evicted
+    near = np.arange(130, 140, dtype=np.uint64)        # evicted last
+    far = np.arange(100, 110, dtype=np.uint64)         # evicted first
+    scan = np.arange(5000, 5100, dtype=np.uint64)
+    for pages, survive in [(near, True), (far, False)]:
+        lx = rt.Cache("linux", cap)
+        lx.access(warm)
+        assert lx.access(pages) == 10
+        lx.access(scan)
+        assert lx.access(pages) == (0 if survive else 10)
+    lru = rt.Cache("lru", cap)
+    lru.access(np.concatenate([warm, near, scan]))
+    assert lru.access(near) == 10
+
+
+def test_linux_list_balance():
+    """Under steady reclaim the inactive list is not left shorter than the
+    active one (inactive_is_low with ratio 1 below 1 GiB)."""
+    keys = stream(n=30000, universe=3000, seed=12)
+    lx = rt.Cache("linux", 500)
+    lx.access(keys)
+    st = lx.stats
+    assert st["fallback_evictions"] == 0
+    assert st["accepted"] == st["evictions"]
+
+
+# -- input checking and loading ---------------------------------------------
+
+def test_bad_input_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="unknown policy"):
+        rt.Cache("no-such-policy", 10)
+    with pytest.raises(UserError):
+        rt.Cache("lru", 10).access(np.array([-1, 2]))
+    with pytest.raises(UserError):
+        rt.Cache("lru", 10).access(np.array([1, 2]), tids=np.array([1]))
+    with pytest.raises(UserError):
+        rt.full_mrc(np.arange(10), "lru", [5, 3])
+    broken = tmp_path / "broken.bpf.c"
+    broken.write_text('#include "cache_ext_policy.h"\nthis is not C;\n')
+    with pytest.raises(UserError, match="does not compile") as err:
+        rt.load_policy_source(str(broken))
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="no such"):
+        rt.load_policy_source(str(tmp_path / "missing.bpf.c"))
+
+
+def test_load_policy_source_of_a_shipped_policy(tmp_path, monkeypatch):
+    """A policy file compiled on its own behaves exactly like the built-in
+    build of the same file."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    src = Path(rt.REPO_ROOT) / "bpf" / "policies" / "mru.bpf.c"
+    copy = tmp_path / "mru_copy.bpf.c"
+    copy.write_text(src.read_text().replace("CP_POLICY(mru,", "CP_POLICY(mru_copy,"))
+    assert rt.load_policy_source(str(copy)) == "mru_copy"
+    assert list(tmp_path.glob("cachepilot/policies/*.so"))
+    keys = stream(seed=13)
+    assert rt.Cache("mru_copy", 64).access(keys) == rt.Cache("mru", 64).access(keys)
+
+
+def test_shipped_policies_are_registered():
+    assert {"fifo", "lru", "mru", "linux"} <= set(rt.available_policies())
