@@ -1,0 +1,281 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * LHD, least hit density (Beckmann et al., NSDI'18): evict the page whose
+ * expected hits per unit of cache space-time are lowest.
+ *
+ * Time is the count of page accesses.  A page's age is the time since its
+ * last access, in coarse units of 2^shift accesses, LHD_AGES units in all
+ * (older pages share the last one).  Pages fall into LHD_CLASSES classes by
+ * how recently they were hit before (the sum of their last two hit ages, on
+ * a log scale; never hit = class 0).  For every (class, age) the policy
+ * counts hits and evictions; hit density at age a is
+ *
+ *     hits at ages >= a  /  sum over ages >= a of events still pending
+ *
+ * i.e. the chance of a future hit over the expected remaining lifetime.
+ *
+ * Reconfiguration: every LHD_RECONFIG accesses the access path only raises
+ * a flag; the next reclaim round (not the access or insert path) does the
+ * work: it decays the counts by 1/10 (an EWMA), re-fits the age unit to the
+ * number of pages held (LHD_AGES units span ~8 cache lifetimes), and
+ * recomputes every density.  All arithmetic is integer: counts are fixed
+ * point with 8 fractional bits, densities with 20.  Until the first
+ * reconfiguration densities follow the prior (class + 1) / (age + 1).
+ *
+ * Eviction scores the LHD_NR_SCORE least recently used pages (the list is
+ * in access order, as the kernel's) and proposes the lowest densities;
+ * pages past the last age unit go first.
+ *
+ * Differences from libCacheSim's LHD: libCacheSim samples random resident
+ * objects plus recent admissions, reconfigures every 2^20 accesses with
+ * 20000 age units and 16 x 16 classes (with an application dimension and
+ * "explorer" objects); here candidates are the least recently used pages,
+ * there are 16 classes of 128 age units, no explorers, reconfiguration is
+ * more frequent (LHD_RECONFIG) so it happens on page-cache-sized traces,
+ * and the arithmetic is fixed point instead of float.
+ */
+#include "cache_ext_policy.h"
+
+#define LHD_CLASSES 16
+#define LHD_AGES 128
+#define LHD_AGES_PER_LIFE 16	/* age units per cache's worth of accesses */
+#define LHD_RECONFIG (1 << 14)	/* accesses between reconfigurations */
+#define LHD_NR_SCORE 64		/* pages scored per reclaim round */
+#define LHD_ONE 256		/* one event in the fixed-point counts */
+#define LHD_DENSITY_SHIFT 20
+#define LHD_MAX_SHIFT 30
+#define LHD_MAX_PAGES (1 << 22)
+
+struct lhd_page {
+	__u64 stamp;		/* time of the last access */
+	__u32 last_hit_age;	/* ages of the last two hits (age units) */
+	__u32 prev_hit_age;
+	__u8 fresh;		/* the access that inserted it is pending */
+};
+
+struct lhd_state {
+	__u64 list;
+	__u64 now;
+	__u64 next_reconfig;
+	__u64 reconfigs;
+	__s64 held;
+	__u32 shift;
+	__u32 reconfig_due;
+	__u64 hits[LHD_CLASSES][LHD_AGES];
+	__u64 evictions[LHD_CLASSES][LHD_AGES];
+	__s64 density[LHD_CLASSES][LHD_AGES];
+};
+CP_STATE_DECL(struct lhd_state);
+
+CP_HASH_MAP(lhd_pages, __u64, struct lhd_page, LHD_MAX_PAGES);
+
+static void lhd_prior(void)
+{
+	__u32 c, a;
+
+	for (c = 0; c < LHD_CLASSES; c++)
+		for (a = 0; a < LHD_AGES; a++)
+			CP_STATE.density[c][a] =
+				(__s64)(((__u64)(c + 1) << LHD_DENSITY_SHIFT) /
+					(a + 1));
+}
+
+s32 BPF_STRUCT_OPS_SLEEPABLE(lhd_init, struct mem_cgroup *memcg)
+{
+	CP_STATE.list = cache_ext_list_create(memcg);
+	CP_STATE.next_reconfig = LHD_RECONFIG;
+	lhd_prior();
+	return CP_STATE.list ? 0 : -1;
+}
+
+static __u32 lhd_age(const struct lhd_page *page)
+{
+	__u64 age = (CP_STATE.now - page->stamp) >> (CP_STATE.shift & 63);
+
+	return age < LHD_AGES ? age : LHD_AGES - 1;
+}
+
+/* Recently re-hit pages get high classes, never-hit pages class 0. */
+static __u32 lhd_class(const struct lhd_page *page)
+{
+	__u64 sum = (__u64)page->last_hit_age + page->prev_hit_age;
+	__u32 class = 0;
+	int i;
+
+	if (sum == 0)
+		return LHD_CLASSES - 1;
+	for (i = 0; i < LHD_CLASSES - 1; i++) {
+		if (sum >= LHD_AGES)
+			break;
+		sum <<= 1;
+		class++;
+	}
+	return class;
+}
+
+/* Smallest shift whose age unit is at least held / LHD_AGES_PER_LIFE. */
+static __u32 lhd_fit_shift(void)
+{
+	__u64 unit = CP_STATE.held > 0 ?
+		     (__u64)CP_STATE.held / LHD_AGES_PER_LIFE : 0;
+	__u32 shift = 0;
+
+	while (shift < LHD_MAX_SHIFT && ((__u64)1 << shift) < unit)
+		shift++;
+	return shift;
+}
+
+/* Change the age unit by 2^delta, merging or splitting age buckets. */
+static void lhd_rescale(__u32 class, int delta)
+{
+	__u64 *hits = CP_STATE.hits[class & (LHD_CLASSES - 1)];
+	__u64 *evs = CP_STATE.evictions[class & (LHD_CLASSES - 1)];
+	__u32 a, to;
+
+	if (delta > 0) {
+		/* coarser: bucket a collects old buckets [a << d, (a+1) << d) */
+		for (a = 0; a < LHD_AGES; a++) {
+			__u64 h = hits[a], e = evs[a];
+
+			hits[a] = 0;
+			evs[a] = 0;
+			to = a >> delta;
+			hits[to] += h;
+			evs[to] += e;
+		}
+	} else if (delta < 0) {
+		/* finer: spread each bucket evenly over 2^-delta new ones */
+		for (a = LHD_AGES; a-- > 0;) {
+			__u32 from = a >> -delta;
+
+			hits[a] = hits[from] >> -delta;
+			evs[a] = evs[from] >> -delta;
+		}
+	}
+}
+
+static void lhd_reconfigure(void)
+{
+	__u32 shift = lhd_fit_shift();
+	int delta = (int)shift - (int)CP_STATE.shift;
+	__u32 c, a;
+
+	for (c = 0; c < LHD_CLASSES; c++) {
+		__u64 total_hits = 0, total_events = 0, lifetime = 0;
+
+		lhd_rescale(c, delta);
+		for (a = LHD_AGES; a-- > 0;) {
+			__u64 *h = &CP_STATE.hits[c][a];
+			__u64 *e = &CP_STATE.evictions[c][a];
+
+			*h -= *h / 10;
+			*e -= *e / 10;
+			total_hits += *h;
+			total_events += *h + *e;
+			lifetime += total_events;
+			CP_STATE.density[c][a] = lifetime ?
+				(__s64)((total_hits << LHD_DENSITY_SHIFT) /
+					lifetime) : 0;
+		}
+	}
+	CP_STATE.shift = shift;
+	CP_STATE.reconfigs++;
+}
+
+static __s64 lhd_score(int idx, struct cache_ext_list_node *node)
+{
+	__u64 id = cp_folio_id(cache_ext_node_folio(node));
+	struct lhd_page *page = bpf_map_lookup_elem(&lhd_pages, &id);
+	__u32 age;
+
+	if (!page)
+		return -1;
+	age = lhd_age(page);
+	if (age == LHD_AGES - 1)
+		return -1;
+	return CP_STATE.density[lhd_class(page) & (LHD_CLASSES - 1)]
+			       [age & (LHD_AGES - 1)];
+}
+
+void BPF_STRUCT_OPS(lhd_evict_folios, struct cache_ext_eviction_ctx *ectx,
+		    struct mem_cgroup *memcg)
+{
+	if (CP_STATE.reconfig_due) {
+		CP_STATE.reconfig_due = 0;
+		lhd_reconfigure();
+	} else if (!CP_STATE.reconfigs && !CP_STATE.shift) {
+		/* first reclaim: the cgroup is full, size the age unit */
+		CP_STATE.shift = lhd_fit_shift();
+	}
+	cache_ext_list_score(memcg, CP_STATE.list, lhd_score, ectx,
+			     LHD_NR_SCORE);
+}
+
+void BPF_STRUCT_OPS(lhd_folio_added, struct folio *folio)
+{
+	struct lhd_page page = {
+		.stamp = CP_STATE.now,
+		.prev_hit_age = LHD_AGES,	/* never hit: class 0 */
+		.fresh = 1,
+	};
+	__u64 id = cp_folio_id(folio);
+
+	if (bpf_map_update_elem(&lhd_pages, &id, &page, BPF_ANY))
+		return;
+	if (cache_ext_list_add_tail(CP_STATE.list, folio)) {
+		bpf_map_delete_elem(&lhd_pages, &id);
+		return;
+	}
+	CP_STATE.held++;
+}
+
+void BPF_STRUCT_OPS(lhd_folio_accessed, struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+	struct lhd_page *page = bpf_map_lookup_elem(&lhd_pages, &id);
+	__u32 age;
+
+	CP_STATE.now++;
+	if (CP_STATE.now >= CP_STATE.next_reconfig) {
+		/* only flag it: the work happens in the next reclaim round */
+		CP_STATE.next_reconfig = CP_STATE.now + LHD_RECONFIG;
+		CP_STATE.reconfig_due = 1;
+	}
+	if (!page)
+		return;
+	cache_ext_list_move(CP_STATE.list, folio, true);
+	if (page->fresh) {
+		page->fresh = 0;
+		page->stamp = CP_STATE.now;
+		return;
+	}
+	age = lhd_age(page);
+	__sync_fetch_and_add(&CP_STATE.hits[lhd_class(page) &
+					    (LHD_CLASSES - 1)]
+					   [age & (LHD_AGES - 1)], LHD_ONE);
+	page->prev_hit_age = page->last_hit_age;
+	page->last_hit_age = age;
+	page->stamp = CP_STATE.now;
+}
+
+void BPF_STRUCT_OPS(lhd_folio_evicted, struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+	struct lhd_page *page = bpf_map_lookup_elem(&lhd_pages, &id);
+
+	if (!page)
+		return;
+	__sync_fetch_and_add(&CP_STATE.evictions[lhd_class(page) &
+						 (LHD_CLASSES - 1)]
+						[lhd_age(page) & (LHD_AGES - 1)],
+			     LHD_ONE);
+	CP_STATE.held--;
+	bpf_map_delete_elem(&lhd_pages, &id);
+}
+
+CP_POLICY(lhd,
+	  .init = (void *)lhd_init,
+	  .evict_folios = (void *)lhd_evict_folios,
+	  .folio_added = (void *)lhd_folio_added,
+	  .folio_accessed = (void *)lhd_folio_accessed,
+	  .folio_evicted = (void *)lhd_folio_evicted);

@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * S3-FIFO (Yang et al., SOSP'23): a small FIFO that filters out one-hit
+ * wonders, a main FIFO with CLOCK-style reinsertion, and a ghost set of
+ * pages recently evicted from the small FIFO.
+ *
+ * - New pages enter the small list, unless their key is in the ghost set
+ *   (evicted from small not long ago): those go straight to main.
+ * - Each access bumps the page's count, capped at 3.  The access that
+ *   brings a page in does not count.
+ * - Reclaim takes from main while main holds more than 90 % of the pages
+ *   (or small is empty), else from small.  From small: a page read at least
+ *   twice moves to main with its count cleared, any other page is proposed
+ *   (and leaves a ghost entry when it goes).  From main: a page with a
+ *   non-zero count is moved to the tail with its count decremented, a page
+ *   with count zero is proposed.
+ * - The ghost set is an LRU hash keyed by the page key (device, inode,
+ *   offset), which survives eviction; an entry counts only while fewer than
+ *   90 % of a cache's worth of pages have been evicted from small since it
+ *   was made, which is a FIFO ghost queue of 0.9 x cache size without the
+ *   queue.
+ *
+ * Differences from libCacheSim's S3FIFO: the policy does not know the
+ * cgroup's limit, so the 10 %/90 % split and the ghost size are taken from
+ * the number of pages it holds (equal to the limit once the cgroup is
+ * full); before the first reclaim every new page goes to small (libCacheSim
+ * sends pages to main once small is full and nothing was evicted yet); a
+ * page proposed by reclaim but refused by the kernel stays at the head of
+ * its list and is proposed again next round; the ghost set is bounded by
+ * S3_GHOST_MAX entries.
+ */
+#include "cache_ext_policy.h"
+
+#define S3_MAX_PAGES (1 << 22)
+#define S3_GHOST_MAX (1 << 18)
+#define S3_MOVE_TO_MAIN 2	/* accesses in small that earn main */
+#define S3_MAX_FREQ 3
+#define S3_ROUNDS 8		/* list walks per reclaim request */
+
+struct s3_page {
+	__u8 freq;
+	__u8 in_main;
+	__u8 fresh;		/* the access that inserted it is pending */
+};
+
+struct s3fifo_state {
+	__u64 small, main;
+	__s64 nr_small, nr_main;	/* pages held, by list */
+	__s64 pend_small, pend_main;	/* proposed this round, not yet gone */
+	__u64 ghost_seq;		/* pages evicted from small so far */
+};
+CP_STATE_DECL(struct s3fifo_state);
+
+CP_HASH_MAP(s3_pages, __u64, struct s3_page, S3_MAX_PAGES);
+/* page key -> ghost_seq when it left small */
+CP_LRU_HASH_MAP(s3_ghost, __u64, __u64, S3_GHOST_MAX);
+
+s32 BPF_STRUCT_OPS_SLEEPABLE(s3fifo_init, struct mem_cgroup *memcg)
+{
+	CP_STATE.small = cache_ext_list_create(memcg);
+	CP_STATE.main = cache_ext_list_create(memcg);
+	return CP_STATE.small && CP_STATE.main ? 0 : -1;
+}
+
+static struct s3_page *s3_page_of(struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+
+	return bpf_map_lookup_elem(&s3_pages, &id);
+}
+
+static int s3_walk_small(int idx, struct cache_ext_list_node *node)
+{
+	struct folio *folio = cache_ext_node_folio(node);
+	struct s3_page *page = s3_page_of(folio);
+
+	if (page && !page->in_main && page->freq >= S3_MOVE_TO_MAIN) {
+		if (cache_ext_list_move(CP_STATE.main, folio, true))
+			return CACHE_EXT_ITER_CONTINUE;
+		page->in_main = 1;
+		page->freq = 0;
+		CP_STATE.nr_small--;
+		CP_STATE.nr_main++;
+		return CACHE_EXT_ITER_CONTINUE;
+	}
+	CP_STATE.pend_small++;
+	return CACHE_EXT_ITER_EVICT;
+}
+
+static int s3_walk_main(int idx, struct cache_ext_list_node *node)
+{
+	struct folio *folio = cache_ext_node_folio(node);
+	struct s3_page *page = s3_page_of(folio);
+
+	if (page && page->freq) {
+		page->freq = (page->freq > S3_MAX_FREQ ? S3_MAX_FREQ :
+			      page->freq) - 1;
+		cache_ext_list_move(CP_STATE.main, folio, true);
+		return CACHE_EXT_ITER_CONTINUE;
+	}
+	CP_STATE.pend_main++;
+	return CACHE_EXT_ITER_EVICT;
+}
+
+static __u64 s3_ninety_percent(__u64 pages)
+{
+	return pages - pages / 10;
+}
+
+/* Main is over its 90 % share (of the pages not already on their way out). */
+static bool s3_main_over(void)
+{
+	__s64 small = CP_STATE.nr_small - CP_STATE.pend_small;
+	__s64 main = CP_STATE.nr_main - CP_STATE.pend_main;
+
+	if (small <= 0)
+		return true;
+	if (main <= 0)
+		return false;
+	/* BPF has no signed division: both are positive here */
+	return (__u64)main > s3_ninety_percent((__u64)(small + main));
+}
+
+void BPF_STRUCT_OPS(s3fifo_evict_folios, struct cache_ext_eviction_ctx *ectx,
+		    struct mem_cgroup *memcg)
+{
+	int round;
+
+	CP_STATE.pend_small = 0;
+	CP_STATE.pend_main = 0;
+	for (round = 0; round < S3_ROUNDS; round++) {
+		if (ectx->nr_candidates >= ectx->request)
+			break;
+		if (s3_main_over())
+			cache_ext_list_iterate(memcg, CP_STATE.main,
+					       s3_walk_main, ectx);
+		else
+			cache_ext_list_iterate(memcg, CP_STATE.small,
+					       s3_walk_small, ectx);
+	}
+}
+
+void BPF_STRUCT_OPS(s3fifo_folio_added, struct folio *folio)
+{
+	struct s3_page page = { .fresh = 1 };
+	__u64 key = cp_folio_key(folio);
+	__u64 id = cp_folio_id(folio);
+	__u64 *left_at = bpf_map_lookup_elem(&s3_ghost, &key);
+	__s64 held = CP_STATE.nr_small + CP_STATE.nr_main;
+
+	/* a ghost counts while it would still be in a 0.9 x cache FIFO */
+	if (left_at && held > 0 && CP_STATE.ghost_seq - *left_at <=
+	    s3_ninety_percent((__u64)held))
+		page.in_main = 1;
+	if (left_at)
+		bpf_map_delete_elem(&s3_ghost, &key);
+	if (bpf_map_update_elem(&s3_pages, &id, &page, BPF_ANY))
+		return;
+	if (cache_ext_list_add_tail(page.in_main ? CP_STATE.main :
+				    CP_STATE.small, folio)) {
+		bpf_map_delete_elem(&s3_pages, &id);
+		return;
+	}
+	if (page.in_main)
+		CP_STATE.nr_main++;
+	else
+		CP_STATE.nr_small++;
+}
+
+void BPF_STRUCT_OPS(s3fifo_folio_accessed, struct folio *folio)
+{
+	struct s3_page *page = s3_page_of(folio);
+
+	if (!page)
+		return;
+	if (page->fresh) {
+		page->fresh = 0;
+		return;
+	}
+	if (page->freq < S3_MAX_FREQ)
+		page->freq++;
+}
+
+void BPF_STRUCT_OPS(s3fifo_folio_evicted, struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+	struct s3_page *page = bpf_map_lookup_elem(&s3_pages, &id);
+	__u64 key;
+
+	if (!page)
+		return;
+	if (page->in_main) {
+		CP_STATE.nr_main--;
+	} else {
+		CP_STATE.nr_small--;
+		key = cp_folio_key(folio);
+		CP_STATE.ghost_seq++;
+		bpf_map_update_elem(&s3_ghost, &key, &CP_STATE.ghost_seq,
+				    BPF_ANY);
+	}
+	bpf_map_delete_elem(&s3_pages, &id);
+}
+
+CP_POLICY(s3fifo,
+	  .init = (void *)s3fifo_init,
+	  .evict_folios = (void *)s3fifo_evict_folios,
+	  .folio_added = (void *)s3fifo_folio_added,
+	  .folio_accessed = (void *)s3fifo_folio_accessed,
+	  .folio_evicted = (void *)s3fifo_folio_evicted);
