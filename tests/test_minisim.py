@@ -1,0 +1,100 @@
+"""Miniature simulations (SHARDS-sampled stream at rate R, caches of
+max(1, round(R*size)) pages, misses scaled back) against full simulation of
+the same policy code."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachepilot.models import runtime as rt
+from cachepilot.models.traces import read_keys
+
+TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+needs_traces = pytest.mark.skipif(not TRACES.is_dir(),
+                                  reason=f"reference traces absent ({TRACES})")
+
+OLTP_UNIQUE = 186_880          # ARC paper, Table III
+SIZES = np.unique(np.geomspace(1000, OLTP_UNIQUE, 10).astype(np.int64))
+
+
+@pytest.fixture(scope="module")
+def oltp():
+    if not TRACES.is_dir():
+        pytest.skip(f"reference traces absent ({TRACES})")
+    keys = read_keys(TRACES / "OLTP.lis.zst")
+    assert len(np.unique(keys)) == OLTP_UNIQUE
+    return keys
+
+
+@pytest.fixture(scope="module")
+def oltp_minisims(oltp):
+    return {c.policy: c for c in rt.minisim_mrc(oltp, ["fifo", "lru", "mru", "linux"],
+                                                SIZES, 0.01)}
+
+
+@needs_traces
+@pytest.mark.parametrize("policy", [
+    "fifo", "lru", "linux",
+    pytest.param("mru", marks=pytest.mark.xfail(strict=True, reason=(
+        "MRU is not scale-invariant: its rotating most-recent slot is one "
+        "page at every size, and sampling makes re-references adjacent "
+        "(8.9% of sampled OLTP accesses repeat the previous key vs 0.009% "
+        "unsampled), so the miniature cache hits far more often")))])
+def test_minisim_mae_on_oltp(oltp, oltp_minisims, policy):
+    full = rt.full_mrc(oltp, policy, SIZES)
+    mini = oltp_minisims[policy]
+    assert mini.method == "minisim" and mini.rate == 0.01
+    assert mini.meta["estimator"] == "scaled"
+    mae = float(np.mean(np.abs(full.miss_ratio - mini.miss_ratio)))
+    assert mae <= 0.02, f"{policy}: MAE {mae:.4f}"
+
+
+def synthetic(n=200_000, universe=20_000, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.zipf(1.2, n) % universe).astype(np.uint64)
+
+
+def test_streaming_equals_one_pass():
+    keys = synthetic()
+    sizes = [200, 1000, 5000]
+    one = rt.minisim_mrc(keys, ["lru", "linux"], sizes, 0.05)
+    sim = rt.MiniSim(["lru", "linux"], sizes, 0.05)
+    for part in np.array_split(keys, 13):
+        sim.feed_unsampled(part)
+    for a, b in zip(one, sim.curves()):
+        np.testing.assert_array_equal(a.miss_ratio, b.miss_ratio)
+
+
+def test_presampled_feed_matches_and_windows_reset():
+    keys = synthetic(seed=1)
+    sim = rt.MiniSim(["fifo"], [300, 3000], 0.1)
+    kept, _ = rt.sample(keys, 0.1)
+    assert 0 < len(kept) < len(keys)
+    # every kept key passes the one hash test the kernel sampler uses
+    assert np.array_equal(rt.sample(kept, 0.1)[0], kept)
+    sim.feed(kept, accesses=len(keys))
+    ref = rt.minisim_mrc(keys, ["fifo"], [300, 3000], 0.1)[0]
+    np.testing.assert_array_equal(sim.curves()[0].miss_ratio, ref.miss_ratio)
+    # sampled-only estimate when the full count is unknown
+    plain = rt.MiniSim(["fifo"], [300, 3000], 0.1)
+    plain.feed(kept)
+    c = plain.curves()[0]
+    assert c.meta["estimator"] == "sampled"
+    caches = plain.caches()
+    st = caches[("fifo", 30)].stats
+    assert c.miss_ratio[0] == st["misses"] / st["accesses"]
+    # a new window counts only what comes after, with contents kept
+    plain.reset_counts()
+    assert plain.curves()[0].meta["sampled_accesses"] == 0
+    plain.feed(kept)
+    warm = plain.curves()[0]
+    assert np.all(warm.miss_ratio < c.miss_ratio)
+
+
+def test_miniature_sizes_and_sharing():
+    sim = rt.MiniSim(["lru", "fifo"], [10, 40, 60, 1000], 0.02)
+    assert sim.mini_sizes.tolist() == [1, 1, 1, 20]
+    assert sorted(sim.caches()) == [("fifo", 1), ("fifo", 20), ("lru", 1), ("lru", 20)]
+    curves = sim.curves()
+    assert [c.policy for c in curves] == ["lru", "fifo"]
+    assert all(c.meta["sampled_accesses"] == 0 for c in curves)
