@@ -1,0 +1,319 @@
+"""The `linux` backend: a real host.
+
+Each interval it asks the sampler for its counters and sampled keys, feeds
+every watched cgroup's curve builder, reads the cgroup's memory files and
+turns it all into one TenantReport per cgroup.  Directives become memory
+limits through the cgroup files, under the safety rules.
+
+Without root, BPF or the tracepoints it runs in stats-only mode: reports
+carry what the cgroup files say (limits, usage, refaults, v1 charge
+counts) and no curves, and the reason is logged once.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cachepilot.agent import cgroups
+from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
+from cachepilot.agent.curves import make_builder, shift_by_anon
+from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
+                                      why_unavailable)
+from cachepilot.agent.throughput import PrometheusSource
+from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
+
+log = logging.getLogger("cachepilot.agent")
+
+BTF = Path("/sys/kernel/btf/vmlinux")
+PAGE = 4096
+OP_ACCESS = 0
+
+
+def kernel_has_cache_ext(btf: Path = BTF) -> bool:
+    """Whether the running kernel's BTF names the type `cache_ext_ops` (the
+    cache_ext struct_ops the policies attach through)."""
+    try:
+        data = btf.read_bytes()
+    except OSError:
+        return False
+    # type names live NUL-separated in BTF's string section
+    return b"\x00cache_ext_ops\x00" in data
+
+
+def mem_total_bytes() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+@dataclass
+class Watched:
+    tenant: str
+    path: str
+    cgid: int
+    spec: object | None          # TenantSpec or None for a `cgroups:` entry
+    builder: object | None
+    throughput: PrometheusSource | None
+    last_time: float
+    last_counters: Counters = field(default_factory=Counters)
+    last_stats: cgroups.CgroupStats | None = None
+    threshold: int = 0
+    totals: Counters = field(default_factory=Counters)   # cumulative, for metrics
+    policy: str = "linux"
+
+
+class LinuxBackend:
+    def __init__(self, cfg, sampler: Sampler | None = None, start_sampler: bool = True):
+        self.cfg = cfg
+        self.rules = SafetyRules(cfg.safety.floor, cfg.safety.anon_margin,
+                                 cfg.safety.anon_margin_ratio, cfg.safety.max_step)
+        self.has_cache_ext = kernel_has_cache_ext()
+        self.memory_bytes = cfg.memory or mem_total_bytes()
+        self.policies = self._policies()
+        self.watched: dict[str, Watched] = {}       # tenant -> Watched
+        self.sampler = sampler
+        self.stats_only_reason: str | None = None
+        if self.sampler is None and start_sampler:
+            reason = why_unavailable()
+            if reason is None:
+                try:
+                    self.sampler = Sampler(ring_bytes=cfg.sampling.ring_bytes)
+                except SamplerUnavailable as err:
+                    reason = str(err)
+            if reason:
+                self.stats_only_reason = reason
+        elif self.sampler is None:
+            self.stats_only_reason = "the sampler was not started"
+        if self.stats_only_reason:
+            log.warning("stats-only mode (no access sampling, no curves): %s",
+                        self.stats_only_reason)
+        self.sampler_totals = {"events": 0, "samples": 0, "drops": 0}
+        self._refresh()
+
+    # -- what we watch -------------------------------------------------------
+    def _policies(self) -> list[str]:
+        if self.cfg.policies:
+            return list(self.cfg.policies)
+        try:
+            from cachepilot.models.builder import MRCBuilder  # noqa: F401
+            from cachepilot.models.runtime import available_policies
+            return ["lru"] + [p for p in available_policies() if p != "lru"]
+        except Exception:   # noqa: BLE001 - engine parts not built: LRU only
+            return ["lru"]
+
+    def _wanted(self) -> dict[str, tuple[str, object | None]]:
+        """tenant name -> (cgroup path, its TenantSpec or None)."""
+        roots = self.cfg.roots
+        want = {}
+        for spec in self.cfg.tenants:
+            hits = cgroups.expand([spec.cgroup], roots)
+            if len(hits) == 1:
+                want[spec.name] = (hits[0], spec)
+            else:
+                for h in hits:
+                    want[f"{spec.name}/{os.path.basename(h)}"] = (h, spec)
+        for h in cgroups.expand(self.cfg.cgroups, roots):
+            if any(p == h for p, _ in want.values()):
+                continue
+            name = next((os.path.relpath(h, r) for r in roots
+                         if cgroups.is_under(h, [r])), h)
+            want[name if name != "." else os.path.basename(h)] = (h, None)
+        return want
+
+    def _refresh(self):
+        want = self._wanted()
+        for tenant in list(self.watched):
+            if tenant not in want or want[tenant][0] != self.watched[tenant].path:
+                self._drop(tenant, "no longer matches the config" if tenant in want
+                           else "is gone")
+        for tenant, (path, spec) in want.items():
+            if tenant in self.watched:
+                continue
+            try:
+                cgroups.version_of(path)
+                cgid = cgroups.cgroup_id(path)
+            except CgroupError as err:
+                log.warning("not watching %s: %s", path, err)
+                continue
+            builder = None
+            if self.sampler is not None:
+                builder = make_builder(self.policies, rate=self.cfg.sampling.rate,
+                                       max_pages=(self.cfg.max_cache or self.memory_bytes) // PAGE)
+            tp = None
+            if spec is not None and spec.throughput.source == "prometheus":
+                tp = PrometheusSource(spec.throughput)
+            w = Watched(tenant, path, cgid, spec, builder, tp, time.monotonic())
+            try:
+                w.last_stats = cgroups.read_stats(path)
+            except CgroupError as err:
+                log.warning("not watching %s: %s", path, err)
+                continue
+            if self.sampler is not None:
+                try:
+                    w.threshold = int(builder.threshold)
+                    self.sampler.watch(cgid, w.threshold)
+                    # counters may be left over from an earlier watch of this id
+                    _, snap = self.sampler.counters()
+                    w.last_counters = snap.get(cgid, (0, Counters()))[1]
+                except SamplerUnavailable as err:
+                    self._lose_sampler(str(err))
+            self.watched[tenant] = w
+            log.info("watching %s as tenant %s (cgroup id %d)", path, tenant, cgid)
+
+    def _drop(self, tenant: str, why: str):
+        w = self.watched.pop(tenant)
+        log.warning("cgroup %s (tenant %s) %s; dropped from the reports", w.path, tenant, why)
+        if self.sampler is not None:
+            try:
+                self.sampler.unwatch(w.cgid)
+            except SamplerUnavailable:
+                pass
+
+    def _lose_sampler(self, why: str):
+        log.error("the sampler stopped (%s); continuing in stats-only mode", why)
+        self.stats_only_reason = why
+        if self.sampler is not None:
+            self.sampler.close()
+        self.sampler = None
+
+    # -- Backend -------------------------------------------------------------
+    def info(self) -> NodeInfo:
+        version = 0
+        for r in self.cfg.roots:
+            try:
+                version = cgroups.version_of(r)
+                break
+            except CgroupError:
+                continue
+        return NodeInfo(self.cfg.node_id, self.memory_bytes, version,
+                        self.has_cache_ext, list(self.policies), "linux")
+
+    def collect(self) -> list[TenantReport]:
+        self._refresh()
+        snap: dict[int, tuple[int, Counters]] = {}
+        records: dict[int, np.ndarray] = {}
+        if self.sampler is not None:
+            try:
+                _, snap = self.sampler.counters()
+                records = self.sampler.drain()
+            except SamplerUnavailable as err:
+                self._lose_sampler(str(err))
+        reports = []
+        for tenant in list(self.watched):
+            w = self.watched[tenant]
+            try:
+                stats = cgroups.read_stats(w.path)
+            except CgroupGone:
+                self._drop(tenant, "was deleted")
+                continue
+            except CgroupError as err:
+                log.warning("tenant %s: %s", tenant, err)
+                continue
+            reports.append(self._report(w, stats, snap.get(w.cgid), records.get(w.cgid)))
+        return reports
+
+    def _report(self, w: Watched, stats, counted, recs) -> TenantReport:
+        now = time.monotonic()
+        dt = max(now - w.last_time, 1e-6)
+        prev = w.last_stats or stats
+        d = Counters()
+        if counted is not None:
+            d = counted[1] - w.last_counters
+            w.last_counters = counted[1]
+            w.totals = counted[1]
+        curves = []
+        if w.builder is not None and self.sampler is not None:
+            keys = np.zeros(0, np.uint64)
+            tids = None
+            if recs is not None and len(recs):
+                acc = recs[recs["op"] == OP_ACCESS]
+                keys, tids = acc["key"], acc["tid"]
+            w.builder.feed(keys, total_accesses=d.accesses, tids=tids) \
+                if _takes_tids(w.builder) else \
+                w.builder.feed(keys, total_accesses=d.accesses)
+            new_threshold = int(w.builder.threshold)
+            if new_threshold != w.threshold:
+                # fixed-size SHARDS lowers the threshold as keys pile up
+                try:
+                    self.sampler.watch(w.cgid, new_threshold)
+                    w.threshold = new_threshold
+                except SamplerUnavailable as err:
+                    self._lose_sampler(str(err))
+            # the limit must also hold what is not page cache (anon + kernel)
+            offset_pages = stats.nonfile_bytes // PAGE
+            curves = [shift_by_anon(c, offset_pages) for c in w.builder.snapshot()]
+        if counted is not None:
+            accesses, inserts, removals = d.accesses, d.inserts, d.removals
+        else:
+            # stats-only: the v1 charge counter stands in for insertions
+            accesses, inserts, removals = 0, max(0, stats.pgpgin - prev.pgpgin), 0
+        refaults = max(0, stats.refaults - prev.refaults)
+        throughput = accesses / dt
+        if w.throughput is not None:
+            throughput = w.throughput.read(now)
+        w.last_time, w.last_stats = now, stats
+        return TenantReport(
+            tenant=w.tenant, cgroup=w.path, interval_s=dt,
+            accesses_per_s=accesses / dt, inserts_per_s=inserts / dt,
+            removals_per_s=removals / dt, refaults_per_s=refaults / dt,
+            limit_bytes=stats.effective_limit_bytes,
+            usage_file_bytes=stats.file_bytes, usage_anon_bytes=stats.anon_bytes,
+            policy=w.policy, throughput=throughput,
+            miss_ratio=min(1.0, inserts / accesses) if accesses else 0.0,
+            curves=curves)
+
+    def apply(self, directives: list[Directive]) -> list[ApplyResult]:
+        return [self._apply_one(d) for d in directives]
+
+    def _apply_one(self, d: Directive) -> ApplyResult:
+        w = self.watched.get(d.tenant)
+        if w is None:
+            return ApplyResult(d.tenant, 0, "", False, f"unknown tenant {d.tenant!r} on this node")
+        if not cgroups.is_under(w.path, self.cfg.roots):
+            return ApplyResult(d.tenant, 0, w.policy, False,
+                               f"{w.path} is outside the configured roots; not touched")
+        try:
+            stats = cgroups.read_stats(w.path)
+        except CgroupError as err:
+            return ApplyResult(d.tenant, 0, w.policy, False, str(err))
+        spec = w.spec
+        dec = cgroups.safe_limit(
+            d.limit_bytes, stats.effective_limit_bytes, stats.anon_bytes, self.rules,
+            floor_bytes=spec.floor if spec is not None and spec.floor is not None else None,
+            ceiling_bytes=(spec.ceiling or 0) if spec is not None else 0,
+            node_memory=self.memory_bytes, usage_bytes=stats.usage_bytes)
+        notes = [] if not dec.clamped else [dec.reason]
+        try:
+            applied = cgroups.write_limit(w.path, dec.limit, self.cfg.limit_knob)
+        except CgroupError as err:
+            return ApplyResult(d.tenant, stats.effective_limit_bytes, w.policy, False,
+                               f"limit not changed: {err}")
+        if d.policy and d.policy != w.policy:
+            if not self.has_cache_ext:
+                notes.append(f"policy {d.policy!r} is advisory: this kernel has no cache_ext")
+            else:
+                notes.append(f"policy {d.policy!r} not attached: this agent does not "
+                             "attach cache_ext policies yet")
+        log.info("tenant %s: limit %d -> %d bytes%s", d.tenant, stats.effective_limit_bytes,
+                 applied, f" ({'; '.join(notes)})" if notes else "")
+        return ApplyResult(d.tenant, applied, w.policy, True, "; ".join(notes))
+
+    def close(self):
+        if self.sampler is not None:
+            self.sampler.close()
+            self.sampler = None
+
+
+def _takes_tids(builder) -> bool:
+    import inspect
+    try:
+        return "tids" in inspect.signature(builder.feed).parameters
+    except (TypeError, ValueError):
+        return False

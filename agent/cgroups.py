@@ -1,0 +1,269 @@
+"""Memory cgroups on a real host, v1 and v2 alike: find them, read their
+stats, and set their limits under DESIGN.md's safety rules.
+
+Every function takes the cgroup's directory path, so tests can point them at
+a plain file tree laid out like a cgroup (tests/test_cgroups*.py do).
+
+    v1  memory.limit_in_bytes, memory.usage_in_bytes, memory.stat
+        (cache, rss, total_*, workingset_refault_file, pgpgin)
+    v2  memory.max, memory.high, memory.current, memory.stat
+        (file, anon, workingset_refault_file)
+"""
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PAGE = 4096
+# A v1 limit at or above this is "no limit" (PAGE_COUNTER_MAX pages rounded).
+V1_UNLIMITED = 1 << 62
+
+
+class CgroupError(Exception):
+    """A cgroup file could not be read or written; message names it."""
+
+
+class CgroupGone(CgroupError):
+    """The cgroup directory no longer exists."""
+
+
+def version_of(path) -> int:
+    """1 or 2 for a memory cgroup directory; raises CgroupError otherwise."""
+    p = Path(path)
+    if not p.is_dir():
+        raise CgroupGone(f"{p} is not a cgroup directory (it does not exist)")
+    if (p / "memory.limit_in_bytes").exists():
+        return 1
+    if (p / "memory.max").exists() or (p / "memory.current").exists():
+        return 2
+    if (p / "cgroup.controllers").exists():
+        raise CgroupError(f"{p} is a cgroup v2 directory without the memory "
+                          "controller (enable it in the parent's cgroup.subtree_control)")
+    raise CgroupError(f"{p} is not a memory cgroup (no memory.limit_in_bytes "
+                      "or memory.max)")
+
+
+def cgroup_id(path) -> int:
+    """The id the kernel gives the cgroup (its kernfs id), which is the
+    inode number of its directory in v1 and v2 alike; the sampler keys its
+    maps by it."""
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        raise CgroupGone(f"{path} does not exist") from None
+
+
+def _read(p: Path) -> str:
+    try:
+        return p.read_text()
+    except FileNotFoundError:
+        if not p.parent.is_dir():
+            raise CgroupGone(f"{p.parent} no longer exists") from None
+        raise CgroupError(f"{p} is missing") from None
+    except OSError as err:
+        raise CgroupError(f"cannot read {p}: {err.strerror or err}") from None
+
+
+def read_kv(p: Path) -> dict[str, int]:
+    out = {}
+    for line in _read(p).splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                out[parts[0]] = int(parts[1])
+            except ValueError:
+                pass
+    return out
+
+
+def _read_limit(p: Path) -> int:
+    text = _read(p).strip()
+    if text == "max":
+        return 0
+    try:
+        value = int(text)
+    except ValueError:
+        raise CgroupError(f"{p} holds {text!r}, not a number") from None
+    return 0 if value >= V1_UNLIMITED else value
+
+
+@dataclass
+class CgroupStats:
+    """One reading of a memory cgroup; bytes, counters are cumulative."""
+    version: int
+    limit_bytes: int            # the limit in force (0 = none)
+    high_bytes: int             # v2 memory.high (0 = none; v1: 0)
+    usage_bytes: int
+    file_bytes: int             # page cache charged to the cgroup
+    anon_bytes: int
+    refaults: int               # workingset_refault_file (cumulative)
+    pgpgin: int                 # v1: charge events; v2: 0 (not exported)
+
+    @property
+    def nonfile_bytes(self) -> int:
+        """Memory charged to the cgroup that is not page cache: anonymous
+        memory plus kernel memory (v1 and v2 both count it in usage).  A
+        limit leaves this much less room for the cache."""
+        return max(self.anon_bytes, self.usage_bytes - self.file_bytes)
+
+    @property
+    def effective_limit_bytes(self) -> int:
+        limits = [v for v in (self.limit_bytes, self.high_bytes) if v]
+        return min(limits) if limits else 0
+
+
+def read_stats(path) -> CgroupStats:
+    p = Path(path)
+    version = version_of(p)
+    stat = read_kv(p / "memory.stat")
+    if version == 1:
+        # total_* include the descendants, which is what a limit constrains
+        def get(key):
+            return stat.get("total_" + key, stat.get(key, 0))
+        return CgroupStats(
+            version=1,
+            limit_bytes=_read_limit(p / "memory.limit_in_bytes"),
+            high_bytes=0,
+            usage_bytes=int(_read(p / "memory.usage_in_bytes").strip() or 0),
+            file_bytes=get("cache"),
+            anon_bytes=get("rss"),
+            refaults=get("workingset_refault_file") or get("workingset_refault"),
+            pgpgin=get("pgpgin"))
+    return CgroupStats(
+        version=2,
+        limit_bytes=_read_limit(p / "memory.max"),
+        high_bytes=_read_limit(p / "memory.high") if (p / "memory.high").exists() else 0,
+        usage_bytes=int(_read(p / "memory.current").strip() or 0),
+        file_bytes=stat.get("file", 0),
+        anon_bytes=stat.get("anon", 0),
+        refaults=stat.get("workingset_refault_file", stat.get("workingset_refault", 0)),
+        pgpgin=0)
+
+
+def limit_file(path, knob: str = "max") -> Path:
+    """The file that holds the limit: v1 memory.limit_in_bytes; v2 memory.max
+    or memory.high (knob)."""
+    p = Path(path)
+    if version_of(p) == 1:
+        return p / "memory.limit_in_bytes"
+    if knob not in ("max", "high"):
+        raise CgroupError(f"cgroup v2 limit knob must be 'max' or 'high', not {knob!r}")
+    return p / f"memory.{knob}"
+
+
+def write_limit(path, limit_bytes: int, knob: str = "max") -> int:
+    """Write a limit (0 = remove it) and return what the kernel holds after
+    (it rounds to pages; v1 refuses a limit below usage it cannot reclaim)."""
+    f = limit_file(path, knob)
+    version = version_of(path)
+    if limit_bytes <= 0:
+        text = "max" if version == 2 else "-1"
+    else:
+        text = str(int(limit_bytes))
+    try:
+        with open(f, "w") as fh:
+            fh.write(text)
+    except FileNotFoundError:
+        raise CgroupGone(f"{Path(path)} no longer exists") from None
+    except OSError as err:
+        raise CgroupError(f"the kernel refused {text} for {f}: "
+                          f"{err.strerror or err}") from None
+    return _read_limit(f)
+
+
+def move_pid(path, pid: int):
+    """Put a process into the cgroup (v1 and v2 both take cgroup.procs)."""
+    with open(Path(path) / "cgroup.procs", "w") as fh:
+        fh.write(str(pid))
+
+
+# -- where the agent may look and touch --------------------------------------
+
+def is_under(path, roots) -> bool:
+    real = os.path.realpath(path)
+    for root in roots:
+        r = os.path.realpath(root)
+        if real == r or real.startswith(r.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def expand(patterns, roots) -> list[str]:
+    """The cgroup directories the patterns name: absolute paths or globs, or
+    paths relative to each root; only directories under a root are kept."""
+    found = []
+    for pattern in patterns:
+        cands = [pattern] if os.path.isabs(pattern) else \
+            [os.path.join(r, pattern) for r in roots]
+        for cand in cands:
+            for hit in sorted(glob.glob(cand)):
+                if os.path.isdir(hit) and is_under(hit, roots) and hit not in found:
+                    found.append(os.path.normpath(hit))
+    return found
+
+
+# -- the safety rules -------------------------------------------------------
+
+@dataclass
+class SafetyRules:
+    """DESIGN.md "Safety rules": never below the floor, never below anonymous
+    memory plus a margin, at most max_step per interval."""
+    floor_bytes: int = 64 << 20
+    anon_margin_bytes: int = 32 << 20
+    anon_margin_ratio: float = 0.1      # margin is max(bytes, ratio * anon)
+    max_step_bytes: int = 1 << 30       # per cgroup per interval (0 = no cap)
+
+
+@dataclass
+class LimitDecision:
+    requested: int
+    limit: int          # what to write (0 = no limit)
+    clamped: bool
+    reason: str
+
+
+def safe_limit(requested: int, current_limit: int, anon_bytes: int,
+               rules: SafetyRules, floor_bytes: int | None = None,
+               ceiling_bytes: int = 0, node_memory: int = 0,
+               usage_bytes: int = 0) -> LimitDecision:
+    """The limit the rules allow for a requested one, and why it differs.
+    Without a current limit, a cut is measured from current usage: going
+    from "no limit" straight to a small one is as abrupt as any cut."""
+    floor = rules.floor_bytes if floor_bytes is None else floor_bytes
+    reasons = []
+    limit = int(requested)
+    if limit <= 0:
+        # "no limit" is a step to node memory; allowed only if no step cap
+        if rules.max_step_bytes and current_limit and node_memory:
+            limit = node_memory
+        else:
+            return LimitDecision(requested, 0, False, "limit removed")
+    anon_floor = anon_bytes + max(rules.anon_margin_bytes,
+                                  int(rules.anon_margin_ratio * anon_bytes))
+    if limit < floor:
+        reasons.append(f"raised to the floor {floor >> 20} MiB")
+        limit = floor
+    if limit < anon_floor:
+        reasons.append(f"raised to anonymous memory plus margin {anon_floor >> 20} MiB")
+        limit = anon_floor
+    if ceiling_bytes and limit > ceiling_bytes:
+        reasons.append(f"lowered to the ceiling {ceiling_bytes >> 20} MiB")
+        limit = max(ceiling_bytes, anon_floor)
+    base = current_limit or usage_bytes
+    if rules.max_step_bytes and base:
+        lo = base - rules.max_step_bytes
+        hi = current_limit + rules.max_step_bytes if current_limit else 0
+        if limit < lo:
+            reasons.append(f"step capped at {rules.max_step_bytes >> 20} MiB")
+            limit = lo
+        elif hi and limit > hi:
+            reasons.append(f"step capped at {rules.max_step_bytes >> 20} MiB")
+            limit = hi
+    if limit < max(floor, anon_floor):
+        # the OOM guard outranks the step cap
+        limit = max(floor, anon_floor)
+    limit = (limit + PAGE - 1) // PAGE * PAGE
+    return LimitDecision(requested, limit, bool(reasons),
+                         "; ".join(reasons) or "within the safety rules")

@@ -1,0 +1,188 @@
+"""The node agent's YAML config, validated on load.
+
+    node_id:        name the node registers with (default: the host name)
+    roots:          cgroup directories the agent may watch and touch
+                    (v1 /sys/fs/cgroup/memory/..., v2 /sys/fs/cgroup/...)
+    cgroups:        paths or globs (relative to each root, or absolute) of
+                    cgroups to watch; each becomes a tenant named by its
+                    path under the root
+    tenants:        named tenants: {name, cgroup, throughput, floor, ceiling}
+    interval_s:     seconds between reports
+    sampling:       {rate, ring_bytes}
+    policies:       curves to build (default: lru, plus the library's policies
+                    when the MRC engine offers them)
+    safety:         {floor, anon_margin, anon_margin_ratio, max_step}
+    limit_knob:     v2 only: "max" (memory.max) or "high" (memory.high)
+    prometheus:     {address, port}; port 0 turns the endpoint off
+    controller:     {address, token_file, ca_file, server_name, insecure}
+
+Sizes are bytes or strings with binary units ("512MiB").  An error names
+the file, the key and what was expected.
+"""
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field,
+                      ValidationError, model_validator)
+
+from cachepilot.errors import UserError
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+          "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 4096 or \"512MiB\"")
+    if isinstance(value, (int, float)) and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE.match(value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError("expected a size >= 0 such as 4096 or \"512MiB\"")
+
+
+Bytes = Annotated[int, BeforeValidator(parse_bytes)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AccessesThroughput(_Strict):
+    """Throughput = page-cache accesses per second (the default)."""
+    source: Literal["accesses"] = "accesses"
+
+
+class PrometheusThroughput(_Strict):
+    """Throughput read from the application's own Prometheus metric: the
+    per-second rate of a counter, or a gauge's value."""
+    source: Literal["prometheus"]
+    url: str = Field(pattern=r"^https?://")
+    metric: str = Field(min_length=1)
+    labels: dict[str, str] = Field(default_factory=dict)
+    kind: Literal["counter", "gauge"] = "counter"
+    timeout_s: float = Field(2.0, gt=0)
+
+
+Throughput = Union[AccessesThroughput, PrometheusThroughput]
+
+
+class TenantSpec(_Strict):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")
+    cgroup: str = Field(min_length=1)
+    throughput: Throughput = Field(default_factory=AccessesThroughput)
+    floor: Bytes | None = None
+    ceiling: Bytes | None = None
+
+
+class Sampling(_Strict):
+    rate: float = Field(0.01, gt=0, le=1)
+    ring_bytes: int = Field(1 << 22, ge=4096)
+
+    @model_validator(mode="after")
+    def _power_of_two(self):
+        if self.ring_bytes & (self.ring_bytes - 1):
+            raise ValueError("ring_bytes: expected a power of two")
+        return self
+
+
+class Safety(_Strict):
+    floor: Bytes = 64 << 20
+    anon_margin: Bytes = 32 << 20
+    anon_margin_ratio: float = Field(0.1, ge=0, le=10)
+    max_step: Bytes = 1 << 30
+
+
+class PrometheusEndpoint(_Strict):
+    address: str = "127.0.0.1"
+    port: int = Field(9105, ge=0, le=65535)
+
+
+class ControllerLink(_Strict):
+    address: str = Field(min_length=1)
+    token_file: Path | None = None
+    ca_file: Path | None = None
+    server_name: str | None = None
+    insecure: bool = False
+
+
+class AgentConfig(_Strict):
+    node_id: str = Field(default_factory=socket.gethostname, min_length=1)
+    roots: list[str] = Field(min_length=1)
+    cgroups: list[str] = Field(default_factory=list)
+    tenants: list[TenantSpec] = Field(default_factory=list)
+    interval_s: float = Field(10.0, gt=0)
+    sampling: Sampling = Field(default_factory=Sampling)
+    policies: list[str] | None = None
+    max_cache: Bytes | None = None      # largest size a curve covers
+    memory: Bytes | None = None         # memory offered to tenants (default: MemTotal)
+    safety: Safety = Field(default_factory=Safety)
+    limit_knob: Literal["max", "high"] = "max"
+    prometheus: PrometheusEndpoint = Field(default_factory=PrometheusEndpoint)
+    controller: ControllerLink | None = None
+
+    @model_validator(mode="after")
+    def _something_to_watch(self):
+        if not self.cgroups and not self.tenants:
+            raise ValueError("expected at least one entry in `cgroups` or `tenants`")
+        names = [t.name for t in self.tenants]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"tenant names must be unique; repeated: {', '.join(sorted(dup))}")
+        return self
+
+
+def _format(path: str, err: ValidationError) -> str:
+    out = []
+    for e in err.errors(include_url=False)[:5]:
+        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]"
+                       for p in e["loc"]).replace(".[", "[") or "(top level)"
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        got = e.get("input")
+        tail = "" if isinstance(got, (dict, list)) or got is None else f", got {got!r}"
+        out.append(f"{path}: {key}: {msg[0].lower() + msg[1:]}{tail}")
+    return "; ".join(out)
+
+
+def config_from_dict(data: Any, path: str = "<config>") -> AgentConfig:
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping at the top level")
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as err:
+        raise UserError(_format(path, err)) from None
+
+
+def load_config(path) -> AgentConfig:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{p}: no such config file") from None
+    except OSError as err:
+        raise UserError(f"{p}: cannot read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise UserError(f"{p}{where}: not valid YAML") from None
+    cfg = config_from_dict(data, str(p))
+    base = p.resolve().parent
+    if cfg.controller:
+        for attr in ("token_file", "ca_file"):
+            v = getattr(cfg.controller, attr)
+            if v is not None and not v.is_absolute():
+                setattr(cfg.controller, attr, base / v)
+    return cfg

@@ -1,0 +1,133 @@
+"""Real workloads in scratch memory cgroups, for the agent's tests and
+benchmarks: make a data file, drop its pages, run fio (or any command) as a
+member of a cgroup, read the kernel's own counters around it.
+
+Only tests and experiments use this module; the agent never does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from cachepilot.agent import cgroups
+
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
+SCRATCH = Path("/var/tmp/cachepilot-testbed")
+
+
+def v1_memory_available() -> str | None:
+    """None when we can make v1 memory cgroups, else why not."""
+    if os.geteuid() != 0:
+        return "needs root"
+    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
+        return f"no cgroup v1 memory controller at {V1_MEMORY}"
+    return None
+
+
+def v2_memory_root() -> Path | None:
+    """A cgroup2 directory whose children can have the memory controller."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        parts = line.split()
+        if len(parts) > 2 and parts[2] == "cgroup2":
+            root = Path(parts[1])
+            ctrls = (root / "cgroup.controllers").read_text().split() \
+                if (root / "cgroup.controllers").exists() else []
+            if "memory" in ctrls:
+                return root
+    return None
+
+
+@contextmanager
+def scratch_cgroup(name: str, root: Path = V1_MEMORY):
+    """A fresh memory cgroup that is removed afterwards (its pages are
+    reparented by the kernel)."""
+    path = root / name
+    if path.exists():
+        remove_cgroup(path)
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        remove_cgroup(path)
+
+
+def remove_cgroup(path: Path):
+    for _ in range(50):
+        procs = (path / "cgroup.procs").read_text().split() \
+            if (path / "cgroup.procs").exists() else []
+        for pid in procs:
+            try:
+                os.kill(int(pid), 9)
+            except ProcessLookupError:
+                pass
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.1)
+    path.rmdir()
+
+
+def make_file(path: Path, size: int) -> Path:
+    """A file of random bytes (kept between runs when its size is right)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.stat().st_size == size:
+        return path
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        chunk = os.urandom(1 << 20)
+        for i in range(size >> 20):
+            # vary the chunks cheaply so nothing can dedupe them
+            f.write(i.to_bytes(8, "little") + chunk[8:])
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)
+    return path
+
+
+def drop_file_cache(*paths):
+    """Evict the files' pages (write back first so every page can go)."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def in_cgroup(cgroup: Path, argv: list[str]) -> list[str]:
+    """argv wrapped so the process joins the cgroup before it execs."""
+    return ["sh", "-c", f"echo $$ > {shlex.quote(str(cgroup / 'cgroup.procs'))} && exec "
+            + " ".join(shlex.quote(a) for a in argv)]
+
+
+def fio_randread(cgroup: Path, filename: Path, ios: int, *, distribution: str = "random",
+                 seed: int = 1, jobs: int = 1, size: int | None = None,
+                 extra: list[str] = ()) -> dict:
+    """Buffered 4 KiB random reads (psync, fadvise random, the cache kept
+    across runs); returns {'ios': issued reads, 'json': fio's report}."""
+    size = size or filename.stat().st_size
+    argv = ["fio", "--name=cp", f"--filename={filename}", f"--size={size}",
+            "--rw=randread", "--bs=4k", "--ioengine=psync", "--fadvise_hint=random",
+            "--invalidate=0", "--norandommap", f"--random_distribution={distribution}",
+            f"--randseed={seed}", f"--io_size={ios * 4096}", f"--numjobs={jobs}",
+            "--thread", "--group_reporting", "--output-format=json", *extra]
+    res = subprocess.run(in_cgroup(cgroup, argv), capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"fio failed: {res.stderr.strip()[-500:]}")
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    job = out["jobs"][0]
+    return {"ios": int(job["read"]["total_ios"]), "json": out}
+
+
+def have(tool: str) -> bool:
+    return shutil.which(tool) is not None

@@ -1,0 +1,180 @@
+"""Prediction matches reality: the curve the agent builds while profiling a
+real workload in a memory cgroup predicts the miss ratio the kernel then
+shows under four different limits.
+
+The real miss ratio comes from the kernel's own counters (memory.stat
+pgpgin: pages charged = page-cache insertions, over fio's issued reads or
+the kernel's access count), never from the agent's curve.
+"""
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cachepilot.agent import cgroups
+from cachepilot.agent.profile import profile_cgroup
+from cachepilot.agent.sampler import Sampler, why_unavailable
+from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, fio_randread, have,
+                                      in_cgroup, make_file, scratch_cgroup,
+                                      v1_memory_available)
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+PAGE = 4096
+FILE_SIZE = 256 << 20
+LIMITS_MB = (32, 64, 128, 192)
+TOLERANCE = 0.05
+RATE = 0.1
+
+
+def _needs():
+    for reason in (v1_memory_available(), why_unavailable()):
+        if reason:
+            pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def data_file():
+    _needs()
+    if not have("fio"):
+        pytest.skip("fio is not installed")
+    return make_file(SCRATCH / "fio-256m.dat", FILE_SIZE)
+
+
+def profile_during(cg, phases, rate=RATE):
+    """Profile `cg` while phases[0]() warms up and phases[1]() is measured."""
+    warm, done, out = threading.Event(), threading.Event(), {}
+    with Sampler() as sampler:
+        t = threading.Thread(target=lambda: out.setdefault("p", profile_cgroup(
+            str(cg), 0, rate=rate, warmup_until=warm.is_set, until=done.is_set,
+            poll_s=0.2, sampler=sampler)))
+        t.start()
+        time.sleep(0.5)
+        try:
+            phases[0]()
+            time.sleep(0.3)
+            warm.set()
+            phases[1]()
+            time.sleep(0.3)
+        finally:
+            warm.set()
+            done.set()
+            t.join()
+    return out["p"]
+
+
+@pytest.mark.parametrize("distribution", ["zipf:1.1", "random"])
+def test_fio_curve_predicts_kernel_miss_ratio_at_four_limits(data_file, distribution):
+    with scratch_cgroup(f"cp_pred_{distribution.split(':')[0]}") as cg:
+        drop_file_cache(data_file)
+        ios = {}
+        prof = profile_during(cg, [
+            lambda: ios.setdefault("warm", fio_randread(cg, data_file, 300_000,
+                                                        distribution=distribution, seed=1)),
+            lambda: ios.setdefault("measured", fio_randread(cg, data_file, 600_000,
+                                                            distribution=distribution, seed=2))])
+        curve = next(c for c in prof.limit_curves if c.policy == "lru")
+        rows = []
+        for limit_mb in LIMITS_MB:
+            drop_file_cache(data_file)
+            cgroups.write_limit(cg, limit_mb << 20)
+            fio_randread(cg, data_file, 150_000, distribution=distribution, seed=10 + limit_mb)
+            before = cgroups.read_stats(cg)
+            run = fio_randread(cg, data_file, 150_000, distribution=distribution,
+                               seed=100 + limit_mb)
+            after = cgroups.read_stats(cg)
+            real = (after.pgpgin - before.pgpgin) / run["ios"]
+            predicted = float(curve.at((limit_mb << 20) // PAGE))
+            rows.append((limit_mb, real, predicted))
+        print(f"\nfio {distribution}: limit MiB, real, predicted, error "
+              f"(rate {RATE}, non-file offset {prof.nonfile_peak_bytes >> 20} MiB)")
+        for limit_mb, real, predicted in rows:
+            print(f"  {limit_mb:4d} {real:.4f} {predicted:.4f} {predicted - real:+.4f}")
+        for limit_mb, real, predicted in rows:
+            assert abs(predicted - real) <= TOLERANCE, (limit_mb, real, predicted)
+        # the curve is not flat: the limits are different regimes
+        assert rows[0][1] - rows[-1][1] > 0.1
+
+
+# -- RocksDB -----------------------------------------------------------------
+
+DB_DIR = SCRATCH / "rocksdb-readrandom"
+DB_KEYS = 1_500_000
+DB_LIMITS_MB = (48, 96, 144, 192)
+
+
+def db_bench(args, cgroup=None):
+    argv = ["db_bench", f"--db={DB_DIR}", "--compression_type=none",
+            "--cache_size=1048576", "--bloom_bits=10", "--value_size=128",
+            f"--num={DB_KEYS}", "--use_existing_db=1", "--threads=1",
+            "--disable_auto_compactions=1", "--statistics=0", *args]
+    if cgroup is not None:
+        argv = in_cgroup(cgroup, argv)
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"db_bench failed: {res.stderr.strip()[-500:]}")
+    return res.stdout
+
+
+@pytest.fixture(scope="module")
+def rocksdb():
+    _needs()
+    if not have("db_bench"):
+        pytest.skip("db_bench (rocksdb-tools) is not installed")
+    stamp = DB_DIR / "cachepilot-ready"
+    if not stamp.exists():
+        subprocess.run(["rm", "-rf", str(DB_DIR)], check=True)
+        DB_DIR.parent.mkdir(parents=True, exist_ok=True)
+        out = subprocess.run(
+            ["db_bench", f"--db={DB_DIR}", "--benchmarks=fillrandom,compact",
+             "--compression_type=none", f"--num={DB_KEYS}", "--value_size=128",
+             "--bloom_bits=10", "--threads=1", "--statistics=0"],
+            capture_output=True, text=True)
+        if out.returncode != 0:
+            pytest.fail(f"db_bench fillrandom failed: {out.stderr[-500:]}")
+        stamp.write_text("ok\n")
+    files = [p for p in DB_DIR.iterdir() if p.suffix == ".sst"]
+    size = sum(p.stat().st_size for p in files)
+    assert size > 2 * (max(DB_LIMITS_MB) << 20) // 2, "database smaller than the limits"
+    return files, size
+
+
+def test_rocksdb_curve_predicts_kernel_miss_ratio_at_four_limits(rocksdb):
+    files, db_size = rocksdb
+    reads = 200_000
+    with scratch_cgroup("cp_pred_rocksdb") as cg:
+        drop_file_cache(*files)
+        prof = profile_during(cg, [
+            lambda: db_bench(["--benchmarks=readrandom", f"--reads={reads}", "--seed=1"], cg),
+            lambda: db_bench(["--benchmarks=readrandom", f"--reads={2 * reads}", "--seed=2"], cg)])
+        curve = next(c for c in prof.limit_curves if c.policy == "lru")
+        rows = []
+        cgid = os.stat(cg).st_ino
+        with Sampler() as sampler:
+            # the sampler only counts here (threshold 0): the kernel's access
+            # count is the denominator, memory.stat's insertions the numerator
+            sampler.watch(cgid, 0)
+            for limit_mb in DB_LIMITS_MB:
+                drop_file_cache(*files)
+                cgroups.write_limit(cg, limit_mb << 20)
+                db_bench(["--benchmarks=readrandom", f"--reads={reads}",
+                          f"--seed={10 + limit_mb}"], cg)
+                _, c0 = sampler.counters()
+                before = cgroups.read_stats(cg)
+                db_bench(["--benchmarks=readrandom", f"--reads={reads}",
+                          f"--seed={100 + limit_mb}"], cg)
+                after = cgroups.read_stats(cg)
+                _, c1 = sampler.counters()
+                accesses = c1[cgid][1].accesses - c0[cgid][1].accesses
+                real = (after.pgpgin - before.pgpgin) / accesses
+                rows.append((limit_mb, real, float(curve.at((limit_mb << 20) // PAGE))))
+        print(f"\nrocksdb readrandom ({db_size >> 20} MiB of SST): limit MiB, real, "
+              f"predicted, error (non-file offset {prof.nonfile_peak_bytes >> 20} MiB)")
+        for limit_mb, real, predicted in rows:
+            print(f"  {limit_mb:4d} {real:.4f} {predicted:.4f} {predicted - real:+.4f}")
+        for limit_mb, real, predicted in rows:
+            assert abs(predicted - real) <= TOLERANCE, (limit_mb, real, predicted)
+        assert rows[0][1] - rows[-1][1] > 0.05
