@@ -28,8 +28,11 @@
 #define GS_MAX_PAGES (1 << 22)
 #define GS_MAX_TIDS 4096
 #define CP_TID_REGISTERED (1U << 31)
+#define GS_TIME_BITS 40
+#define GS_MAX_FREQ ((1U << 23) - 1)
 
 struct gs_page {
+	__u64 stamp;		/* time of the last access */
 	__u32 freq;
 	__u8 scan;		/* on the scan list */
 	__u8 fresh;		/* the access that inserted it is pending */
@@ -42,6 +45,7 @@ struct gs_list {
 
 struct get_scan_state {
 	struct gs_list get, scan;
+	__u64 now;
 	struct gs_list *walking;	/* list being rotated */
 	__u32 rotated;
 };
@@ -72,7 +76,11 @@ static __s64 gs_score(int idx, struct cache_ext_list_node *node)
 	__u64 id = cp_folio_id(cache_ext_node_folio(node));
 	struct gs_page *page = bpf_map_lookup_elem(&gs_pages, &id);
 
-	return page ? page->freq : 0;
+	/* count first, then the older access (as lfu.bpf.c) */
+	if (!page)
+		return -1;
+	return (__s64)((__u64)page->freq << GS_TIME_BITS |
+		       (page->stamp & ((1ULL << GS_TIME_BITS) - 1)));
 }
 
 static int gs_rotate(int idx, struct cache_ext_list_node *node)
@@ -117,7 +125,7 @@ void BPF_STRUCT_OPS(get_scan_evict_folios, struct cache_ext_eviction_ctx *ectx,
 
 void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
 {
-	struct gs_page page = { .fresh = 1 };
+	struct gs_page page = { .stamp = CP_STATE.now, .fresh = 1 };
 	__u64 id = cp_folio_id(folio);
 
 	page.scan = gs_scan_thread();
@@ -133,13 +141,15 @@ void BPF_STRUCT_OPS(get_scan_folio_accessed, struct folio *folio)
 	__u64 id = cp_folio_id(folio);
 	struct gs_page *page = bpf_map_lookup_elem(&gs_pages, &id);
 
+	CP_STATE.now++;
 	if (!page)
 		return;
+	page->stamp = CP_STATE.now;
 	if (page->fresh) {
 		page->fresh = 0;
 		return;
 	}
-	if (page->freq != (__u32)-1)
+	if (page->freq < GS_MAX_FREQ)
 		page->freq++;
 	if (page->scan && !gs_scan_thread() &&
 	    !cache_ext_list_move(CP_STATE.get.id, folio, true))

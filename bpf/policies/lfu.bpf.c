@@ -22,16 +22,24 @@
 /* How many pages one round scores (cache_ext's paper uses 512). */
 #define LFU_NR_SCORE 512
 #define LFU_MAX_PAGES (1 << 22)
+#define LFU_TIME_BITS 40
+#define LFU_MAX_FREQ ((1U << 23) - 1)
+
+struct lfu_page {
+	__u64 stamp;		/* time of the last access */
+	__u32 freq;		/* accesses since the page was cached */
+	__u8 fresh;		/* the access that inserted it is pending */
+};
 
 struct lfu_state {
 	__u64 list;
+	__u64 now;
 	__u32 to_rotate;	/* survivors of the last scored window */
 	__u32 rotated;
 };
 CP_STATE_DECL(struct lfu_state);
 
-/* folio id -> accesses since the page was cached */
-CP_HASH_MAP(lfu_freq, __u64, __u32, LFU_MAX_PAGES);
+CP_HASH_MAP(lfu_pages, __u64, struct lfu_page, LFU_MAX_PAGES);
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(lfu_init, struct mem_cgroup *memcg)
 {
@@ -42,10 +50,13 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(lfu_init, struct mem_cgroup *memcg)
 static __s64 lfu_score(int idx, struct cache_ext_list_node *node)
 {
 	__u64 id = cp_folio_id(cache_ext_node_folio(node));
-	__u32 *freq = bpf_map_lookup_elem(&lfu_freq, &id);
+	struct lfu_page *page = bpf_map_lookup_elem(&lfu_pages, &id);
 
 	/* a page the policy never saw (added before it was loaded) goes first */
-	return freq ? *freq : 0;
+	if (!page)
+		return -1;
+	return (__s64)((__u64)page->freq << LFU_TIME_BITS |
+		       (page->stamp & ((1ULL << LFU_TIME_BITS) - 1)));
 }
 
 static int lfu_rotate(int idx, struct cache_ext_list_node *node)
@@ -75,27 +86,38 @@ void BPF_STRUCT_OPS(lfu_evict_folios, struct cache_ext_eviction_ctx *ectx,
 
 void BPF_STRUCT_OPS(lfu_folio_added, struct folio *folio)
 {
+	struct lfu_page page = { .stamp = CP_STATE.now, .fresh = 1 };
 	__u64 id = cp_folio_id(folio);
-	__u32 zero = 0;
 
-	bpf_map_update_elem(&lfu_freq, &id, &zero, BPF_ANY);
-	cache_ext_list_add_tail(CP_STATE.list, folio);
+	if (bpf_map_update_elem(&lfu_pages, &id, &page, BPF_ANY))
+		return;
+	if (cache_ext_list_add_tail(CP_STATE.list, folio))
+		bpf_map_delete_elem(&lfu_pages, &id);
 }
 
 void BPF_STRUCT_OPS(lfu_folio_accessed, struct folio *folio)
 {
 	__u64 id = cp_folio_id(folio);
-	__u32 *freq = bpf_map_lookup_elem(&lfu_freq, &id);
+	struct lfu_page *page = bpf_map_lookup_elem(&lfu_pages, &id);
 
-	if (freq && *freq != (__u32)-1)
-		__sync_fetch_and_add(freq, 1);
+	CP_STATE.now++;
+	if (!page)
+		return;
+	page->stamp = CP_STATE.now;
+	if (page->fresh) {
+		/* the read that brought the page in is not a reuse */
+		page->fresh = 0;
+		return;
+	}
+	if (page->freq < LFU_MAX_FREQ)
+		page->freq++;
 }
 
 void BPF_STRUCT_OPS(lfu_folio_evicted, struct folio *folio)
 {
 	__u64 id = cp_folio_id(folio);
 
-	bpf_map_delete_elem(&lfu_freq, &id);
+	bpf_map_delete_elem(&lfu_pages, &id);
 }
 
 CP_POLICY(lfu,
