@@ -152,7 +152,8 @@ class MRCBuilder:
         self.shards.feed(keys, total)
         if self.minisim is not None:
             idx = sample_mask_index(keys, self.minisim_threshold)
-            self.minisim.feed(keys[idx], None if tids is None else tids[idx])
+            self.minisim.feed(keys[idx], None if tids is None else tids[idx],
+                              accesses=total)
         self._cur_accesses += total
         self.total_accesses += total
         if self.window is not None and self._cur_accesses >= self.window:
@@ -174,10 +175,12 @@ class MRCBuilder:
         hist, bin_pages, rate, accesses = self.shards.take_histogram(reset=reset)
         mini = {}
         if self.minisim is not None:
-            sampled = self.minisim.sampled
+            # misses scaled back to the full stream, over the full stream's
+            # accesses: the SHARDS_adj-style estimate (see runtime.MiniSim)
+            accesses = float(self.minisim.accesses)
             for curve in self.minisim.curves():
-                acc = np.full(len(curve.sizes), float(sampled))
-                mini[curve.policy] = (curve.miss_ratio * acc, acc)
+                misses = np.asarray(curve.meta["est_misses"], dtype=np.float64)
+                mini[curve.policy] = (misses, np.full(len(misses), accesses))
             if reset:
                 self.minisim.reset_counts()
         return _Window(hist, bin_pages, rate, float(accesses), mini)
@@ -222,7 +225,7 @@ class MRCBuilder:
                 ratios = np.where(acc > 0, misses / np.maximum(acc, 1e-300), 1.0)
                 curve = MRC(sizes, np.clip(ratios, 0.0, 1.0), policy, "minisim",
                             self.minisim_rate,
-                            {"sampled_accesses": float(acc[0]) if len(acc) else 0.0})
+                            {"accesses": float(acc[0]) if len(acc) else 0.0})
             curve.meta["window_accesses"] = float(both.accesses)
             out.append(curve)
         return out

@@ -225,9 +225,12 @@ def compute(trace, plan: Plan, progress: bool = True) -> dict:
         minisim = runtime.MiniSim(plan.uses("minisim"), sizes, plan.minisim_rate)
         thr = minisim.threshold
 
+        per_key = 1.0 / trace.rate      # accesses each key stands for
+
         def feed_minisim(k, t):
             idx = sample_mask_index(k, thr)
-            minisim.feed(k[idx], None if t is None else t[idx])
+            minisim.feed(k[idx], None if t is None else t[idx],
+                         accesses=int(round(len(k) * per_key)))
         consumers.append(feed_minisim)
     if plan.uses("full"):
         from cachepilot.models import runtime
@@ -246,8 +249,11 @@ def compute(trace, plan: Plan, progress: bool = True) -> dict:
     if consumers:
         one_pass(trace, "curves", progress, consumers)
         requests, accesses = trace.requests, trace.accesses
-    if shards is not None and from_sample and trace.tallied:
-        shards.accesses = trace.tallied
+    if from_sample and trace.tallied:     # the file says how many in all
+        if shards is not None:
+            shards.accesses = trace.tallied
+        if minisim is not None:
+            minisim.accesses = trace.tallied
     if counter is not None:
         unique = counter.unique if not from_sample else int(round(counter.unique_estimate))
 

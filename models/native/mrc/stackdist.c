@@ -9,21 +9,16 @@
 
 #define MIN_POSITIONS	1024
 #define MAX_BINS	(1u << 24)	/* beyond this, bins get coarser */
+#define PREFETCH_AHEAD	8
 
 /* ---- key -> position map: linear probing, backward-shift deletion ---- */
 
 static int map_init(struct cp_keymap *m, size_t cap)
 {
-	m->keys = calloc(cap, sizeof(*m->keys));
-	m->vals = calloc(cap, sizeof(*m->vals));
+	m->slots = calloc(cap, sizeof(*m->slots));
 	m->mask = cap - 1;
 	m->used = 0;
-	if (!m->keys || !m->vals) {
-		free(m->keys);
-		free(m->vals);
-		return -1;
-	}
-	return 0;
+	return m->slots ? 0 : -1;
 }
 
 static inline size_t map_slot(const struct cp_keymap *m, uint64_t key)
@@ -36,7 +31,7 @@ static inline size_t map_find(const struct cp_keymap *m, uint64_t key)
 {
 	size_t i = map_slot(m, key);
 
-	while (m->vals[i] && m->keys[i] != key)
+	while (m->slots[i].val && m->slots[i].key != key)
 		i = (i + 1) & m->mask;
 	return i;
 }
@@ -48,17 +43,11 @@ static int map_grow(struct cp_keymap *m)
 
 	if (map_init(&bigger, (m->mask + 1) * 2))
 		return -1;
-	for (i = 0; i <= m->mask; i++) {
-		if (m->vals[i]) {
-			size_t j = map_find(&bigger, m->keys[i]);
-
-			bigger.keys[j] = m->keys[i];
-			bigger.vals[j] = m->vals[i];
-		}
-	}
+	for (i = 0; i <= m->mask; i++)
+		if (m->slots[i].val)
+			bigger.slots[map_find(&bigger, m->slots[i].key)] = m->slots[i];
 	bigger.used = m->used;
-	free(m->keys);
-	free(m->vals);
+	free(m->slots);
 	*m = bigger;
 	return 0;
 }
@@ -67,51 +56,72 @@ static void map_delete_at(struct cp_keymap *m, size_t i)
 {
 	size_t j = i;
 
-	m->vals[i] = 0;
+	m->slots[i].val = 0;
 	m->used--;
 	/* Shift later members of the probe run back into the hole. */
 	for (;;) {
 		size_t home;
 
 		j = (j + 1) & m->mask;
-		if (!m->vals[j])
+		if (!m->slots[j].val)
 			return;
-		home = map_slot(m, m->keys[j]);
+		home = map_slot(m, m->slots[j].key);
 		/* Move j to i unless its home lies cyclically in (i, j]. */
 		if ((i <= j) ? (i < home && home <= j) : (i < home || home <= j))
 			continue;
-		m->keys[i] = m->keys[j];
-		m->vals[i] = m->vals[j];
-		m->vals[j] = 0;
+		m->slots[i] = m->slots[j];
+		m->slots[j].val = 0;
 		i = j;
 	}
 }
 
-/* ---- Fenwick tree over positions ---- */
+/* ---- live positions: bitmap + Fenwick tree over 64-position blocks ---- */
 
-static inline void tree_add(int32_t *tree, size_t cap, size_t pos, int32_t v)
+static inline void tree_add(int32_t *tree, size_t nblocks, size_t block, int32_t v)
 {
-	for (size_t i = pos + 1; i <= cap; i += i & -i)
+	for (size_t i = block + 1; i <= nblocks; i += i & -i)
 		tree[i - 1] += v;
 }
 
-/* Live marks at positions <= pos. */
-static inline int64_t tree_prefix(const int32_t *tree, size_t pos)
+/* Live positions in blocks 0..block. */
+static inline int64_t tree_prefix(const int32_t *tree, size_t block)
 {
 	int64_t s = 0;
 
-	for (size_t i = pos + 1; i > 0; i -= i & -i)
+	for (size_t i = block + 1; i > 0; i -= i & -i)
 		s += tree[i - 1];
 	return s;
+}
+
+static inline void mark(struct cp_stackdist *sd, size_t pos)
+{
+	sd->alive[pos / 64] |= 1ULL << (pos % 64);
+	tree_add(sd->tree, sd->cap / 64, pos / 64, 1);
+}
+
+static inline void unmark(struct cp_stackdist *sd, size_t pos)
+{
+	sd->alive[pos / 64] &= ~(1ULL << (pos % 64));
+	tree_add(sd->tree, sd->cap / 64, pos / 64, -1);
+}
+
+/* Live positions after pos. */
+static inline uint64_t live_after(const struct cp_stackdist *sd, size_t pos)
+{
+	size_t b = pos / 64, o = pos % 64;
+	uint64_t in_block = o == 63 ? 0 : sd->alive[b] >> (o + 1);
+
+	return sd->live - (uint64_t)tree_prefix(sd->tree, b) +
+	       (uint64_t)__builtin_popcountll(in_block);
 }
 
 /* Renumber live positions densely (in order) into arrays of size new_cap. */
 static int compact(struct cp_stackdist *sd, size_t new_cap)
 {
-	int32_t *tree = calloc(new_cap, sizeof(*tree));
+	size_t nblocks = new_cap / 64, p, next = 0;
+	int32_t *tree = calloc(nblocks, sizeof(*tree));
 	uint64_t *owner = malloc(new_cap * sizeof(*owner));
-	uint8_t *alive = calloc(new_cap, 1);
-	size_t p, next = 0;
+	uint64_t *alive = calloc(nblocks, sizeof(*alive));
 
 	if (!tree || !owner || !alive) {
 		free(tree);
@@ -120,20 +130,20 @@ static int compact(struct cp_stackdist *sd, size_t new_cap)
 		return -1;
 	}
 	for (p = 0; p < sd->now; p++) {
-		if (!sd->alive[p])
+		if (!(sd->alive[p / 64] >> (p % 64) & 1))
 			continue;
 		owner[next] = sd->owner[p];
-		alive[next] = 1;
-		sd->map.vals[map_find(&sd->map, sd->owner[p])] = next + 1;
+		alive[next / 64] |= 1ULL << (next % 64);
+		sd->map.slots[map_find(&sd->map, sd->owner[p])].val = next + 1;
 		next++;
 	}
-	/* Linear-time Fenwick build over the first `next` ones. */
-	for (p = 0; p < next; p++)
-		tree[p] += 1;
-	for (p = 1; p <= new_cap; p++) {
+	/* Linear-time Fenwick build from the per-block counts. */
+	for (p = 0; p < nblocks; p++)
+		tree[p] = __builtin_popcountll(alive[p]);
+	for (p = 1; p <= nblocks; p++) {
 		size_t up = p + (p & -p);
 
-		if (up <= new_cap)
+		if (up <= nblocks)
 			tree[up - 1] += tree[p - 1];
 	}
 	free(sd->tree);
@@ -265,11 +275,10 @@ static void forget_key(struct cp_stackdist *sd, uint64_t key)
 	size_t slot = map_find(&sd->map, key);
 	size_t pos;
 
-	if (!sd->map.vals[slot])
+	if (!sd->map.slots[slot].val)
 		return;
-	pos = sd->map.vals[slot] - 1;
-	sd->alive[pos] = 0;
-	tree_add(sd->tree, sd->cap, pos, -1);
+	pos = sd->map.slots[slot].val - 1;
+	unmark(sd, pos);
 	map_delete_at(&sd->map, slot);
 	sd->live--;
 }
@@ -305,34 +314,32 @@ static void shrink_sample(struct cp_stackdist *sd)
 
 static int reference(struct cp_stackdist *sd, uint64_t key)
 {
-	size_t slot;
+	struct cp_slot *e;
 
 	if (sd->now == sd->cap && make_room(sd))
 		return -1;
-	if ((sd->map.used + 1) * 4 > (sd->map.mask + 1) * 3 && map_grow(&sd->map))
+	/* Load factor at most 1/2 keeps probe runs short. */
+	if ((sd->map.used + 1) * 2 > sd->map.mask + 1 && map_grow(&sd->map))
 		return -1;
 
-	slot = map_find(&sd->map, key);
+	e = &sd->map.slots[map_find(&sd->map, key)];
 	sd->sampled++;
-	if (sd->map.vals[slot]) {
-		size_t pos = sd->map.vals[slot] - 1;
-		uint64_t dist = sd->live - (uint64_t)tree_prefix(sd->tree, pos) + 1;
+	if (e->val) {
+		size_t pos = e->val - 1;
+		uint64_t dist = live_after(sd, pos) + 1;
 
 		if (hist_add(sd, scaled_bin(sd, dist), 1.0 / sd->gain))
 			return -1;
-		sd->alive[pos] = 0;
-		tree_add(sd->tree, sd->cap, pos, -1);
-		sd->map.vals[slot] = sd->now + 1;
+		unmark(sd, pos);
 	} else {
 		sd->cold += 1.0 / sd->gain;
-		sd->map.keys[slot] = key;
-		sd->map.vals[slot] = sd->now + 1;
+		e->key = key;
 		sd->map.used++;
 		sd->live++;
 	}
+	e->val = sd->now + 1;
 	sd->owner[sd->now] = key;
-	sd->alive[sd->now] = 1;
-	tree_add(sd->tree, sd->cap, sd->now, 1);
+	mark(sd, sd->now);
 	sd->now++;
 	return 0;
 }
@@ -343,9 +350,14 @@ int cp_sd_feed(struct cp_stackdist *sd, const uint64_t *keys, size_t n)
 
 	sd->seen += n;
 	if (!sd->filter) {
-		for (i = 0; i < n; i++)
+		for (i = 0; i < n; i++) {
+			/* Hide the key map's cache miss for a later key. */
+			if (i + PREFETCH_AHEAD < n)
+				__builtin_prefetch(&sd->map.slots[map_slot(&sd->map,
+						   keys[i + PREFETCH_AHEAD])]);
 			if (reference(sd, keys[i]))
 				return -1;
+		}
 		return 0;
 	}
 	for (i = 0; i < n; i++) {
@@ -388,9 +400,9 @@ int cp_sd_init(struct cp_stackdist *sd, uint64_t threshold, int filter,
 	sd->bin_pages = 1;
 	sd->gain = 1.0;
 	sd->cap = MIN_POSITIONS;
-	sd->tree = calloc(sd->cap, sizeof(*sd->tree));
+	sd->tree = calloc(sd->cap / 64, sizeof(*sd->tree));
 	sd->owner = malloc(sd->cap * sizeof(*sd->owner));
-	sd->alive = calloc(sd->cap, 1);
+	sd->alive = calloc(sd->cap / 64, sizeof(*sd->alive));
 	if (max_keys)
 		sd->heap = malloc((max_keys + 2) * sizeof(*sd->heap));
 	if (!sd->tree || !sd->owner || !sd->alive || (max_keys && !sd->heap) ||
@@ -403,10 +415,10 @@ int cp_sd_init(struct cp_stackdist *sd, uint64_t threshold, int filter,
 
 void cp_sd_clear_keys(struct cp_stackdist *sd)
 {
-	memset(sd->map.vals, 0, (sd->map.mask + 1) * sizeof(*sd->map.vals));
+	memset(sd->map.slots, 0, (sd->map.mask + 1) * sizeof(*sd->map.slots));
 	sd->map.used = 0;
-	memset(sd->tree, 0, sd->cap * sizeof(*sd->tree));
-	memset(sd->alive, 0, sd->cap);
+	memset(sd->tree, 0, sd->cap / 64 * sizeof(*sd->tree));
+	memset(sd->alive, 0, sd->cap / 64 * sizeof(*sd->alive));
 	sd->now = 0;
 	sd->live = 0;
 	sd->heap_len = 0;
@@ -418,8 +430,7 @@ void cp_sd_clear_keys(struct cp_stackdist *sd)
 
 void cp_sd_free(struct cp_stackdist *sd)
 {
-	free(sd->map.keys);
-	free(sd->map.vals);
+	free(sd->map.slots);
 	free(sd->tree);
 	free(sd->owner);
 	free(sd->alive);

@@ -2,10 +2,11 @@
 /*
  * Mattson stack distances in O(log M) per reference, with SHARDS sampling.
  *
- * Every live key owns one position ("timestamp") in a Fenwick tree that
- * holds a 1 at each live position.  The LRU stack distance of a re-reference
- * is the number of live keys touched after the key's previous reference,
- * plus one -- one prefix query.  Positions only grow, so when they run out
+ * Every live key owns one position ("timestamp"); a bitmap marks the live
+ * positions and a Fenwick tree counts them per block of 64.  The LRU stack
+ * distance of a re-reference is the number of live keys touched after the
+ * key's previous reference, plus one: a popcount inside the block plus one
+ * prefix query over blocks (a tree 64 times smaller stays in cache).  Positions only grow, so when they run out
  * the live keys are renumbered densely in order: memory stays O(M) for an
  * endless stream and the amortised cost per reference stays O(log M).
  *
@@ -22,9 +23,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* One slot of the key map; key and value share a cache line. */
+struct cp_slot {
+	uint64_t key;
+	uint64_t val;		/* position + 1; 0 = empty slot */
+};
+
 struct cp_keymap {
-	uint64_t *keys;
-	uint64_t *vals;		/* position + 1; 0 = empty slot */
+	struct cp_slot *slots;
 	size_t mask;		/* capacity - 1, capacity a power of two */
 	size_t used;
 };
@@ -40,10 +46,10 @@ struct cp_stackdist {
 	size_t max_keys;	/* fixed-size SHARDS bound; 0 = fixed rate */
 
 	struct cp_keymap map;	/* key -> position + 1 */
-	int32_t *tree;		/* Fenwick tree, 1-based, cap entries */
+	uint64_t *alive;	/* bit p set: position p is a key's latest */
+	int32_t *tree;		/* Fenwick tree of live counts per 64-position block */
 	uint64_t *owner;	/* key at each position */
-	uint8_t *alive;		/* 1 if the position is a key's latest */
-	size_t cap;		/* positions available */
+	size_t cap;		/* positions available (a multiple of 64) */
 	size_t now;		/* next free position */
 	size_t live;		/* live keys (= tracked keys) */
 
