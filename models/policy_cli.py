@@ -153,16 +153,21 @@ def policy_source(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def describe(path: Path) -> str:
-    """First sentence of the policy file's header comment."""
+def describe(path: Path, width: int = 110) -> str:
+    """First sentence of the policy file's header comment, shortened to
+    `width` characters."""
     text = path.read_text(errors="replace")
     m = re.search(r"/\*(.*?)\*/", text, re.S)
     if not m:
         return ""
     lines = [ln.strip().lstrip("*").strip() for ln in m.group(1).splitlines()]
     para = " ".join(ln for ln in lines if ln)
-    end = re.search(r"[.:](\s|$)", para)
-    return para[:end.start() + 1] if end else para
+    # a full stop that ends a sentence, not "et al." or "e.g."
+    end = re.search(r"(?<!\bal)(?<!e\.g)(?<!i\.e)\.(\s|$)", para)
+    sentence = para[:end.start() + 1] if end else para
+    if len(sentence) > width:
+        sentence = sentence[:width - 1].rstrip() + "\u2026"
+    return sentence
 
 
 def tid_maps(path: Path) -> list[str]:
