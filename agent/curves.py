@@ -116,13 +116,24 @@ class LruShards:
                      "distinct_sampled": len(self._last)})]
 
 
+def size_grid(max_pages: int, points: int = 64, min_pages: int = 256) -> np.ndarray:
+    """Log-spaced cache sizes (pages) from 1 MiB to max_pages."""
+    top = max(int(max_pages), min_pages + 1)
+    return np.unique(np.round(np.geomspace(min_pages, top, points)).astype(np.int64))
+
+
 def make_builder(policies=("lru",), *, rate: float, max_pages: int | None = None):
-    """The engine's MRCBuilder when present, else the LRU-only fallback."""
+    """The engine's MRCBuilder when present, else the LRU-only fallback.
+    An LRU-only builder sizes its curve by the pages it has seen; miniature
+    simulations need a fixed grid, up to max_pages."""
     try:
         from cachepilot.models.builder import MRCBuilder
     except ImportError:
         return LruShards(rate, max_pages=max_pages)
-    return MRCBuilder(tuple(policies), rate=rate, max_pages=max_pages)
+    policies = tuple(policies)
+    if policies == ("lru",) or not max_pages:
+        return MRCBuilder(policies, rate=rate)
+    return MRCBuilder(policies, rate=rate, sizes=size_grid(max_pages))
 
 
 def shift_by_anon(curve: MRC, anon_pages: int) -> MRC:

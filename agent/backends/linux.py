@@ -249,6 +249,8 @@ class LinuxBackend:
             # the limit must also hold what is not page cache (anon + kernel)
             offset_pages = stats.nonfile_bytes // PAGE
             curves = [shift_by_anon(c, offset_pages) for c in w.builder.snapshot()]
+            # the builder's counts age by control interval (sliding window)
+            w.builder.end_window()
         if counted is not None:
             accesses, inserts, removals = d.accesses, d.inserts, d.removals
         else:

@@ -1,0 +1,262 @@
+"""`cachepilot agent` (the node daemon on a real host) and `cachepilot
+profile` (a one-shot curve of a running cgroup)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from cachepilot.errors import UserError
+
+log = logging.getLogger("cachepilot.agent")
+
+
+def register(sub):
+    p = sub.add_parser("agent", help="run the node agent on this host",
+                       description="Watch the configured cgroups, report every interval, "
+                                   "export Prometheus metrics, follow a controller if one "
+                                   "is configured.")
+    p.add_argument("--config", required=True, help="agent YAML config")
+    p.add_argument("--intervals", type=int, help="stop after this many intervals")
+    p.add_argument("--interval", type=float, help="override the config's interval_s")
+    p.add_argument("--reports", metavar="FILE",
+                   help="append each interval's reports to FILE as JSON lines")
+    p.add_argument("--stats-only", action="store_true",
+                   help="do not load the BPF sampler (cgroup files only)")
+    p.set_defaults(func=run_agent)
+
+    q = sub.add_parser("profile", help="one-shot miss-ratio curve of a running cgroup",
+                       description="Sample a cgroup's page-cache accesses for a while and "
+                                   "print (or save) its miss-ratio curve.")
+    q.add_argument("--cgroup", required=True, help="memory cgroup directory (v1 or v2)")
+    q.add_argument("--duration", type=float, default=30.0, help="seconds to sample (30)")
+    q.add_argument("--warmup", type=float, default=0.0,
+                   help="seconds at the start left out of the curve (0)")
+    q.add_argument("--rate", type=float, default=0.01, help="SHARDS sampling rate (0.01)")
+    q.add_argument("--policies", default="lru", help="comma-separated policies (lru)")
+    q.add_argument("--json", metavar="OUT", help="write the curves and counters as JSON")
+    q.add_argument("--plot", metavar="OUT.png", help="plot the curves")
+    q.set_defaults(func=run_profile)
+
+
+# -- agent --------------------------------------------------------------------
+
+def report_to_json(r) -> dict:
+    d = asdict(r)
+    d["curves"] = [c.to_dict() for c in r.curves]
+    return d
+
+
+def run_agent(args) -> int:
+    from cachepilot.agent.backends.linux import LinuxBackend
+    from cachepilot.agent.config import load_config
+    from cachepilot.agent.metrics import AgentMetrics
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    cfg = load_config(args.config)
+    if args.interval is not None:
+        if args.interval <= 0:
+            raise UserError("--interval must be > 0")
+        cfg.interval_s = args.interval
+    for root in cfg.roots:
+        if not os.path.isdir(root):
+            raise UserError(f"{args.config}: roots: {root} is not a directory")
+    backend = LinuxBackend(cfg, start_sampler=not args.stats_only)
+    if args.stats_only:
+        backend.stats_only_reason = "--stats-only was given"
+    metrics = AgentMetrics()
+    server = None
+    if cfg.prometheus.port:
+        try:
+            server = metrics.serve(cfg.prometheus.address, cfg.prometheus.port)
+        except OSError as err:
+            backend.close()
+            raise UserError(f"cannot serve Prometheus metrics on "
+                            f"{cfg.prometheus.address}:{cfg.prometheus.port}: "
+                            f"{err.strerror or err}") from None
+        log.info("Prometheus metrics on http://%s:%d/metrics",
+                 cfg.prometheus.address, cfg.prometheus.port)
+    client = _controller_client(cfg, backend)
+    info = backend.info()
+    log.info("node %s: cgroup v%d, %d MiB, cache_ext %s, policies %s%s", info.node_id,
+             info.cgroup_version, info.memory_bytes >> 20,
+             "present" if info.has_cache_ext else "absent", ",".join(info.policies),
+             f"; stats-only: {backend.stats_only_reason}" if backend.stats_only_reason else "")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    out = open(args.reports, "a", buffering=1) if args.reports else None
+    done = 0
+    next_at = time.monotonic() + cfg.interval_s
+    try:
+        while not stop.is_set() and (args.intervals is None or done < args.intervals):
+            stop.wait(max(0.0, next_at - time.monotonic()))
+            if stop.is_set():
+                break
+            next_at += cfg.interval_s
+            reports = backend.collect()
+            metrics.update(reports, backend)
+            if client is not None:
+                outcome = client.step(reports)
+                if not outcome.connected and outcome.error:
+                    log.warning("controller: %s", outcome.error)
+            if out:
+                out.write(json.dumps({"time": time.time(),
+                                      "reports": [report_to_json(r) for r in reports]}) + "\n")
+            for r in reports:
+                log.info("%s: %.0f acc/s, miss %.3f, limit %d MiB, file %d MiB, anon %d MiB",
+                         r.tenant, r.accesses_per_s, r.miss_ratio, r.limit_bytes >> 20,
+                         r.usage_file_bytes >> 20, r.usage_anon_bytes >> 20)
+            done += 1
+    finally:
+        if out:
+            out.close()
+        if client is not None:
+            client.close()      # closes the backend too
+        else:
+            backend.close()
+        if server is not None:
+            try:
+                server[0].shutdown()
+            except (TypeError, AttributeError):
+                pass
+    return 0
+
+
+def _controller_client(cfg, backend):
+    if cfg.controller is None:
+        return None
+    try:
+        from cachepilot.agent.client import NodeClient
+    except ImportError as err:
+        log.warning("no controller client available (%s); running stand-alone", err)
+        return None
+    c = cfg.controller
+    token = None
+    if c.token_file is not None:
+        try:
+            token = c.token_file.read_text().strip()
+        except OSError as err:
+            raise UserError(f"controller.token_file: cannot read {c.token_file}: "
+                            f"{err.strerror}") from None
+    root = None
+    if c.ca_file is not None and not c.insecure:
+        try:
+            root = c.ca_file.read_bytes()
+        except OSError as err:
+            raise UserError(f"controller.ca_file: cannot read {c.ca_file}: "
+                            f"{err.strerror}") from None
+    return NodeClient(backend, c.address, token=token, root_cert=root,
+                      server_name=c.server_name, insecure=c.insecure)
+
+
+# -- profile ------------------------------------------------------------------
+
+def run_profile(args) -> int:
+    from cachepilot.agent import cgroups
+    from cachepilot.agent.profile import profile_cgroup
+    from cachepilot.agent.sampler import SamplerUnavailable, why_unavailable
+
+    if args.duration <= 0 or args.warmup < 0:
+        raise UserError("--duration must be > 0 and --warmup >= 0")
+    if not 0 < args.rate <= 1:
+        raise UserError(f"--rate must be in (0, 1], got {args.rate}")
+    try:
+        cgroups.version_of(args.cgroup)
+    except cgroups.CgroupError as err:
+        raise UserError(str(err)) from None
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    reason = why_unavailable()
+    if reason:
+        print(f"cachepilot profile: no access sampling ({reason}); "
+              "reporting the cgroup's own counters only", file=sys.stderr)
+        result = _stats_only_profile(args.cgroup, args.warmup + args.duration)
+    else:
+        tty = sys.stderr.isatty()
+
+        def progress(elapsed, c, warming):
+            if not tty:
+                return
+            total = args.warmup + args.duration
+            sys.stderr.write(f"\r{'warming up' if warming else 'sampling  '} "
+                             f"{elapsed:6.1f}/{total:.0f} s  accesses {c.accesses:>12,}  "
+                             f"misses {c.inserts:>10,}  sampled {c.sampled:>9,}  "
+                             f"drops {c.drops:,}   ")
+            sys.stderr.flush()
+        try:
+            prof = profile_cgroup(args.cgroup, args.duration, rate=args.rate,
+                                  warmup_s=args.warmup, policies=policies,
+                                  progress=progress)
+        except SamplerUnavailable as err:
+            raise UserError(str(err)) from None
+        except cgroups.CgroupGone as err:
+            raise UserError(f"the cgroup went away while profiling: {err}") from None
+        if tty:
+            sys.stderr.write("\n")
+        result = prof.to_json()
+    _print_summary(result)
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        except OSError as err:
+            raise UserError(f"cannot write {args.json}: {err.strerror}") from None
+    if args.plot:
+        _plot(result, args.plot)
+    return 0
+
+
+def _stats_only_profile(path, seconds) -> dict:
+    from cachepilot.agent import cgroups
+    before = cgroups.read_stats(path)
+    time.sleep(seconds)
+    after = cgroups.read_stats(path)
+    return {"curves": [], "cgroup": {
+        "path": path, "id": cgroups.cgroup_id(path), "version": after.version,
+        "duration_s": seconds, "accesses": None,
+        "inserts": after.pgpgin - before.pgpgin if after.version == 1 else None,
+        "refaults": after.refaults - before.refaults,
+        "limit_bytes": after.effective_limit_bytes, "usage_bytes": after.usage_bytes,
+        "usage_file_bytes": after.file_bytes, "usage_anon_bytes": after.anon_bytes,
+        "stats_only": True}}
+
+
+def _print_summary(result):
+    cg = result["cgroup"]
+    print(f"{cg['path']}: {cg.get('accesses')} accesses, {cg.get('inserts')} misses "
+          f"in {cg['duration_s']:.1f} s; file {cg['usage_file_bytes'] >> 20} MiB, "
+          f"anon {cg['usage_anon_bytes'] >> 20} MiB, limit "
+          f"{(cg['limit_bytes'] >> 20) if cg['limit_bytes'] else 'none'}"
+          f"{' MiB' if cg['limit_bytes'] else ''}")
+    for c in result["curves"]:
+        pts = list(zip(c["sizes"], c["miss_ratio"]))
+        step = max(1, len(pts) // 8)
+        row = "  ".join(f"{s * 4096 >> 20}MiB:{m:.3f}" for s, m in pts[::step])
+        print(f"  {c['policy']:>8} ({c['method']}): {row}")
+
+
+def _plot(result, out):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in result["curves"]:
+        ax.plot([s * 4096 / 2**20 for s in c["sizes"]], c["miss_ratio"], label=c["policy"])
+    ax.set_xlabel("memory limit (MiB)")
+    ax.set_ylabel("miss ratio")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(result["cgroup"]["path"])
+    if result["curves"]:
+        ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as err:
+        raise UserError(f"cannot write {out}: {err.strerror}") from None
+    finally:
+        plt.close(fig)

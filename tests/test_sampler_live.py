@@ -1,0 +1,195 @@
+"""The BPF sampler on this host, for real: its counts against fio's own,
+its keys against the shared hash, separate cgroups, a deleted cgroup, and
+a ring-buffer overflow that is counted and reported."""
+import logging
+import os
+import time
+
+import numpy as np
+import pytest
+
+from cachepilot.agent.sampler import (Sampler, cp_hash64, page_key, threshold_for_rate,
+                                      why_unavailable)
+from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, fio_randread, have,
+                                      make_file, scratch_cgroup, v1_memory_available)
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def files():
+    for reason in (v1_memory_available(), why_unavailable()):
+        if reason:
+            pytest.skip(reason)
+    if not have("fio"):
+        pytest.skip("fio is not installed")
+    return (make_file(SCRATCH / "small-16m.dat", 16 << 20),
+            make_file(SCRATCH / "mid-64m.dat", 64 << 20))
+
+
+def counters_of(sampler, cgid):
+    _, snap = sampler.counters()
+    return snap[cgid][1]
+
+
+def test_unsampled_access_count_equals_fio_reads(files):
+    _, mid = files
+    with scratch_cgroup("cp_count") as cg, Sampler() as sampler:
+        cgid = os.stat(cg).st_ino
+        sampler.watch(cgid, threshold_for_rate(0.01))
+        before = counters_of(sampler, cgid)
+        run = fio_randread(cg, mid, 200_000, distribution="zipf:0.9", jobs=2)
+        after = counters_of(sampler, cgid)
+        counted = after.accesses - before.accesses
+        print(f"\nfio issued {run['ios']} reads, sampler counted {counted} "
+              f"({(counted - run['ios']) / run['ios']:+.3%})")
+        assert run["ios"] == 400_000
+        assert abs(counted - run["ios"]) <= 0.01 * run["ios"]
+        # rate 0.01 keeps about 1 % of the pages, so of the accesses too
+        sampled = after.sampled - before.sampled
+        assert 0 < sampled < 0.05 * counted
+
+
+def test_sampled_keys_are_the_shared_page_keys_under_the_threshold(files):
+    small, _ = files
+    rate = 0.05
+    threshold = threshold_for_rate(rate)
+    with scratch_cgroup("cp_keys") as cg, Sampler() as sampler:
+        cgid = os.stat(cg).st_ino
+        sampler.watch(cgid, threshold)
+        fio_randread(cg, small, 50_000)
+        c = counters_of(sampler, cgid)
+        recs = sampler.drain()[cgid]
+    st = os.stat(small)
+    pages = st.st_size // 4096
+    expected = {page_key(st, i) for i in range(pages)
+                if cp_hash64(page_key(st, i)) < threshold}
+    got = set(recs["key"].tolist())
+    assert len(recs) == c.sampled and c.drops == 0
+    assert np.all(recs["cgroup_id"] == cgid)
+    assert np.all(recs["op"] == 0)
+    # every sampled key is one of the file's pages under the threshold, and
+    # 50 000 reads over 4096 pages touch (nearly) every one of them
+    assert got <= expected | _other_keys(got, expected)
+    assert len(got & expected) >= 0.95 * len(expected)
+    assert len(expected) == pytest.approx(rate * pages, rel=0.3)
+
+
+def _other_keys(got, expected):
+    # fio's own binary and libraries are read through the page cache too,
+    # before the job starts; they are few and are not the data file's keys
+    extra = got - expected
+    assert len(extra) < 0.05 * len(got) + 20, len(extra)
+    return extra
+
+
+def test_two_cgroups_are_counted_and_sampled_apart(files):
+    small, mid = files
+    with scratch_cgroup("cp_two_a") as a, scratch_cgroup("cp_two_b") as b, \
+            Sampler() as sampler:
+        ida, idb = os.stat(a).st_ino, os.stat(b).st_ino
+        assert ida != idb
+        sampler.watch(ida, threshold_for_rate(1.0))
+        sampler.watch(idb, threshold_for_rate(1.0))
+        ra = fio_randread(a, small, 20_000)
+        rb = fio_randread(b, mid, 60_000)
+        _, snap = sampler.counters()
+        recs = sampler.drain()
+    ca, cb = snap[ida][1], snap[idb][1]
+    assert abs(ca.accesses - ra["ios"]) <= 0.01 * ra["ios"]
+    assert abs(cb.accesses - rb["ios"]) <= 0.01 * rb["ios"]
+    ka, kb = set(recs[ida]["key"].tolist()), set(recs[idb]["key"].tolist())
+    sa, sb = os.stat(small), os.stat(mid)
+    assert page_key(sa, 0) in ka or len(ka & {page_key(sa, i) for i in range(4096)}) > 3000
+    assert len(kb & {page_key(sb, i) for i in range(16384)}) > 10000
+    assert not (ka & {page_key(sb, i) for i in range(16384)})
+
+
+def test_ring_buffer_overflow_is_counted_never_fatal(files):
+    small, _ = files
+    with scratch_cgroup("cp_overflow") as cg, Sampler(ring_bytes=4096) as sampler:
+        cgid = os.stat(cg).st_ino
+        sampler.watch(cgid, threshold_for_rate(1.0))
+        sampler.pause()             # nobody drains: the 4 KiB ring fills up
+        fio_randread(cg, small, 20_000)
+        sampler.resume()
+        c = counters_of(sampler, cgid)
+        received = len(sampler.drain().get(cgid, []))
+        assert c.drops > 0
+        # every access was sampled (rate 1): handed over or dropped, and
+        # everything handed over arrived
+        assert c.sampled + c.drops == c.accesses
+        assert received == c.sampled
+        # the sampler keeps working afterwards
+        fio_randread(cg, small, 1_000)
+        c2 = counters_of(sampler, cgid)
+        assert c2.sampled > c.sampled and sampler.alive
+
+
+def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_path, caplog):
+    from cachepilot.agent.backends.linux import LinuxBackend
+    from cachepilot.agent.config import config_from_dict
+    from cachepilot.agent.metrics import AgentMetrics
+    from prometheus_client import generate_latest
+
+    small, mid = files
+    root = "/sys/fs/cgroup/memory/cp_agent_test"
+    with scratch_cgroup("cp_agent_test") as parent:
+        os.mkdir(parent / "web")
+        os.mkdir(parent / "batch")
+        cfg = config_from_dict({"roots": [root], "cgroups": ["*"], "interval_s": 1,
+                                "sampling": {"rate": 0.5, "ring_bytes": 65536},
+                                "prometheus": {"port": 0}})
+        backend = LinuxBackend(cfg)
+        try:
+            assert backend.stats_only_reason is None
+            assert set(backend.watched) == {"web", "batch"}
+            drop_file_cache(small, mid)
+            fio_randread(parent / "web", small, 30_000)
+            fio_randread(parent / "batch", mid, 40_000)
+            reports = {r.tenant: r for r in backend.collect()}
+            assert set(reports) == {"web", "batch"}
+            web, batch = reports["web"], reports["batch"]
+            assert web.accesses_per_s > 0 and batch.accesses_per_s > 0
+            assert web.curves and batch.curves
+            cw, cb = web.curves[0], batch.curves[0]
+            # separate curves: web re-reads a 16 MiB file, batch a 64 MiB one,
+            # so at 24 MiB web's misses are (nearly) gone and batch's are not
+            aw = (24 << 20) // 4096 + cw.meta.get("anon_offset_pages", 0)
+            ab = (24 << 20) // 4096 + cb.meta.get("anon_offset_pages", 0)
+            assert cw.at(aw) < 0.2 < cb.at(ab)
+            assert web.miss_ratio > 0 and batch.miss_ratio > 0
+
+            # an overflow in the next interval is counted and reported
+            backend.sampler.pause()
+            fio_randread(parent / "web", small, 30_000)
+            backend.sampler.resume()
+            reports = {r.tenant: r for r in backend.collect()}
+            assert backend.watched["web"].totals.drops > 0
+            metrics = AgentMetrics()
+            metrics.update(list(reports.values()), backend)
+            text = generate_latest(metrics.registry).decode()
+            drops = [line for line in text.splitlines()
+                     if line.startswith('cachepilot_sampler_total{') and 'kind="drops"'
+                     in line and 'tenant="web"' in line]
+            assert drops and float(drops[0].split()[-1]) > 0
+            assert 'cachepilot_mrc_miss_ratio{policy="lru",size_pages=' in text \
+                or 'cachepilot_mrc_miss_ratio{' in text
+
+            # a watched cgroup disappears: a log line, and nothing else breaks
+            (parent / "batch").rmdir()
+            caplog.set_level(logging.WARNING, logger="cachepilot.agent")
+            fio_randread(parent / "web", small, 5_000)
+            reports = backend.collect()
+            assert [r.tenant for r in reports] == ["web"]
+            assert any("batch" in rec.getMessage() and "dropped" in rec.getMessage()
+                       for rec in caplog.records)
+            assert reports[0].accesses_per_s > 0
+            metrics.update(reports, backend)
+            assert 'tenant="batch"' not in generate_latest(metrics.registry).decode()
+            assert backend.collect()[0].tenant == "web"
+        finally:
+            backend.close()
+            for child in ("web", "batch"):
+                if (parent / child).exists():
+                    (parent / child).rmdir()
