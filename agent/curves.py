@@ -116,7 +116,7 @@ class LruShards:
                      "distinct_sampled": len(self._last)})]
 
 
-def size_grid(max_pages: int, points: int = 64, min_pages: int = 256) -> np.ndarray:
+def size_grid(max_pages: int, points: int = 32, min_pages: int = 256) -> np.ndarray:
     """Log-spaced cache sizes (pages) from 1 MiB to max_pages."""
     top = max(int(max_pages), min_pages + 1)
     return np.unique(np.round(np.geomspace(min_pages, top, points)).astype(np.int64))

@@ -46,8 +46,9 @@ def v2_memory_root() -> Path | None:
 @contextmanager
 def scratch_cgroup(name: str, root: Path = V1_MEMORY):
     """A fresh memory cgroup that is removed afterwards (its pages are
-    reparented by the kernel)."""
-    path = root / name
+    reparented by the kernel).  The name gets our pid, so two test runs on
+    one host never share a cgroup."""
+    path = root / f"{name}_{os.getpid()}"
     if path.exists():
         remove_cgroup(path)
     path.mkdir()
@@ -81,7 +82,14 @@ def make_file(path: Path, size: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.stat().st_size == size:
         return path
-    tmp = path.with_suffix(".tmp")
+    with exclusive(path.with_suffix(".lock")):
+        if path.exists() and path.stat().st_size == size:
+            return path
+        return _write_random(path, size)
+
+
+def _write_random(path: Path, size: int) -> Path:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         chunk = os.urandom(1 << 20)
         for i in range(size >> 20):
@@ -91,6 +99,19 @@ def make_file(path: Path, size: int) -> Path:
         os.fsync(f.fileno())
     tmp.rename(path)
     return path
+
+
+@contextmanager
+def exclusive(lock_path: Path):
+    """Hold an exclusive lock file (builds of shared test data)."""
+    import fcntl
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def drop_file_cache(*paths):

@@ -17,7 +17,7 @@ import pytest
 from cachepilot.agent import cgroups
 from cachepilot.agent.profile import profile_cgroup
 from cachepilot.agent.sampler import Sampler, why_unavailable
-from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, fio_randread, have,
+from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, exclusive, fio_randread, have,
                                       in_cgroup, make_file, scratch_cgroup,
                                       v1_memory_available)
 
@@ -68,7 +68,10 @@ def profile_during(cg, phases, rate=RATE):
 
 @pytest.mark.parametrize("distribution", ["zipf:1.1", "random"])
 def test_fio_curve_predicts_kernel_miss_ratio_at_four_limits(data_file, distribution):
-    with scratch_cgroup(f"cp_pred_{distribution.split(':')[0]}") as cg:
+    # one run at a time on this host: another run's reads of the same file
+    # would be cache hits charged to nobody here
+    with exclusive(SCRATCH / "fio-256m.run.lock"), \
+            scratch_cgroup(f"cp_pred_{distribution.split(':')[0]}") as cg:
         drop_file_cache(data_file)
         ios = {}
         prof = profile_during(cg, [
@@ -125,17 +128,18 @@ def rocksdb():
     if not have("db_bench"):
         pytest.skip("db_bench (rocksdb-tools) is not installed")
     stamp = DB_DIR / "cachepilot-ready"
-    if not stamp.exists() or stamp.read_text() != f"{DB_KEYS}\n":
-        subprocess.run(["rm", "-rf", str(DB_DIR)], check=True)
-        DB_DIR.parent.mkdir(parents=True, exist_ok=True)
-        out = subprocess.run(
-            ["db_bench", f"--db={DB_DIR}", "--benchmarks=fillrandom,compact",
-             "--compression_type=none", f"--num={DB_KEYS}", "--value_size=128",
-             "--bloom_bits=10", "--threads=1", "--statistics=0"],
-            capture_output=True, text=True)
-        if out.returncode != 0:
-            pytest.fail(f"db_bench fillrandom failed: {out.stderr[-500:]}")
-        stamp.write_text(f"{DB_KEYS}\n")
+    with exclusive(SCRATCH / "rocksdb.lock"):
+        if not stamp.exists() or stamp.read_text() != f"{DB_KEYS}\n":
+            subprocess.run(["rm", "-rf", str(DB_DIR)], check=True)
+            DB_DIR.parent.mkdir(parents=True, exist_ok=True)
+            out = subprocess.run(
+                ["db_bench", f"--db={DB_DIR}", "--benchmarks=fillrandom,compact",
+                 "--compression_type=none", f"--num={DB_KEYS}", "--value_size=128",
+                 "--bloom_bits=10", "--threads=1", "--statistics=0"],
+                capture_output=True, text=True)
+            if out.returncode != 0:
+                pytest.fail(f"db_bench fillrandom failed: {out.stderr[-500:]}")
+            stamp.write_text(f"{DB_KEYS}\n")
     files = [p for p in DB_DIR.iterdir() if p.suffix == ".sst"]
     size = sum(p.stat().st_size for p in files)
     assert size > (max(DB_LIMITS_MB) << 20) * 5 // 4, "database not larger than the limits"
@@ -145,7 +149,7 @@ def rocksdb():
 def test_rocksdb_curve_predicts_kernel_miss_ratio_at_four_limits(rocksdb):
     files, db_size = rocksdb
     reads = 200_000
-    with scratch_cgroup("cp_pred_rocksdb") as cg:
+    with exclusive(SCRATCH / "rocksdb.run.lock"), scratch_cgroup("cp_pred_rocksdb") as cg:
         drop_file_cache(*files)
         prof = profile_during(cg, [
             lambda: db_bench(["--benchmarks=readrandom", f"--reads={reads}", "--seed=1"], cg),

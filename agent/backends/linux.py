@@ -186,9 +186,10 @@ class LinuxBackend:
     # -- Backend -------------------------------------------------------------
     def info(self) -> NodeInfo:
         version = 0
-        for r in self.cfg.roots:
+        # a root may be a plain folder of cgroups; then its members tell
+        for path in list(self.cfg.roots) + [w.path for w in self.watched.values()]:
             try:
-                version = cgroups.version_of(r)
+                version = cgroups.version_of(path)
                 break
             except CgroupError:
                 continue

@@ -24,7 +24,7 @@ from cachepilot.errors import UserError
 from cachepilot.models.mrc import PAGE_SIZE
 
 # Curve resolution: points per curve, spread evenly up to the node's memory.
-CURVE_POINTS = 48
+CURVE_POINTS = 24
 
 
 def curve_sizes(memory_bytes: int, points: int = CURVE_POINTS) -> np.ndarray:
@@ -168,7 +168,7 @@ class SimBackend:
     """Backend protocol (agent/backend.py) over emulated tenants."""
 
     def __init__(self, config, node_name: str, seed: int | None = None,
-                 curve_rate: float = 0.25, curves: bool = True):
+                 curve_rate: float = 1.0, curves: bool = True):
         from cachepilot.models.runtime import available_policies
         try:
             self.node = config.node(node_name)

@@ -1,0 +1,296 @@
+"""The linux backend's logic over file trees laid out like cgroup v2 (stats
+only, no kernel needed), its config, its throughput sources and its
+commands' handling of bad input."""
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cachepilot.agent.backends.linux import LinuxBackend, kernel_has_cache_ext
+from cachepilot.agent.config import config_from_dict, load_config
+from cachepilot.agent.curves import LruShards, shift_by_anon
+from cachepilot.agent.profile import subtract_window
+from cachepilot.agent.throughput import PrometheusSource, ThroughputError, scrape
+from cachepilot.agent.types import Directive
+from cachepilot.errors import UserError
+from cachepilot.models.mrc import MRC
+
+from test_cgroups_tree import make_v2
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+
+
+def v2_tree(tmp_path):
+    root = tmp_path / "tenants"
+    make_v2(root / "web", max_=512 * MiB, current=300 * MiB, file=200 * MiB, anon=90 * MiB)
+    make_v2(root / "db", current=100 * MiB, file=80 * MiB, anon=10 * MiB)
+    return root
+
+
+def backend_for(root, **extra):
+    cfg = config_from_dict({"roots": [str(root)], "cgroups": ["*"], "memory": "8GiB",
+                            "safety": {"floor": "64MiB", "anon_margin": "32MiB",
+                                       "max_step": "1GiB"}, **extra})
+    return LinuxBackend(cfg, start_sampler=False)
+
+
+def test_stats_only_reports_from_a_v2_tree(tmp_path):
+    root = v2_tree(tmp_path)
+    b = backend_for(root)
+    info = b.info()
+    assert info.cgroup_version == 2 and info.memory_bytes == 8 << 30
+    assert b.stats_only_reason
+    (root / "web" / "memory.stat").write_text(
+        f"anon {90 * MiB}\nfile {200 * MiB}\nworkingset_refault_file 517\n")
+    reports = {r.tenant: r for r in b.collect()}
+    assert set(reports) == {"web", "db"}
+    web = reports["web"]
+    assert web.limit_bytes == 512 * MiB
+    assert (web.usage_file_bytes, web.usage_anon_bytes) == (200 * MiB, 90 * MiB)
+    assert web.refaults_per_s > 0 and web.curves == []
+    assert web.policy == "linux"
+
+
+def test_apply_writes_memory_max_under_the_rules_and_reports_refusals(tmp_path):
+    root = v2_tree(tmp_path)
+    b = backend_for(root)
+    res = {r.tenant: r for r in b.apply([
+        Directive("web", 400 * MiB, "lru"),
+        Directive("db", 8 * MiB, "linux"),
+        Directive("nobody", 100 * MiB, "lru")])}
+    assert res["web"].ok and res["web"].applied_limit_bytes == 400 * MiB
+    assert (root / "web" / "memory.max").read_text() == str(400 * MiB)
+    # the policy cannot be attached on this host: said so, limit still set
+    assert "policy" in res["web"].message
+    assert res["db"].ok and res["db"].applied_limit_bytes == 64 * MiB
+    assert "floor" in res["db"].message
+    assert not res["nobody"].ok and "unknown tenant" in res["nobody"].message
+
+
+def test_apply_with_memory_high_knob(tmp_path):
+    root = v2_tree(tmp_path)
+    b = backend_for(root, limit_knob="high")
+    (r,) = b.apply([Directive("web", 300 * MiB, "linux")])
+    assert r.ok and (root / "web" / "memory.high").read_text() == str(300 * MiB)
+    assert (root / "web" / "memory.max").read_text().strip() == str(512 * MiB)
+
+
+def test_a_deleted_cgroup_leaves_the_reports(tmp_path, caplog):
+    root = v2_tree(tmp_path)
+    b = backend_for(root)
+    assert len(b.collect()) == 2
+    for f in (root / "db").iterdir():
+        f.unlink()
+    (root / "db").rmdir()
+    reports = b.collect()
+    assert [r.tenant for r in reports] == ["web"]
+    assert any("db" in r.getMessage() for r in caplog.records)
+    (r,) = b.apply([Directive("db", 100 * MiB, "linux")])
+    assert not r.ok
+
+
+def test_new_cgroups_matching_a_glob_are_picked_up(tmp_path):
+    root = v2_tree(tmp_path)
+    b = backend_for(root)
+    assert len(b.collect()) == 2
+    make_v2(root / "cache")
+    assert {r.tenant for r in b.collect()} == {"web", "db", "cache"}
+
+
+def test_named_tenants_and_unmatched_paths(tmp_path):
+    root = v2_tree(tmp_path)
+    cfg = config_from_dict({"roots": [str(root)],
+                            "tenants": [{"name": "shop", "cgroup": "web"},
+                                        {"name": "ghost", "cgroup": "nothere"}]})
+    b = LinuxBackend(cfg, start_sampler=False)
+    assert {r.tenant for r in b.collect()} == {"shop"}
+
+
+def test_config_errors_name_file_key_and_expectation(tmp_path):
+    bad = tmp_path / "agent.yaml"
+    bad.write_text("roots: [/sys/fs/cgroup]\ncgroups: ['*']\nsampling: {rate: 2}\n")
+    with pytest.raises(UserError, match=r"agent.yaml: sampling.rate: .*less than or equal to 1"):
+        load_config(bad)
+    bad.write_text("roots: []\ncgroups: ['*']\n")
+    with pytest.raises(UserError, match=r"roots"):
+        load_config(bad)
+    bad.write_text("roots: [/x]\n")
+    with pytest.raises(UserError, match="at least one entry in `cgroups` or `tenants`"):
+        load_config(bad)
+    bad.write_text("roots: [/x]\ncgroups: [a]\nsafety: {floor: lots}\n")
+    with pytest.raises(UserError, match=r"safety.floor: .*size"):
+        load_config(bad)
+    bad.write_text("roots: [/x]\ncgroups: [a]\nintervall: 3\n")
+    with pytest.raises(UserError, match=r"intervall"):
+        load_config(bad)
+    bad.write_text("roots: [/x\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(bad)
+    with pytest.raises(UserError, match="no such config file"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_shipped_example_configs_load():
+    for path in sorted((REPO / "configs").glob("agent-*.yaml")):
+        cfg = load_config(path)
+        assert cfg.roots
+    assert list((REPO / "configs").glob("agent-*.yaml"))
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    body = ""
+
+    def do_GET(self):
+        data = type(self).body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_prometheus_throughput_counter_rate_and_gauge():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        _Metrics.body = ("# TYPE app_requests counter\n"
+                         'app_requests_total{route="/a"} 100\n'
+                         'app_requests_total{route="/b"} 50\n'
+                         "# TYPE app_qps gauge\napp_qps 42.5\n")
+        assert scrape(url, "app_requests", {}) == 150
+        assert scrape(url, "app_requests", {"route": "/a"}) == 100
+        with pytest.raises(ThroughputError, match="no sample"):
+            scrape(url, "app_requests", {"route": "/c"})
+        spec = config_from_dict({"roots": ["/x"], "tenants": [{
+            "name": "a", "cgroup": "a", "throughput": {
+                "source": "prometheus", "url": url, "metric": "app_requests",
+                "labels": {"route": "/a"}}}]}).tenants[0].throughput
+        src = PrometheusSource(spec)
+        assert src.read(10.0) == 0.0            # first read: no rate yet
+        _Metrics.body = _Metrics.body.replace('"/a"} 100', '"/a"} 300')
+        assert src.read(12.0) == pytest.approx(100.0)
+        gauge = spec.model_copy(update={"metric": "app_qps", "kind": "gauge", "labels": {}})
+        assert PrometheusSource(gauge).read(1.0) == 42.5
+    finally:
+        server.shutdown()
+    # an unreachable source is logged and reads as zero, never raises
+    assert PrometheusSource(spec).read(20.0) == 0.0
+
+
+def test_cache_ext_detection_reads_btf_type_names(tmp_path):
+    fake = tmp_path / "vmlinux"
+    fake.write_bytes(b"\x9f\xeb\x01\x00" + b"\x00task_struct\x00cache_ext_ops\x00")
+    assert kernel_has_cache_ext(fake)
+    fake.write_bytes(b"\x9f\xeb\x01\x00" + b"\x00task_struct\x00cache_ext_opsx\x00")
+    assert not kernel_has_cache_ext(fake)
+    assert not kernel_has_cache_ext(tmp_path / "absent")
+
+
+def test_curve_shift_by_non_file_memory():
+    c = MRC([100, 200], [0.5, 0.2], meta={})
+    s = shift_by_anon(c, 50)
+    assert s.meta["anon_offset_pages"] == 50
+    assert s.at(150) == pytest.approx(0.5) and s.at(250) == pytest.approx(0.2)
+    assert s.at(50) == 1.0        # a limit that only holds the anonymous memory
+
+
+def test_window_subtraction_gives_the_later_accesses_curve():
+    rng = np.random.default_rng(3)
+    first = rng.integers(0, 1000, 20_000).astype(np.uint64)     # cold start included
+    later = rng.integers(0, 1000, 30_000).astype(np.uint64)
+    b = LruShards(1.0, points=200)
+    b.feed(first)
+    early = b.snapshot()
+    b.feed(later)
+    total = b.snapshot()
+    only_later = subtract_window(total, 50_000, early, 20_000)[0]
+    # the later accesses over a warm stack: uniform over 1000 keys, so an
+    # LRU of s pages misses about 1 - s/1000 and there are no cold misses
+    for s in (200, 500, 800):
+        assert only_later.at(s) == pytest.approx(1 - s / 1000, abs=0.03)
+    assert only_later.at(1000) < 0.01 < total[0].at(1000)
+
+
+def test_fallback_builder_matches_an_exact_lru_simulation():
+    from collections import OrderedDict
+    rng = np.random.default_rng(7)
+    keys = (rng.zipf(1.3, 30_000) % 3000).astype(np.uint64)
+    b = LruShards(1.0, points=3000)
+    b.feed(keys)
+    curve = b.snapshot()[0]
+    for size in (10, 100, 1000):
+        cache, misses = OrderedDict(), 0
+        for k in keys.tolist():
+            if k in cache:
+                cache.move_to_end(k)
+            else:
+                misses += 1
+                cache[k] = True
+                if len(cache) > size:
+                    cache.popitem(last=False)
+        assert curve.at(size) == pytest.approx(misses / len(keys), abs=1e-3)
+
+
+def run_cli(*args, user=None):
+    cmd = [str(REPO / ".venv" / "bin" / "cachepilot"), *args]
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_profile_bad_input_is_one_line():
+    r = run_cli("profile", "--cgroup", "/definitely/not/here", "--duration", "1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "does not exist" in r.stderr
+    r = run_cli("profile", "--cgroup", "/tmp", "--rate", "3")
+    assert r.returncode == 2 and "--rate" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_agent_bad_config_is_one_line(tmp_path):
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text("roots: [/nope]\ncgroups: ['*']\ninterval_s: -1\n")
+    r = run_cli("agent", "--config", str(cfg), "--intervals", "1")
+    assert r.returncode == 2 and "interval_s" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_without_root_the_agent_names_what_is_missing_and_runs_stats_only():
+    import shutil
+    import tempfile
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to an unprivileged user")
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv is not installed")
+    # pytest's own tmp folders are private to root; this one is not
+    base = Path(tempfile.mkdtemp(prefix="cp_nonroot_"))
+    try:
+        root = v2_tree(base)
+        for p in [base, *base.rglob("*")]:
+            p.chmod(0o777 if p.is_dir() else 0o666)
+        cfg = base / "a.yaml"
+        cfg.write_text(f"roots: [{root}]\ncgroups: ['*']\ninterval_s: 0.2\n"
+                       "prometheus: {port: 0}\n")
+        cfg.chmod(0o644)
+        out = base / "reports.jsonl"
+        r = run_cli("agent", "--config", str(cfg), "--intervals", "2", "--reports", str(out),
+                    user=65534)
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr
+        assert "stats-only" in r.stderr and "not running as root" in r.stderr
+        lines = [json.loads(x) for x in out.read_text().splitlines()]
+        assert len(lines) == 2
+        assert {rep["tenant"] for rep in lines[-1]["reports"]} == {"web", "db"}
+        r = run_cli("profile", "--cgroup", str(root / "web"), "--duration", "0.2", user=65534)
+        assert r.returncode == 0 and "not running as root" in r.stderr
+        assert "Traceback" not in r.stderr
+    finally:
+        shutil.rmtree(base)
