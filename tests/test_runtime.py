@@ -332,3 +332,22 @@ def test_load_policy_source_of_a_shipped_policy(tmp_path, monkeypatch):
 
 def test_shipped_policies_are_registered():
     assert {"fifo", "lru", "mru", "linux"} <= set(rt.available_policies())
+
+
+def test_caches_run_in_parallel_threads():
+    """Batches run without the GIL; each thread has its own current
+    instance, so concurrent caches give the results they give alone."""
+    import threading
+    keys = [stream(n=200_000, universe=5000, seed=s) for s in range(4)]
+    alone = [rt.Cache("linux", 300).access(k) for k in keys]
+    caches = [rt.Cache("linux", 300) for _ in keys]
+    got = [None] * len(keys)
+
+    def run(i):
+        got[i] = sum(caches[i].access(part) for part in np.array_split(keys[i], 20))
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(keys))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == alone
