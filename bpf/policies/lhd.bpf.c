@@ -22,17 +22,22 @@
  * point with 8 fractional bits, densities with 20.  Until the first
  * reconfiguration densities follow the prior (class + 1) / (age + 1).
  *
- * Eviction scores the LHD_NR_SCORE least recently used pages (the list is
- * in access order, as the kernel's) and proposes the lowest densities;
- * pages past the last age unit go first.
+ * Eviction scores LHD_NR_SCORE pages at the head of a list kept in
+ * insertion order and proposes the lowest densities (pages past the last
+ * age unit go first); the window's survivors are rotated to the tail at the
+ * start of the next round, so successive rounds sweep the cache like a
+ * clock hand and the candidates are a sample of pages of every age, as
+ * LHD's random sampling intends, rather than the least recently used ones.
  *
- * Differences from libCacheSim's LHD: libCacheSim samples random resident
- * objects plus recent admissions, reconfigures every 2^20 accesses with
- * 20000 age units and 16 x 16 classes (with an application dimension and
- * "explorer" objects); here candidates are the least recently used pages,
- * there are 16 classes of 128 age units, no explorers, reconfiguration is
- * more frequent (LHD_RECONFIG) so it happens on page-cache-sized traces,
- * and the arithmetic is fixed point instead of float.
+ * Differences from libCacheSim's LHD: libCacheSim ranks 8 random resident
+ * objects (32 after 50 reconfigurations) plus the 8 latest admissions; here
+ * the candidates are the sweep's next LHD_NR_SCORE pages.  libCacheSim has
+ * 20000 age units and 16 x 16 classes (an application dimension), sets
+ * some "explorer" objects aside, and reconfigures every 2^20 accesses, so
+ * on traces shorter than that it never leaves its prior; here 16 classes of
+ * 128 units, no explorers, and a reconfiguration every LHD_RECONFIG
+ * accesses, so the model is learnt on page-cache-sized runs.  Fixed point
+ * instead of float throughout.
  */
 #include "cache_ext_policy.h"
 
@@ -61,6 +66,8 @@ struct lhd_state {
 	__s64 held;
 	__u32 shift;
 	__u32 reconfig_due;
+	__u32 to_rotate;	/* survivors of the last scored window */
+	__u32 rotated;
 	__u64 hits[LHD_CLASSES][LHD_AGES];
 	__u64 evictions[LHD_CLASSES][LHD_AGES];
 	__s64 density[LHD_CLASSES][LHD_AGES];
@@ -197,9 +204,20 @@ static __s64 lhd_score(int idx, struct cache_ext_list_node *node)
 			       [age & (LHD_AGES - 1)];
 }
 
+static int lhd_rotate(int idx, struct cache_ext_list_node *node)
+{
+	if (CP_STATE.rotated >= CP_STATE.to_rotate)
+		return CACHE_EXT_ITER_STOP;
+	CP_STATE.rotated++;
+	cache_ext_list_move(CP_STATE.list, cache_ext_node_folio(node), true);
+	return CACHE_EXT_ITER_CONTINUE;
+}
+
 void BPF_STRUCT_OPS(lhd_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
+	int scored;
+
 	if (CP_STATE.reconfig_due) {
 		CP_STATE.reconfig_due = 0;
 		lhd_reconfigure();
@@ -207,8 +225,15 @@ void BPF_STRUCT_OPS(lhd_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		/* first reclaim: the cgroup is full, size the age unit */
 		CP_STATE.shift = lhd_fit_shift();
 	}
-	cache_ext_list_score(memcg, CP_STATE.list, lhd_score, ectx,
-			     LHD_NR_SCORE);
+	/* the hand advances past last round's window */
+	if (CP_STATE.to_rotate) {
+		CP_STATE.rotated = 0;
+		cache_ext_list_iterate(memcg, CP_STATE.list, lhd_rotate, ectx);
+	}
+	scored = cache_ext_list_score(memcg, CP_STATE.list, lhd_score, ectx,
+				      LHD_NR_SCORE);
+	CP_STATE.to_rotate = scored > (int)ectx->nr_candidates ?
+			     scored - ectx->nr_candidates : 0;
 }
 
 void BPF_STRUCT_OPS(lhd_folio_added, struct folio *folio)
@@ -243,7 +268,6 @@ void BPF_STRUCT_OPS(lhd_folio_accessed, struct folio *folio)
 	}
 	if (!page)
 		return;
-	cache_ext_list_move(CP_STATE.list, folio, true);
 	if (page->fresh) {
 		page->fresh = 0;
 		page->stamp = CP_STATE.now;
