@@ -136,8 +136,12 @@ class MRCBuilder:
         for (None: len(keys), the keys are unsampled)."""
         keys = as_keys(keys)
         total = len(keys) if total_accesses is None else int(total_accesses)
-        if total < len(keys):
-            raise ValueError("total_accesses is smaller than the batch")
+        if total < 0:
+            raise ValueError("total_accesses must not be negative")
+        # The kernel's counters and its ring buffer are read at slightly
+        # different moments; a batch never stands for fewer accesses than
+        # it holds.
+        total = max(total, len(keys))
         if tids is not None:
             tids = np.ascontiguousarray(np.asarray(tids, dtype=np.uint32).reshape(-1))
             if len(tids) != len(keys):

@@ -115,4 +115,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="tids"):
         b.feed(np.arange(5, dtype=np.uint64), tids=np.arange(4))
     with pytest.raises(ValueError, match="total_accesses"):
-        b.feed(np.arange(5, dtype=np.uint64), total_accesses=3)
+        b.feed(np.arange(5, dtype=np.uint64), total_accesses=-1)
+    # counters read a moment before the ring buffer: the batch counts as itself
+    b.feed(np.arange(5, dtype=np.uint64), total_accesses=3)
+    assert b.total_accesses == 5
