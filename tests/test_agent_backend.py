@@ -294,3 +294,38 @@ def test_without_root_the_agent_names_what_is_missing_and_runs_stats_only():
         assert "Traceback" not in r.stderr
     finally:
         shutil.rmtree(base)
+
+
+def test_agent_serves_prometheus_metrics_while_it_runs(tmp_path):
+    import socket
+    import time
+    import urllib.request
+    root = v2_tree(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(f"roots: [{root}]\ncgroups: ['*']\ninterval_s: 0.3\n"
+                   f"prometheus: {{address: 127.0.0.1, port: {port}}}\n")
+    proc = subprocess.Popen([str(REPO / ".venv" / "bin" / "cachepilot"), "agent",
+                             "--config", str(cfg), "--intervals", "40"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    text = ""
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    text = r.read().decode()
+                if 'cachepilot_cgroup_limit_bytes{cgroup=' in text:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert any(line.startswith("cachepilot_cgroup_limit_bytes{") and 'tenant="web"' in line
+               and float(line.split()[-1]) == 512 * MiB for line in text.splitlines()), text
+    assert "cachepilot_agent_cpu_seconds" in text
+    assert "Traceback" not in err
