@@ -403,10 +403,12 @@ def _read(path, what):
         raise UserError(f"{path}: cannot read the TLS {what}: {err.strerror}") from None
 
 
-def serve(config, listen: str | None = None, engine=None, max_workers: int = 8) -> Served:
+def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
+          watch_lost: bool = True) -> Served:
     """Start the controller's gRPC server (and its metrics endpoint when the
     config names a port).  `listen` overrides config.controller.listen;
-    port 0 picks a free one (see Served.port)."""
+    port 0 picks a free one (see Served.port).  watch_lost=False leaves out
+    the wall-clock lost-node watch, for nodes stepped on a virtual clock."""
     spec = config.controller
     address = listen or spec.listen
     token = spec.token_value()
@@ -433,13 +435,14 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8) 
     server.start()
     stop = threading.Event()
 
-    def watch_lost():
+    def watch():
         # Check more often than the loss horizon so a lost node is noticed
         # within one interval of crossing it.
         period = max(0.05, config.control.interval_s / 2)
         while not stop.wait(period):
             controller.check_lost()
-    threading.Thread(target=watch_lost, name="lost-node-watch", daemon=True).start()
+    if watch_lost:
+        threading.Thread(target=watch, name="lost-node-watch", daemon=True).start()
     if spec.metrics_port is not None:
         controller.metrics.serve(spec.metrics_port)
     host = address.rsplit(":", 1)[0]
