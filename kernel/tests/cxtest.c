@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * cxtest: the in-VM helper of the cache_ext tests.
+ *
+ *   cxtest attach OBJ CGROUP_DIR PIN   load OBJ's cache_ext_ops map, link it
+ *                                      to the cgroup, pin the link at PIN
+ *   cxtest update PIN OBJ              replace the policy behind a link
+ *   cxtest detach PIN                  detach the link and remove the pin
+ *   cxtest load OBJ                    load only (exit 0 iff the verifier
+ *                                      accepts every program)
+ *   cxtest mkfile PATH MIB             write a file of MIB MiB
+ *   cxtest read PATH [CGROUP_DIR]      join the cgroup, then read PATH once
+ *                                      front to back, page by page, with
+ *                                      readahead off
+ *   cxtest res PATH                    residency (percent) of the first
+ *                                      eighth, the last eighth and all of
+ *                                      PATH, from mincore(): "H T A"
+ *
+ * Statically linked against the kernel tree's libbpf.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+#define PAGE 4096
+
+static void die(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fputs("cxtest: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	exit(1);
+}
+
+/* Open and load OBJ; return its (single) struct_ops map. */
+static struct bpf_map *load_policy(const char *path, struct bpf_object **objp)
+{
+	struct bpf_object *obj;
+	struct bpf_map *map;
+	int err;
+
+	obj = bpf_object__open_file(path, NULL);
+	if (!obj)
+		die("cannot open %s: %s", path, strerror(errno));
+	err = bpf_object__load(obj);
+	if (err)
+		die("cannot load %s: %s", path, strerror(-err));
+	bpf_object__for_each_map(map, obj)
+		if (bpf_map__type(map) == BPF_MAP_TYPE_STRUCT_OPS) {
+			*objp = obj;
+			return map;
+		}
+	die("%s has no struct_ops map", path);
+	return NULL;
+}
+
+static int cmd_attach(const char *objpath, const char *cgpath, const char *pin)
+{
+	struct bpf_object *obj;
+	struct bpf_map *map;
+	int cgfd, link;
+
+	map = load_policy(objpath, &obj);
+	cgfd = open(cgpath, O_RDONLY | O_DIRECTORY);
+	if (cgfd < 0)
+		die("cannot open cgroup %s: %s", cgpath, strerror(errno));
+	/* target_fd names the cgroup the policy is attached to */
+	link = bpf_link_create(bpf_map__fd(map), cgfd, BPF_STRUCT_OPS, NULL);
+	if (link < 0)
+		die("link_create on %s: %s", cgpath, strerror(errno));
+	if (bpf_obj_pin(link, pin))
+		die("pin %s: %s", pin, strerror(errno));
+	return 0;
+}
+
+static int cmd_update(const char *pin, const char *objpath)
+{
+	struct bpf_object *obj;
+	struct bpf_map *map;
+	int link;
+
+	link = bpf_obj_get(pin);
+	if (link < 0)
+		die("no link pinned at %s: %s", pin, strerror(errno));
+	map = load_policy(objpath, &obj);
+	if (bpf_link_update(link, bpf_map__fd(map), NULL))
+		die("link_update: %s", strerror(errno));
+	return 0;
+}
+
+static int cmd_detach(const char *pin)
+{
+	int link = bpf_obj_get(pin);
+
+	if (link < 0)
+		die("no link pinned at %s: %s", pin, strerror(errno));
+	if (bpf_link_detach(link))
+		die("link_detach: %s", strerror(errno));
+	if (unlink(pin))
+		die("unlink %s: %s", pin, strerror(errno));
+	return 0;
+}
+
+static int cmd_load(const char *objpath)
+{
+	struct bpf_object *obj;
+	int err;
+
+	obj = bpf_object__open_file(objpath, NULL);
+	if (!obj)
+		die("cannot open %s: %s", objpath, strerror(errno));
+	err = bpf_object__load(obj);
+	bpf_object__close(obj);
+	if (err) {
+		fprintf(stderr, "cxtest: load of %s refused: %s\n", objpath,
+			strerror(-err));
+		return 1;
+	}
+	return 0;
+}
+
+static int cmd_mkfile(const char *path, long mib)
+{
+	static char buf[1 << 16];
+	long i, n = mib * (1 << 20) / (long)sizeof(buf);
+	int fd;
+
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	if (fd < 0)
+		die("create %s: %s", path, strerror(errno));
+	for (i = 0; i < n; i++) {
+		memset(buf, (int)(i & 0xff), sizeof(buf));
+		if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf))
+			die("write %s: %s", path, strerror(errno));
+	}
+	if (fsync(fd) || close(fd))
+		die("fsync %s: %s", path, strerror(errno));
+	return 0;
+}
+
+static void join_cgroup(const char *cgpath)
+{
+	char procs[4096];
+	FILE *f;
+
+	snprintf(procs, sizeof(procs), "%s/cgroup.procs", cgpath);
+	f = fopen(procs, "w");
+	if (!f || fprintf(f, "%d\n", getpid()) < 0 || fclose(f))
+		die("cannot join %s: %s", cgpath, strerror(errno));
+}
+
+static int cmd_read(const char *path, const char *cgpath)
+{
+	char buf[PAGE];
+	off_t off = 0;
+	ssize_t n;
+	int fd;
+
+	if (cgpath)
+		join_cgroup(cgpath);
+	fd = open(path, O_RDONLY);
+	if (fd < 0)
+		die("open %s: %s", path, strerror(errno));
+	/* One page per read and no readahead: the policy sees every page. */
+	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+	while ((n = pread(fd, buf, sizeof(buf), off)) > 0)
+		off += n;
+	if (n < 0)
+		die("read %s: %s", path, strerror(errno));
+	close(fd);
+	return 0;
+}
+
+static int cmd_res(const char *path)
+{
+	long pages, eighth, i, head = 0, tail = 0, all = 0;
+	unsigned char *vec;
+	struct stat st;
+	void *map;
+	int fd;
+
+	fd = open(path, O_RDONLY);
+	if (fd < 0 || fstat(fd, &st))
+		die("open %s: %s", path, strerror(errno));
+	pages = (st.st_size + PAGE - 1) / PAGE;
+	if (pages < 8)
+		die("%s is too small", path);
+	map = mmap(NULL, st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		die("mmap %s: %s", path, strerror(errno));
+	vec = malloc(pages);
+	if (!vec || mincore(map, st.st_size, vec))
+		die("mincore %s: %s", path, strerror(errno));
+	eighth = pages / 8;
+	for (i = 0; i < pages; i++) {
+		int r = vec[i] & 1;
+
+		all += r;
+		if (i < eighth)
+			head += r;
+		if (i >= pages - eighth)
+			tail += r;
+	}
+	printf("%ld %ld %ld\n", head * 100 / eighth, tail * 100 / eighth,
+	       all * 100 / pages);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const char *cmd = argc > 1 ? argv[1] : "";
+
+	if (!strcmp(cmd, "attach") && argc == 5)
+		return cmd_attach(argv[2], argv[3], argv[4]);
+	if (!strcmp(cmd, "update") && argc == 4)
+		return cmd_update(argv[2], argv[3]);
+	if (!strcmp(cmd, "detach") && argc == 3)
+		return cmd_detach(argv[2]);
+	if (!strcmp(cmd, "load") && argc == 3)
+		return cmd_load(argv[2]);
+	if (!strcmp(cmd, "mkfile") && argc == 4)
+		return cmd_mkfile(argv[2], atol(argv[3]));
+	if (!strcmp(cmd, "read") && (argc == 3 || argc == 4))
+		return cmd_read(argv[2], argc == 4 ? argv[3] : NULL);
+	if (!strcmp(cmd, "res") && argc == 3)
+		return cmd_res(argv[2]);
+	fprintf(stderr,
+		"usage: cxtest attach OBJ CGROUP PIN | update PIN OBJ | detach PIN |\n"
+		"       load OBJ | mkfile PATH MIB | read PATH [CGROUP] | res PATH\n");
+	return 2;
+}
