@@ -234,3 +234,72 @@ def test_step_limit_without_safety_raises_is_a_convex_step():
     new = allocate.step_limit(node, mem, cur, tgt, np.zeros(3), np.full(3, 1000.0), 0.2, 0.0)
     assert np.abs(new - cur).sum() == pytest.approx(200.0)
     np.testing.assert_allclose(new, cur + (tgt - cur) / 3)
+
+
+def upper_hull(pts):
+    hull = []
+    for p in pts:
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) <= \
+                (p[1] - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+            hull.pop()
+        hull.append(p)
+    return hull
+
+
+def greedy_on_hull_segments(c, a, b, lo, hi, budget):
+    """Reference: literal greedy over the segments of each tenant's concave
+    hull of (size, throughput) from its lower bound to its ceiling, one node.
+    Returns each tenant's hull (to value the result) and the allocation."""
+    hulls, segs = [], []
+    for i in range(len(c)):
+        xs, ys = _mono(c[i])
+
+        def thr(x):
+            return 1.0 / (a[i] + b[i] * np.interp(x, xs, ys))
+        pts = [(lo[i], thr(lo[i]))] + [(x, thr(x)) for x in xs if lo[i] < x < hi[i]] + \
+            [(hi[i], thr(hi[i]))]
+        h = upper_hull(pts)
+        hulls.append(h)
+        for (x0, y0), (x1, y1) in zip(h, h[1:]):
+            if x1 > x0:
+                segs.append(((y1 - y0) / (x1 - x0), i, x1 - x0))
+    x = list(lo)
+    left = budget
+    for slope, i, length in sorted(segs, key=lambda s: -s[0]):
+        if slope <= 0 or left <= 0:
+            break
+        take = min(length, left)
+        x[i] += take
+        left -= take
+    return hulls, np.array(x)
+
+
+def on_hull(h, x):
+    hx, hy = zip(*h)
+    return float(np.interp(x, hx, hy))
+
+
+def test_distribute_equals_greedy_over_hull_segments_per_node():
+    rng = np.random.default_rng(21)
+    k = 8
+    curves = [MRC(np.arange(10, 210, 10), np.sort(rng.uniform(0, 1, 20))[::-1])
+              for _ in range(k)]
+    a = rng.uniform(1e-6, 1e-5, k)
+    b = rng.uniform(1e-5, 1e-3, k)
+    node = np.array([0, 0, 0, 1, 1, 1, 1, 2])
+    lo = rng.uniform(0, 40, k)
+    hi = lo + rng.uniform(60, 160, k)
+    budget = np.array([150.0, 200.0, 500.0])     # node 2 has more than it can use
+    pxs, pys = CurveBank(curves).padded(np.arange(k))
+    x = allocate.distribute(node, budget, lo, hi, pxs, pys, a, b)
+    for n in range(2):
+        idx = np.flatnonzero(node == n)
+        hulls, ref = greedy_on_hull_segments([curves[i] for i in idx], a[idx], b[idx],
+                                             lo[idx], hi[idx], budget[n])
+        got = sum(on_hull(h, x[i]) for h, i in zip(hulls, idx))
+        want = sum(on_hull(h, r) for h, r in zip(hulls, ref))
+        assert got == pytest.approx(want, rel=1e-9)
+        assert (x[idx] - lo[idx]).sum() == pytest.approx(budget[n])
+    # a node with spare memory: every tenant reaches its best, then the
+    # rest is handed out up to the ceiling
+    assert x[7] == pytest.approx(hi[7])

@@ -270,7 +270,9 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
                 why.append(f"SLO {slo_i:g}/s not met")
         if curve_i and tgt_i > L["x_lo"][i] + 0.5:
             why.append(f"+{_mib(tgt_i - L['x_lo'][i])} for throughput")
-        if abs(tgt_i - n_i) >= 1:
+        if n_i == cur_i and abs(tgt_i - cur_i) >= 1:
+            why.append(f"held: {_mib(tgt_i)} is within the hysteresis")
+        elif abs(tgt_i - n_i) >= 1:
             why.append(f"stepping toward {_mib(tgt_i)}")
         if ch.reason != "keep" and ch.reason:
             why.append(ch.reason)
