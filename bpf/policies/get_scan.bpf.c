@@ -43,10 +43,12 @@ struct gs_list {
 	__u32 to_rotate;
 };
 
+enum { GS_GET, GS_SCAN, GS_NR_LISTS };
+
 struct get_scan_state {
-	struct gs_list get, scan;
+	struct gs_list lists[GS_NR_LISTS];
 	__u64 now;
-	struct gs_list *walking;	/* list being rotated */
+	__u32 walking;		/* index of the list being rotated */
 	__u32 rotated;
 };
 CP_STATE_DECL(struct get_scan_state);
@@ -66,9 +68,9 @@ static bool gs_scan_thread(void)
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(get_scan_init, struct mem_cgroup *memcg)
 {
-	CP_STATE.get.id = cache_ext_list_create(memcg);
-	CP_STATE.scan.id = cache_ext_list_create(memcg);
-	return CP_STATE.get.id && CP_STATE.scan.id ? 0 : -1;
+	CP_STATE.lists[GS_GET].id = cache_ext_list_create(memcg);
+	CP_STATE.lists[GS_SCAN].id = cache_ext_list_create(memcg);
+	return CP_STATE.lists[GS_GET].id && CP_STATE.lists[GS_SCAN].id ? 0 : -1;
 }
 
 static __s64 gs_score(int idx, struct cache_ext_list_node *node)
@@ -85,9 +87,10 @@ static __s64 gs_score(int idx, struct cache_ext_list_node *node)
 
 static int gs_rotate(int idx, struct cache_ext_list_node *node)
 {
-	struct gs_list *l = CP_STATE.walking;
+	/* an index, not a pointer: BPF global data cannot hold pointers */
+	struct gs_list *l = &CP_STATE.lists[CP_STATE.walking & 1];
 
-	if (!l || CP_STATE.rotated >= l->to_rotate)
+	if (CP_STATE.rotated >= l->to_rotate)
 		return CACHE_EXT_ITER_STOP;
 	CP_STATE.rotated++;
 	cache_ext_list_move(l->id, cache_ext_node_folio(node), true);
@@ -95,20 +98,19 @@ static int gs_rotate(int idx, struct cache_ext_list_node *node)
 }
 
 /* One approximate-LFU round on one list: advance the hand, then score. */
-static void gs_evict_from(struct gs_list *l,
-			  struct cache_ext_eviction_ctx *ectx,
+static void gs_evict_from(__u32 which, struct cache_ext_eviction_ctx *ectx,
 			  struct mem_cgroup *memcg)
 {
+	struct gs_list *l = &CP_STATE.lists[which & 1];
 	__u32 before = ectx->nr_candidates;
 	int scored;
 
 	if (ectx->nr_candidates >= ectx->request)
 		return;
 	if (l->to_rotate) {
-		CP_STATE.walking = l;
+		CP_STATE.walking = which;
 		CP_STATE.rotated = 0;
 		cache_ext_list_iterate(memcg, l->id, gs_rotate, ectx);
-		CP_STATE.walking = NULL;
 	}
 	scored = cache_ext_list_score(memcg, l->id, gs_score, ectx,
 				      GS_NR_SCORE);
@@ -119,8 +121,8 @@ static void gs_evict_from(struct gs_list *l,
 void BPF_STRUCT_OPS(get_scan_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	gs_evict_from(&CP_STATE.scan, ectx, memcg);
-	gs_evict_from(&CP_STATE.get, ectx, memcg);
+	gs_evict_from(GS_SCAN, ectx, memcg);
+	gs_evict_from(GS_GET, ectx, memcg);
 }
 
 void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
@@ -131,8 +133,8 @@ void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
 	page.scan = gs_scan_thread();
 	if (bpf_map_update_elem(&gs_pages, &id, &page, BPF_ANY))
 		return;
-	if (cache_ext_list_add_tail(page.scan ? CP_STATE.scan.id :
-				    CP_STATE.get.id, folio))
+	if (cache_ext_list_add_tail(CP_STATE.lists[page.scan ? GS_SCAN :
+						     GS_GET].id, folio))
 		bpf_map_delete_elem(&gs_pages, &id);
 }
 
@@ -152,7 +154,7 @@ void BPF_STRUCT_OPS(get_scan_folio_accessed, struct folio *folio)
 	if (page->freq < GS_MAX_FREQ)
 		page->freq++;
 	if (page->scan && !gs_scan_thread() &&
-	    !cache_ext_list_move(CP_STATE.get.id, folio, true))
+	    !cache_ext_list_move(CP_STATE.lists[GS_GET].id, folio, true))
 		page->scan = 0;
 }
 

@@ -146,14 +146,15 @@ static void lhd_rescale(__u32 class, int delta)
 
 			hits[a] = 0;
 			evs[a] = 0;
-			to = a >> delta;
+			/* the mask keeps the verifier sure of the bound */
+			to = (a >> delta) & (LHD_AGES - 1);
 			hits[to] += h;
 			evs[to] += e;
 		}
 	} else if (delta < 0) {
 		/* finer: spread each bucket evenly over 2^-delta new ones */
 		for (a = LHD_AGES; a-- > 0;) {
-			__u32 from = a >> -delta;
+			__u32 from = (a >> -delta) & (LHD_AGES - 1);
 
 			hits[a] = hits[from] >> -delta;
 			evs[a] = evs[from] >> -delta;
