@@ -87,7 +87,7 @@ def main():
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for i, (name, e) in enumerate(sorted(result["policies"].items())):
-        color = f"C{i % 10}"
+        color = plt.cm.tab20(i % 20)
         ax.plot(SIZES, e["miss_ratio"], "-o", color=color, label=name, ms=3)
         if "libcachesim_miss_ratio" in e:
             ax.plot(SIZES, e["libcachesim_miss_ratio"], "--x", color=color,
