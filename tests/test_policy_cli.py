@@ -184,3 +184,28 @@ def test_register_tids_refuses_a_map_that_is_not_a_tid_map(capsys):
                      "--cgroup", "tenant-a", "--policy", "get_scan")
     assert rc == 2
     assert "/sys/fs/bpf/cachepilot/tenant-a/gs_tids" in err
+
+
+LIBRARY = ["lfu", "s3fifo", "lhd", "mglru", "hyperbolic", "get_scan",
+           "admit_filter"]
+
+
+def test_mrc_draws_every_policy_of_the_library_in_one_pass(
+        oltp_lis, tmp_path, capsys):
+    """`cachepilot mrc OLTP.lis.zst --policy all --method minisim --plot`:
+    one curve per policy, the library's included, each a real curve."""
+    out_json, png = tmp_path / "all.json", tmp_path / "all.png"
+    rc = main(["mrc", str(oltp_lis), "--policy", "all", "--method",
+               "minisim", "--json", str(out_json), "--plot", str(png),
+               "--no-progress"])
+    capsys.readouterr()
+    assert rc == 0
+    curves = {c["policy"]: c for c in json.loads(out_json.read_text())["curves"]}
+    assert set(LIBRARY) <= set(curves)
+    assert set(runtime.available_policies()) <= set(curves)
+    for name in LIBRARY:
+        ratios = curves[name]["miss_ratio"]
+        assert curves[name]["method"] == "minisim"
+        assert ratios[-1] < ratios[0] - 0.3     # OLTP's curve falls a lot
+    assert png.stat().st_size > 10_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
