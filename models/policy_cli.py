@@ -466,10 +466,23 @@ def register_in_kernel(map_path: Path, tids, remove=False) -> int:
     return len(tids)
 
 
+def threads_of(pid) -> list[int]:
+    """The thread ids of a running process (its /proc/PID/task)."""
+    pid = check_tid(pid)
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        raise UserError(f"no process {pid}") from None
+
+
 def run_register_tids(args) -> int:
     tids = [check_tid(t) for t in args.tids]
+    for pid in args.threads_of or []:
+        tids.extend(threads_of(pid))
+    tids = sorted(set(tids))
     if not tids:
-        raise UserError("give at least one thread id")
+        raise UserError("give at least one thread id (TID... or "
+                        "--threads-of PID)")
     if args.trace or args.out:
         if not (args.trace and args.out):
             raise UserError("--trace and --out go together")
@@ -531,7 +544,10 @@ def register(subparsers):
         "map (--policy-map PATH, or --cgroup/--policy for the loader's pin "
         f"{BPFFS_ROOT}/<cgroup>/<map>).  Simulator: copy a CPACCESS trace "
         "marking the threads' accesses as registered (--trace IN --out OUT).")
-    q.add_argument("tids", nargs="+", metavar="TID")
+    q.add_argument("tids", nargs="*", metavar="TID")
+    q.add_argument("--threads-of", action="append", metavar="PID",
+                   help="also every current thread of process PID "
+                   "(repeatable)")
     q.add_argument("--policy-map", help="pinned tid map in bpffs")
     q.add_argument("--cgroup", help="cgroup the policy is attached to")
     q.add_argument("--policy", help="policy name (with --cgroup)")

@@ -164,6 +164,17 @@ def test_register_tids_fills_a_pinned_kernel_map(capsys):
             ["bpftool", "-j", "map", "dump", "pinned", str(pin)],
             check=True, capture_output=True, text=True).stdout)
         assert len(dump) == 1
+        # a process: all its threads at once
+        rc, _, err = run(capsys, "policy", "register-tids", "--threads-of",
+                         str(os.getpid()), "--policy-map", str(pin))
+        assert rc == 0, err
+        dump = json.loads(subprocess.run(
+            ["bpftool", "-j", "map", "dump", "pinned", str(pin)],
+            check=True, capture_output=True, text=True).stdout)
+        found = {int.from_bytes(bytes(int(b, 16) for b in e["key"]), "little")
+                 for e in dump}
+        threads = {int(t) for t in os.listdir(f"/proc/{os.getpid()}/task")}
+        assert found == threads | {4242}
     finally:
         pin.unlink()
 
