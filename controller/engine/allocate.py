@@ -21,12 +21,13 @@ in 4 KiB pages as floats; `node` gives each row's node index):
    segment.  Memory nobody gains from is handed out in proportion to
    each tenant's headroom below its ceiling, so the cache is not left idle.
 
-3. step_limit: limits move toward the targets, but no node's limits move by
-   more than max_step_fraction of its memory in one interval, summed over
-   its tenants.  Every tenant's move is scaled by the same factor (a convex
-   combination of old and target limits, so a node whose limits fit keeps
-   fitting); raising a tenant to its safety bound is never delayed and
-   uses the step budget first.  A wanted change smaller than the
+3. step_limit: limits move toward the targets, but no node moves more than
+   max_step_fraction of its memory between its tenants in one interval:
+   the limits raised add up to at most the step, and so do the limits
+   lowered (memory taken from one tenant and given to another moves once).
+   Every tenant's move is scaled by the same factor (a convex combination of
+   old and target limits, so a node whose limits fit keeps fitting); raising
+   a tenant to its safety bound is never delayed and uses the step first.  A wanted change smaller than the
    hysteresis (a fraction of node memory) is not made at all.  If a safety
    raise leaves the node's limits adding up to more than the node, the
    shrinking tenants pay for it at once, beyond the step if need be.
@@ -141,10 +142,12 @@ def step_limit(node, memory, current, target, lb, ub, max_step_fraction, hystere
     settled = (np.abs(target - current) < hysteresis * memory[node]) & \
         (forced == 0) & (current <= ub)
     want = np.where(settled, 0.0, want)
-    step = np.maximum(max_step_fraction * memory
-                      - np.bincount(node, weights=forced, minlength=nn), 0.0)
-    moving = np.bincount(node, weights=np.abs(want), minlength=nn)
-    f = np.where(moving > step, step / np.where(moving > 0, moving, 1.0), 1.0)
+    step = max_step_fraction * memory
+    up_room = np.maximum(step - np.bincount(node, weights=forced, minlength=nn), 0.0)
+    up = np.bincount(node, weights=np.maximum(want, 0.0), minlength=nn)
+    down = np.bincount(node, weights=np.maximum(-want, 0.0), minlength=nn)
+    f = np.minimum(np.where(up > up_room, up_room / np.where(up > 0, up, 1.0), 1.0),
+                   np.where(down > step, step / np.where(down > 0, down, 1.0), 1.0))
     new = base + f[node] * want
     # The limits must not add up to more than before (or than the node):
     # a safety raise, or a shrink the hysteresis held back, may have pushed
