@@ -35,6 +35,7 @@ METHODS = ("exact", "shards", "minisim", "full")
 DEFAULT_MINISIM_RATE = 0.01
 DEFAULT_MAX_SAMPLES = 8192
 TABLE_ROWS = 24
+FEED_SLICE = 1 << 18         # keys handed to the engines at a time
 
 
 def register(subparsers):
@@ -167,10 +168,9 @@ class Progress:
             self.task = self.bar.add_task(label, total=max(1, trace.size_bytes), acc=0)
             self.bar.start()
 
-    def update(self):
+    def update(self, done_bytes, accesses):
         if self.bar:
-            self.bar.update(self.task, completed=self.trace.bytes_read,
-                            acc=f"{self.trace.accesses:,}")
+            self.bar.update(self.task, completed=done_bytes, acc=f"{accesses:,}")
 
     def close(self):
         if self.bar:
@@ -179,11 +179,20 @@ class Progress:
 
 def one_pass(trace, label, progress, consumers):
     bar = Progress(trace, label, progress)
+    before_bytes, fed = 0, 0
     try:
         for keys, tids in trace.chunks_with_tids():
-            for feed in consumers:
-                feed(keys, tids)
-            bar.update()
+            # Reader chunks can be large; feed them in slices so that the bar
+            # moves (by interpolating the file position) during slow methods.
+            chunk_bytes = trace.bytes_read - before_bytes
+            for lo in range(0, len(keys), FEED_SLICE):
+                hi = min(len(keys), lo + FEED_SLICE)
+                k, t = keys[lo:hi], (None if tids is None else tids[lo:hi])
+                for feed in consumers:
+                    feed(k, t)
+                fed += hi - lo
+                bar.update(before_bytes + chunk_bytes * hi / len(keys), fed)
+            before_bytes = trace.bytes_read
     finally:
         bar.close()
     if trace.accesses == 0:
