@@ -14,6 +14,9 @@
  *   (and leaves a ghost entry when it goes).  From main: a page with a
  *   non-zero count is moved to the tail with its count decremented, a page
  *   with count zero is proposed.
+ * - A reclaim round of several pages re-weighs main against small after
+ *   each proposal, as one eviction at a time would, and never proposes a
+ *   page twice in a round.
  * - The ghost set is an LRU hash keyed by the page key (device, inode,
  *   offset), which survives eviction; an entry counts only while fewer than
  *   90 % of a cache's worth of pages have been evicted from small since it
@@ -35,9 +38,11 @@
 #define S3_GHOST_MAX (1 << 18)
 #define S3_MOVE_TO_MAIN 2	/* accesses in small that earn main */
 #define S3_MAX_FREQ 3
-#define S3_ROUNDS 8		/* list walks per reclaim request */
+#define S3_WALKS 40		/* list walks per reclaim round (<= 32
+				 * switches between the lists, + slack) */
 
 struct s3_page {
+	__u32 proposed_in;	/* reclaim round that last proposed it */
 	__u8 freq;
 	__u8 in_main;
 	__u8 fresh;		/* the access that inserted it is pending */
@@ -47,6 +52,8 @@ struct s3fifo_state {
 	__u64 small, main;
 	__s64 nr_small, nr_main;	/* pages held, by list */
 	__s64 pend_small, pend_main;	/* proposed this round, not yet gone */
+	__u32 walk_proposed;		/* proposed by the current walk */
+	__u32 round;			/* reclaim rounds so far */
 	__u64 ghost_seq;		/* pages evicted from small so far */
 };
 CP_STATE_DECL(struct s3fifo_state);
@@ -69,39 +76,6 @@ static struct s3_page *s3_page_of(struct folio *folio)
 	return bpf_map_lookup_elem(&s3_pages, &id);
 }
 
-static int s3_walk_small(int idx, struct cache_ext_list_node *node)
-{
-	struct folio *folio = cache_ext_node_folio(node);
-	struct s3_page *page = s3_page_of(folio);
-
-	if (page && !page->in_main && page->freq >= S3_MOVE_TO_MAIN) {
-		if (cache_ext_list_move(CP_STATE.main, folio, true))
-			return CACHE_EXT_ITER_CONTINUE;
-		page->in_main = 1;
-		page->freq = 0;
-		CP_STATE.nr_small--;
-		CP_STATE.nr_main++;
-		return CACHE_EXT_ITER_CONTINUE;
-	}
-	CP_STATE.pend_small++;
-	return CACHE_EXT_ITER_EVICT;
-}
-
-static int s3_walk_main(int idx, struct cache_ext_list_node *node)
-{
-	struct folio *folio = cache_ext_node_folio(node);
-	struct s3_page *page = s3_page_of(folio);
-
-	if (page && page->freq) {
-		page->freq = (page->freq > S3_MAX_FREQ ? S3_MAX_FREQ :
-			      page->freq) - 1;
-		cache_ext_list_move(CP_STATE.main, folio, true);
-		return CACHE_EXT_ITER_CONTINUE;
-	}
-	CP_STATE.pend_main++;
-	return CACHE_EXT_ITER_EVICT;
-}
-
 static __u64 s3_ninety_percent(__u64 pages)
 {
 	return pages - pages / 10;
@@ -121,16 +95,66 @@ static bool s3_main_over(void)
 	return (__u64)main > s3_ninety_percent((__u64)(small + main));
 }
 
+static int s3_walk_small(int idx, struct cache_ext_list_node *node)
+{
+	struct folio *folio = cache_ext_node_folio(node);
+	struct s3_page *page = s3_page_of(folio);
+
+	/* a batch: once main is over its share again, take from main */
+	if (CP_STATE.walk_proposed && s3_main_over())
+		return CACHE_EXT_ITER_STOP;
+	if (page && page->proposed_in == CP_STATE.round)
+		return CACHE_EXT_ITER_CONTINUE;	/* met again in this round */
+	if (page && !page->in_main && page->freq >= S3_MOVE_TO_MAIN) {
+		if (cache_ext_list_move(CP_STATE.main, folio, true))
+			return CACHE_EXT_ITER_CONTINUE;
+		page->in_main = 1;
+		page->freq = 0;
+		CP_STATE.nr_small--;
+		CP_STATE.nr_main++;
+		return CACHE_EXT_ITER_CONTINUE;
+	}
+	if (page)
+		page->proposed_in = CP_STATE.round;
+	CP_STATE.pend_small++;
+	CP_STATE.walk_proposed++;
+	return CACHE_EXT_ITER_EVICT;
+}
+
+static int s3_walk_main(int idx, struct cache_ext_list_node *node)
+{
+	struct folio *folio = cache_ext_node_folio(node);
+	struct s3_page *page = s3_page_of(folio);
+
+	if (CP_STATE.walk_proposed && !s3_main_over())
+		return CACHE_EXT_ITER_STOP;
+	if (page && page->proposed_in == CP_STATE.round)
+		return CACHE_EXT_ITER_CONTINUE;
+	if (page && page->freq) {
+		page->freq = (page->freq > S3_MAX_FREQ ? S3_MAX_FREQ :
+			      page->freq) - 1;
+		cache_ext_list_move(CP_STATE.main, folio, true);
+		return CACHE_EXT_ITER_CONTINUE;
+	}
+	if (page)
+		page->proposed_in = CP_STATE.round;
+	CP_STATE.pend_main++;
+	CP_STATE.walk_proposed++;
+	return CACHE_EXT_ITER_EVICT;
+}
+
 void BPF_STRUCT_OPS(s3fifo_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	int round;
+	int walk;
 
 	CP_STATE.pend_small = 0;
 	CP_STATE.pend_main = 0;
-	for (round = 0; round < S3_ROUNDS; round++) {
+	CP_STATE.round++;
+	for (walk = 0; walk < S3_WALKS; walk++) {
 		if (ectx->nr_candidates >= ectx->request)
 			break;
+		CP_STATE.walk_proposed = 0;
 		if (s3_main_over())
 			cache_ext_list_iterate(memcg, CP_STATE.main,
 					       s3_walk_main, ectx);
