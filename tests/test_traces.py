@@ -224,3 +224,20 @@ def test_cpaccess_tally_records_count_but_are_not_accesses(tmp_path):
     trace = open_trace(p)
     assert trace.read_all().tolist() == [5, 6, 7]
     assert trace.requests == 3 and trace.tallied == 1234
+
+
+def test_corrupt_zstd_is_a_clear_error(tmp_path):
+    good = tmp_path / "k.txt"
+    good.write_text("\n".join(str(i) for i in range(200000)) + "\n")
+    packed = zst(good, tmp_path / "k.txt.zst").read_bytes()
+    bad = tmp_path / "bad.txt.zst"
+    bad.write_bytes(packed[: len(packed) // 2] + b"\xff" * 64)
+    with pytest.raises(TraceError, match=r"bad\.txt\.zst: corrupt zstd data"):
+        read_keys(bad)
+
+
+def test_concatenated_zstd_frames_read_as_one_stream(tmp_path):
+    c = zstandard.ZstdCompressor()
+    p = tmp_path / "two.txt.zst"
+    p.write_bytes(c.compress(b"1\n2\n") + c.compress(b"3\n4\n"))
+    assert read_keys(p).tolist() == [1, 2, 3, 4]

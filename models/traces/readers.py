@@ -67,6 +67,58 @@ def normalise_format(name: str | None) -> str | None:
     return key
 
 
+class ZstdStream:
+    """A read-only stream of zstd-compressed data, frame after frame, that
+    notices a truncated last frame (python-zstandard's stream_reader just
+    stops there, which would pass half a trace off as a whole one)."""
+
+    RAW_BLOCK = 1 << 20
+
+    def __init__(self, raw: BinaryIO):
+        self.raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._d = self._dctx.decompressobj()
+        self._in_frame = False
+        self._buf = bytearray()
+        self._eof = False
+
+    def _fill(self):
+        data = self.raw.read(self.RAW_BLOCK)
+        if not data:
+            if self._in_frame:
+                raise zstandard.ZstdError("the file ends inside a frame (truncated)")
+            self._eof = True
+            return
+        while data:
+            self._in_frame = True
+            self._buf += self._d.decompress(data)
+            data = b""
+            if self._d.eof:
+                # a frame ended; what follows is the next frame
+                data = self._d.unused_data
+                self._d = self._dctx.decompressobj()
+                self._in_frame = False
+
+    def read(self, n: int = -1) -> bytes:
+        while not self._eof and (n < 0 or len(self._buf) < n):
+            self._fill()
+        if n < 0 or n >= len(self._buf):
+            out, self._buf = bytes(self._buf), bytearray()
+        else:
+            out = bytes(self._buf[:n])
+            del self._buf[:n]
+        return out
+
+    def close(self):
+        self.raw.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def open_binary(path, raw_sink: list | None = None) -> BinaryIO:
     """The file's bytes, decompressed on the fly when it is zstd.  The raw
     file object is appended to raw_sink (for progress: its tell())."""
@@ -75,7 +127,7 @@ def open_binary(path, raw_sink: list | None = None) -> BinaryIO:
         raw_sink.append(f)
     if f.read(4) == ZSTD_MAGIC:
         f.seek(0)
-        return zstandard.ZstdDecompressor().stream_reader(f, closefd=True)
+        return ZstdStream(f)
     f.seek(0)
     return f
 
@@ -89,8 +141,13 @@ def detect_format(path) -> str:
     """Format from the content first (magic bytes, text shape), the file
     extension second.  Raises TraceError listing the accepted formats."""
     path = Path(path)
-    with open_binary(path) as src:
-        head = src.read(64 << 10)
+    try:
+        with open_binary(path) as src:
+            head = src.read(64 << 10)
+    except zstandard.ZstdError as err:
+        raise TraceError(f"{path}: corrupt zstd data ({err})") from None
+    except OSError as err:
+        raise TraceError(f"{path}: cannot read: {err.strerror or err}") from None
     if head.startswith(records.MAGIC):
         return "cpaccess"
     name = path.name.lower()
@@ -134,7 +191,10 @@ class Trace:
         if not self.path.is_file():
             raise TraceError(f"{self.path}: no such trace file")
         self.format = normalise_format(format) or detect_format(self.path)
-        self.compressed = _is_zstd(self.path)
+        try:
+            self.compressed = _is_zstd(self.path)
+        except OSError as err:
+            raise TraceError(f"{self.path}: cannot read: {err.strerror or err}") from None
         self.threshold = records.THRESHOLD_ALL
         self.requests = 0
         self.accesses = 0
@@ -173,10 +233,15 @@ class Trace:
             source = self._oracle_chunks()
         else:
             source = self._cpaccess_chunks()
-        for keys, tids in source:
-            self.accesses += len(keys)
-            if len(keys):
-                yield keys, tids
+        try:
+            for keys, tids in source:
+                self.accesses += len(keys)
+                if len(keys):
+                    yield keys, tids
+        except zstandard.ZstdError as err:
+            raise TraceError(f"{self.path}: corrupt zstd data ({err})") from None
+        except OSError as err:
+            raise TraceError(f"{self.path}: cannot read: {err.strerror or err}") from None
 
     def read_all(self) -> np.ndarray:
         """Every key in one array (for tests and small traces)."""
