@@ -148,7 +148,7 @@ def rocksdb():
 
 def test_rocksdb_curve_predicts_kernel_miss_ratio_at_four_limits(rocksdb):
     files, db_size = rocksdb
-    reads = 200_000
+    reads = 100_000
     with exclusive(SCRATCH / "rocksdb.run.lock"), scratch_cgroup("cp_pred_rocksdb") as cg:
         drop_file_cache(*files)
         prof = profile_during(cg, [
