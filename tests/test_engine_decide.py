@@ -305,3 +305,23 @@ def test_restart_rebuilds_from_reports_within_the_step():
     up = sum(max(loop.limit[n] - before[n], 0) for n in "abc")
     down = sum(max(before[n] - loop.limit[n], 0) for n in "abc")
     assert 0 < up <= 0.1 * GiB + 3 * 4096 and down <= 0.1 * GiB + 3 * 4096
+
+
+def test_odd_report_values_do_not_break_a_round():
+    synth = {n: tenant(n, 0.4, 1.0, POLS) for n in "abc"}
+    cfg = make([{"name": n, "node": "n1", "slo": {"min_throughput": 1000.0}} for n in "abc"])
+    loop = Loop(cfg, synth)
+    loop.step()
+    r = loop.reports()
+    a, b, c = r["n1"]
+    a.throughput, a.miss_ratio = float("nan"), float("nan")     # a broken counter
+    b.limit_bytes, b.usage_anon_bytes = 0, -5                    # no limit yet, junk usage
+    c.accesses_per_s, c.throughput = 0.0, 0.0                    # an idle interval
+    c.policy = "no-such-policy"
+    d = engine.decide(loop.state, r, cfg)
+    limits = {x.tenant: x.limit_bytes for x in d.directives["n1"]}
+    assert set(limits) == {"a", "b", "c"}
+    assert all(16 << 20 <= v <= GiB for v in limits.values())
+    # b had no limit ("all it may have"): it is brought down by at most the step
+    assert limits["b"] >= GiB - 0.1 * GiB - 4096
+    assert {x.tenant: x.policy for x in d.directives["n1"]}["c"] in POLS
