@@ -189,6 +189,10 @@ def tenant_demands(config, headroom: float = 0.10, policies: list[str] | None = 
         node = config.node(spec.node)
         offered = node.policies if node.policies is not None else policies
         allowed = [p for p in (spec.policies or offered) if p in offered]
+        if not allowed:
+            raise UserError(f"tenant {spec.name!r}: none of its policies "
+                            f"({', '.join(spec.policies or [])}) is offered by "
+                            f"{spec.node!r} ({', '.join(offered)})")
         lb = max(spec.floor_bytes, config.control.anon_margin_bytes)
         cap = min(spec.ceiling_bytes or max_host, max_host)
         if spec.slo is None or spec.slo.min_throughput <= 0:
