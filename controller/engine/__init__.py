@@ -46,10 +46,6 @@ OBSERVE_AFTER = 2          # reports to wait before recording an observed effect
 PENDING_MAX_AGE = 100      # rounds after which an unobserved decision is dropped
 
 
-def _mib(pages: float) -> str:
-    return "inf" if pages == math.inf else f"{pages * PAGE / 1048576:.0f} MiB"
-
-
 def _refit(obs, slots, priors, ctl):
     a, b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
                              priors[:, 0], priors[:, 1],
@@ -249,6 +245,11 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         slo=slo, has_slo=has_slo, has_curve=has_curve, granted=granted,
         feasible=feasible, alloc_row=alloc_row, pred_target=pred_target,
         pred_new=pred_new, pred_old=pred_old, need_rows=need_rows).items()}
+    # sizes as whole MiB for the reasons, formatted once, not per tenant
+    to_mib = PAGE / 1048576
+    need_mib = np.round(np.where(np.isfinite(need_c), need_c, 0) * to_mib).astype(np.int64).tolist()
+    extra_mib = np.round((target - x_lo) * to_mib).astype(np.int64).tolist()
+    target_mib = np.round(target * to_mib).astype(np.int64).tolist()
     for i, (ni, spec, r) in enumerate(rows):
         st, ch = tstates[i], choices[i]
         node = nodes[ni]
@@ -264,16 +265,16 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
             why.append("no curve yet: limit held")
         elif L["has_slo"][i]:
             if L["granted"][i]:
-                why.append(f"SLO {slo_i:g}/s needs {_mib(L['need_c'][i])} under "
+                why.append(f"SLO {slo_i:g}/s needs {need_mib[i]} MiB under "
                            f"{row_policy[L['alloc_row'][i]]}")
             else:
                 why.append(f"SLO {slo_i:g}/s not met")
         if curve_i and tgt_i > L["x_lo"][i] + 0.5:
-            why.append(f"+{_mib(tgt_i - L['x_lo'][i])} for throughput")
+            why.append(f"+{extra_mib[i]} MiB for throughput")
         if n_i == cur_i and abs(tgt_i - cur_i) >= 1:
-            why.append(f"held: {_mib(tgt_i)} is within the hysteresis")
+            why.append(f"held: {target_mib[i]} MiB is within the hysteresis")
         elif abs(tgt_i - n_i) >= 1:
-            why.append(f"stepping toward {_mib(tgt_i)}")
+            why.append(f"stepping toward {target_mib[i]} MiB")
         if ch.reason != "keep" and ch.reason:
             why.append(ch.reason)
         reason = "; ".join(why)

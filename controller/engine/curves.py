@@ -27,7 +27,8 @@ class CurveBank:
     def __init__(self, curves: list[MRC]):
         n = len(curves)
         self.n = n
-        lens = np.fromiter((len(c.sizes) for c in curves), dtype=np.int64, count=n) + 1
+        sizes = [c.sizes for c in curves]
+        lens = np.fromiter(map(len, sizes), dtype=np.int64, count=n) + 1
         self.lens = lens
         self.start = np.zeros(n, dtype=np.int64)
         if n:
@@ -39,7 +40,7 @@ class CurveBank:
         xs = np.zeros(total)
         ys = np.ones(total)
         if n:
-            xs[~origin] = np.concatenate([c.sizes for c in curves])
+            xs[~origin] = np.concatenate(sizes)
             ys[~origin] = np.minimum(np.concatenate([c.miss_ratio for c in curves]), 1.0)
             # Cumulative minimum within each curve: lift every curve above
             # the ones after it so one global accumulate stays segmented,
