@@ -315,6 +315,10 @@ def test_bad_input_is_a_user_error(tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(UserError, match="no such"):
         rt.load_policy_source(str(tmp_path / "missing.bpf.c"))
+    empty = tmp_path / "empty.bpf.c"
+    empty.write_text('#include "cache_ext_policy.h"\nint x;\n')
+    with pytest.raises(UserError, match="defines no policy"):
+        rt.load_policy_source(str(empty))
 
 
 def test_load_policy_source_of_a_shipped_policy(tmp_path, monkeypatch):
