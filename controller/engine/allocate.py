@@ -17,8 +17,9 @@ in 4 KiB pages as floats; `node` gives each row's node index):
    Lagrangian dual: a price per page, bisected per node, at which each
    tenant's best point (throughput - price x size) just fills the node.
    The tenants whose choice changes at that price share the remainder in
-   order of their segment's slope -- exactly the greedy's last, partial
-   segment.  Memory nobody gains from is handed out in proportion to
+   order of their segment's slope -- the greedy's last, partial segment.
+   (28 halvings leave the price known to 4e-9 of the steepest slope; two
+   hull segments of one tenant closer than that are taken as one.)  Memory nobody gains from is handed out in proportion to
    each tenant's headroom below its ceiling, so the cache is not left idle.
 
 3. step_limit: limits move toward the targets, but no node moves more than
@@ -78,7 +79,7 @@ def _grid(xs, ys, a, b, x_lo, x_hi):
     return X - x_lo[:, None], T - T[:, :1]
 
 
-def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=40):
+def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=28):
     """Sizes (pages) per row: x_lo plus a share of each node's `budget`."""
     nn = len(budget)
     r = np.arange(len(x_lo))

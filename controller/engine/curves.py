@@ -39,20 +39,25 @@ class CurveBank:
         origin[self.start] = True
         xs = np.zeros(total)
         ys = np.ones(total)
+        rises = np.zeros(0, dtype=bool)
         if n:
             xs[~origin] = np.concatenate(sizes)
             ys[~origin] = np.minimum(np.concatenate([c.miss_ratio for c in curves]), 1.0)
-            # Cumulative minimum within each curve: lift every curve above
-            # the ones after it so one global accumulate stays segmented,
-            # then take the (exact) original value at each running minimum.
-            lifted = ys + 2.0 * (n - 1 - cid)
-            at_min = lifted <= np.minimum.accumulate(lifted)
-            ys = ys[np.maximum.accumulate(np.where(at_min, np.arange(total), 0))]
+            rises = np.diff(ys) > 0
+            rises[self.start[1:] - 1] = False       # into the next curve's origin
+            if rises.any():
+                # Cumulative minimum within each curve: lift every curve above
+                # the ones after it so one global accumulate stays segmented,
+                # then take the (exact) original value at each running minimum.
+                lifted = ys + 2.0 * (n - 1 - cid)
+                at_min = lifted <= np.minimum.accumulate(lifted)
+                ys = ys[np.maximum.accumulate(np.where(at_min, np.arange(total), 0))]
         self.xs, self.ys, self.cid = xs, ys, cid
         self.span = float(xs.max()) + 2.0 if total else 1.0
         self.fkey = cid * self.span + xs
-        # (lifting may tie values closer than its rounding; keep keys sorted)
-        self.bkey = np.maximum.accumulate(cid * 4.0 + (1.0 - ys))
+        self.bkey = cid * 4.0 + (1.0 - ys)
+        if rises.any():     # lifting may tie values closer than its rounding
+            self.bkey = np.maximum.accumulate(self.bkey)
 
     def end(self, rows):
         return self.start[rows] + self.lens[rows] - 1
