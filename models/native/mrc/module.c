@@ -139,7 +139,23 @@ typedef struct {
 	PyObject_HEAD
 	struct cp_stackdist sd;
 	int ready;
+	int busy;	/* a feed runs without the GIL; refuse concurrent use */
 } StackDistObject;
+
+/* Called with the GIL held, so the check and the set cannot race. */
+static int sd_enter(StackDistObject *self)
+{
+	if (!self->ready) {
+		PyErr_SetString(PyExc_RuntimeError, "StackDist not initialised");
+		return -1;
+	}
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError,
+				"StackDist is being fed by another thread");
+		return -1;
+	}
+	return 0;
+}
 
 static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
 {
@@ -158,6 +174,11 @@ static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
 	}
 	if (threshold == 0) {
 		PyErr_SetString(PyExc_ValueError, "threshold must be positive");
+		return -1;
+	}
+	if (self->busy) {
+		PyErr_SetString(PyExc_RuntimeError,
+				"StackDist is being fed by another thread");
 		return -1;
 	}
 	if (self->ready)
@@ -183,15 +204,15 @@ static PyObject *sd_feed(StackDistObject *self, PyObject *arg)
 	Py_buffer view;
 	int rc;
 
-	if (!self->ready) {
-		PyErr_SetString(PyExc_RuntimeError, "StackDist not initialised");
+	if (sd_enter(self))
 		return NULL;
-	}
 	if (get_u64_buffer(arg, &view, 0))
 		return NULL;
+	self->busy = 1;
 	Py_BEGIN_ALLOW_THREADS
 	rc = cp_sd_feed(&self->sd, view.buf, view.len / 8);
 	Py_END_ALLOW_THREADS
+	self->busy = 0;
 	PyBuffer_Release(&view);
 	if (rc)
 		return PyErr_NoMemory();
@@ -208,6 +229,8 @@ static PyObject *sd_hist(StackDistObject *self, PyObject *args, PyObject *kw)
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &reset))
 		return NULL;
+	if (sd_enter(self))
+		return NULL;
 	n = self->sd.nbins ? self->sd.nbins : 1;
 	out = PyBytes_FromStringAndSize(NULL, n * sizeof(double));
 	if (!out)
@@ -218,6 +241,8 @@ static PyObject *sd_hist(StackDistObject *self, PyObject *args, PyObject *kw)
 
 static PyObject *sd_clear(StackDistObject *self, PyObject *unused)
 {
+	if (sd_enter(self))
+		return NULL;
 	cp_sd_clear_keys(&self->sd);
 	Py_RETURN_NONE;
 }
