@@ -19,7 +19,7 @@ def register(subparsers):
     p = subparsers.add_parser("run", help="controller + sim nodes in one process (the demo)")
     p.add_argument("--config", required=True)
     p.add_argument("--intervals", type=int, default=None,
-                   help="control intervals to run (default 40)")
+                   help="control intervals to run (default 30)")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
     p.add_argument("--plots", help="write PNG plots into this folder")
     p.add_argument("--no-live", action="store_true", help="no live table (headless)")

@@ -24,7 +24,7 @@ from cachepilot.errors import UserError
 log = logging.getLogger("cachepilot.run")
 
 BASELINE_POLICY = "linux"
-DEFAULT_INTERVALS = 40
+DEFAULT_INTERVALS = 30
 
 
 # -- the two runs ------------------------------------------------------------------
@@ -229,6 +229,9 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
                 seed=None, console=None) -> dict:
     from rich.console import Console
     console = console or Console()
+    if not console.is_terminal:
+        # Headless (a pipe, a log): do not squeeze the tables to 80 columns.
+        console = Console(width=120)
     if intervals < 1:
         raise UserError("run: --intervals must be at least 1")
     if cfg.controller.insecure:

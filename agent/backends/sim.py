@@ -101,12 +101,17 @@ class SimTenant:
             start += ph.intervals
         return len(self.workload.phases) - 1
 
+    def phase_stream(self, idx: int) -> PhaseStream:
+        """A fresh copy of phase idx's access stream (offline sweeps replay
+        exactly what the tenant ran)."""
+        return PhaseStream(self.workload.phases[idx], self.seed * 1009 + idx,
+                           key_base=idx << 40)
+
     def step(self) -> TenantReport:
         idx = self.phase_at(self.interval)
         if idx != self.phase_index:
             self.phase_index = idx
-            phase = self.workload.phases[idx]
-            self.stream = PhaseStream(phase, self.seed * 1009 + idx, key_base=idx << 40)
+            self.stream = self.phase_stream(idx)
         n = self.workload.accesses_per_interval
         keys, tids = self.stream.next(n)
         misses = int(self.cache.access(keys, tids))
