@@ -39,6 +39,11 @@ FEED_SLICE = 1 << 18         # keys handed to the engines at a time
 
 
 def register(subparsers):
+    register_mrc(subparsers)
+    register_trace(subparsers)
+
+
+def register_mrc(subparsers):
     p = subparsers.add_parser(
         "mrc", help="miss-ratio curves of a trace",
         description="Miss-ratio curves of a trace, for one or more eviction "
@@ -350,4 +355,96 @@ def run_mrc(args) -> int:
                         unique=result["unique"])
         except OSError as err:
             raise UserError(f"cannot write {args.plot}: {err.strerror}") from None
+    return 0
+
+
+# -- `cachepilot trace`: look at a trace, or write a synthetic one ----------------
+GENERATORS = ("zipf", "uniform", "scan", "loop", "get-scan")
+
+
+def register_trace(subparsers):
+    p = subparsers.add_parser("trace", help="inspect a trace or write a synthetic one")
+    sub = p.add_subparsers(dest="trace_command", metavar="ACTION")
+    sub.required = True
+    info = sub.add_parser("info", help="format, requests, page accesses, unique pages")
+    info.add_argument("trace")
+    info.add_argument("--format", help=f"trace format: {formats_help()}")
+    info.set_defaults(func=run_trace_info)
+    gen = sub.add_parser("gen", help="write a seeded synthetic trace "
+                                     "(.txt, .cpa for the record format, .zst to compress)")
+    gen.add_argument("kind", help=", ".join(GENERATORS))
+    gen.add_argument("-o", "--output", required=True)
+    gen.add_argument("--keys", default="100000", help="distinct pages (footprint)")
+    gen.add_argument("--count", default="1000000", help="accesses to write")
+    gen.add_argument("--skew", default="1.0", help="zipf skew (zipf, get-scan)")
+    gen.add_argument("--scan-fraction", default="0.3", help="get-scan: share of scan requests")
+    gen.add_argument("--scan-pages", default="1024", help="get-scan: pages per scan run")
+    gen.add_argument("--seed", default="0")
+    gen.set_defaults(func=run_trace_gen)
+
+
+def run_trace_info(args) -> int:
+    normalise_format(args.format)
+    trace = open_trace(args.trace, args.format)
+    engine = ExactLRU() if trace.threshold == rate_threshold(1.0) else Shards(rate=trace.rate)
+    for keys in trace.chunks():
+        engine.feed(keys)
+    unique = engine.unique if isinstance(engine, ExactLRU) else round(engine.unique_estimate)
+    info = {"trace": str(trace.path), "format": trace.format,
+            "compressed": trace.compressed, "requests": trace.requests,
+            "accesses": trace.accesses, "unique": int(unique),
+            "footprint_mib": round(int(unique) * 4096 / 2**20, 1)}
+    if trace.threshold != rate_threshold(1.0):
+        info["sampling_rate"] = trace.rate
+        info["unique_estimated"] = True
+    if trace.tallied is not None:
+        info["tallied_accesses"] = trace.tallied
+    for key, value in info.items():
+        print(f"{key:18s} {value}")
+    return 0
+
+
+def run_trace_gen(args) -> int:
+    from cachepilot.models import generators as gen
+    from cachepilot.models.traces import records
+    kind = args.kind.strip().lower()
+    if kind not in GENERATORS:
+        raise UserError(f"unknown generator {args.kind!r}; accepted: {', '.join(GENERATORS)}")
+    n_keys = parse_number(args.keys, "keys", int, 1, 1 << 40)
+    count = parse_number(args.count, "count", int, 1, 1 << 40)
+    skew = parse_number(args.skew, "skew", float, 0.0, 10.0)
+    seed = parse_number(args.seed, "seed", int, 0, (1 << 63) - 1)
+    stream = {"zipf": lambda: gen.zipf(n_keys, skew, seed),
+              "uniform": lambda: gen.uniform(n_keys, seed),
+              "scan": lambda: gen.scan(n_keys, seed),
+              "loop": lambda: gen.loop(n_keys, seed),
+              "get-scan": lambda: gen.get_scan(
+                  n_keys, skew,
+                  parse_number(args.scan_fraction, "scan-fraction", float, 0.0, 1.0),
+                  parse_number(args.scan_pages, "scan-pages", int, 1, 1 << 30),
+                  seed=seed)}[kind]()
+    out = Path(args.output)
+    name = out.name.lower()
+    compress = name.endswith(".zst")
+    as_records = name.removesuffix(".zst").endswith((".cpa", ".cpaccess"))
+    import io
+    import zstandard
+    try:
+        with open(out, "wb") as raw:
+            sink = zstandard.ZstdCompressor().stream_writer(raw) if compress else raw
+            if as_records:
+                records.write_header(sink)
+            for chunk in stream.chunks(count):
+                keys, tids = chunk if isinstance(chunk, tuple) else (chunk, None)
+                if as_records:
+                    sink.write(records.make_records(keys, tids=tids).tobytes())
+                else:
+                    text = io.StringIO()
+                    np.savetxt(text, keys, fmt="%d")
+                    sink.write(text.getvalue().encode())
+            if compress:
+                sink.flush(zstandard.FLUSH_FRAME)
+    except OSError as err:
+        raise UserError(f"cannot write {out}: {err.strerror or err}") from None
+    print(f"wrote {count:,} {kind} accesses over {n_keys:,} pages to {out}")
     return 0

@@ -11,7 +11,7 @@ from cachepilot.models import generators as gen
 from cachepilot.models import runtime
 from cachepilot.models.exact import exact_lru_mrc
 from cachepilot.models.shards import rate_threshold, sample_mask_index
-from cachepilot.models.traces import records, read_keys
+from cachepilot.models.traces import open_trace, records, read_keys
 
 
 def run(argv, capsys):
@@ -143,3 +143,27 @@ def test_bad_traces_through_a_real_process(tmp_path):
         assert proc.returncode != 0, path
         assert "Traceback" not in proc.stderr
         assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_trace_gen_then_info_and_mrc(tmp_path, capsys):
+    out = tmp_path / "gs.cpa.zst"
+    assert main(["trace", "gen", "get-scan", "--keys", "4000", "--count", "50000",
+                 "--seed", "7", "-o", str(out)]) == 0
+    capsys.readouterr()
+    # the file holds exactly what the generator yields for that seed
+    keys, tids = gen.get_scan(4000, 1.0, 0.3, 1024, seed=7).next(50_000)
+    (back_keys, back_tids), = list(open_trace(out).chunks_with_tids())
+    assert np.array_equal(back_keys, keys) and np.array_equal(back_tids, tids)
+    assert main(["trace", "info", str(out)]) == 0
+    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert info["format"] == "cpaccess" and info["compressed"] == "True"
+    assert int(info["accesses"]) == 50_000 and int(info["unique"]) == len(np.unique(keys))
+    code, _, _ = run([out, "--policy", "lru,fifo", "--sizes", "1000,4000"], capsys)
+    assert code == 0
+
+
+def test_trace_gen_refuses_unknown_kind(tmp_path, capsys):
+    assert main(["trace", "gen", "fractal", "-o", str(tmp_path / "x.txt")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("cachepilot trace: error: unknown generator 'fractal'; "
+                           "accepted: zipf, uniform, scan, loop, get-scan")
