@@ -100,3 +100,15 @@ def test_auto_sizes_span_one_percent_to_all():
     assert sizes[0] == 1 and sizes[-1] == 186_880
     assert np.all(np.diff(sizes) > 0)
     assert np.sum(sizes >= 1868) >= 45
+
+
+def test_any_64_bit_key_works():
+    rng = np.random.default_rng(12)
+    pool = np.concatenate([rng.integers(0, 1 << 64, 300, dtype=np.uint64, endpoint=False),
+                           np.array([0, 1, (1 << 64) - 1, (1 << 63)], dtype=np.uint64)])
+    keys = pool[rng.integers(0, len(pool), 20_000)]
+    curve = exact_lru_mrc(keys)
+    assert curve.meta["unique"] == len(np.unique(keys))
+    kl = keys.tolist()
+    for size in [1, 10, 100, 250, 304]:
+        assert curve.at(size) == pytest.approx(naive_lru_miss_ratio(kl, size), abs=1e-12)
