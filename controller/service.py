@@ -180,9 +180,8 @@ class Controller:
             if d.limit_bytes != before_limit:
                 self.metrics.decisions.labels("limit").inc()
             if d.policy != before_policy:
+                # The engine's own log entry says why; only count it here.
                 self.metrics.decisions.labels("policy").inc()
-                self._note(rec.name, d.tenant, "policy",
-                           f"{d.tenant}: policy {before_policy} -> {d.policy}: {d.reason}")
             rec.directives[d.tenant] = d
             self.last_reason[d.tenant] = d.reason
             self.metrics.limit.labels(d.tenant, rec.name).set(d.limit_bytes)

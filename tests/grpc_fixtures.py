@@ -26,13 +26,20 @@ def make_cert(folder: Path, ips=("127.0.0.1",)) -> tuple[Path, Path]:
     return key, cert
 
 
-def small_config(tmp: Path | None = None, tls: bool = True, nodes=("n1",), tenants_per_node=2,
-                 interval_s=0.2, lost_after=3, memory=64 << 20, ips=("127.0.0.1",)):
-    ctl = {"insecure": True, "listen": "127.0.0.1:0"}
+def small_config(tmp: Path | None = None, **kw):
+    return config_from_dict(small_config_dict(tmp, **kw), "test.yaml")
+
+
+def small_config_dict(tmp: Path | None = None, tls: bool = True, nodes=("n1",),
+                      tenants_per_node=2, interval_s=0.2, lost_after=3, memory=64 << 20,
+                      ips=("127.0.0.1",), listen="127.0.0.1:0", metrics_port=None):
+    ctl = {"insecure": True, "listen": listen}
     if tls:
         key, cert = make_cert(tmp, ips)
-        ctl = {"listen": "127.0.0.1:0", "tls_cert": str(cert), "tls_key": str(key),
+        ctl = {"listen": listen, "tls_cert": str(cert), "tls_key": str(key),
                "tls_ca": str(cert), "token": TOKEN}
+    if metrics_port is not None:
+        ctl["metrics_port"] = metrics_port
     data = {
         "control": {"interval_s": interval_s, "lost_after_intervals": lost_after},
         "controller": ctl,
@@ -41,7 +48,7 @@ def small_config(tmp: Path | None = None, tls: bool = True, nodes=("n1",), tenan
                      "policies": ["lru", "fifo"], "initial_policy": "lru"}
                     for n in nodes for i in range(tenants_per_node)],
     }
-    return config_from_dict(data, "test.yaml")
+    return data
 
 
 class EchoEngine:
@@ -56,11 +63,14 @@ class EchoEngine:
     def decide(self, node, reports, config):
         from cachepilot.agent.types import Directive
         self.calls.append((node, [r.tenant for r in reports]))
-        out = []
+        out, log = [], []
         for r in reports:
             limit, policy = self.script.get(r.tenant, (r.limit_bytes, r.policy))
             out.append(Directive(r.tenant, limit, policy, "echo"))
-        return out, [], []
+            if policy != r.policy:
+                log.append({"kind": "policy", "tenant": r.tenant, "predicted": 1.5,
+                            "message": f"{r.tenant}: policy {r.policy} -> {policy}"})
+        return out, [], log
 
 
 def curve(policy="lru", sizes=(256, 1024, 4096), ratios=(0.9, 0.5, 0.2)):

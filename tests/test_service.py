@@ -2,6 +2,7 @@
 nothing, the admin API, lost-node detection and the metrics."""
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -211,18 +212,19 @@ def test_tenants_view_and_metrics_follow_reports(tls_server):
     assert "cachepilot_decision_seconds_count 1.0" in text
     log = admin.DecisionLog(pb.DecisionLogRequest(tenant="n1-t1"), metadata=md).entries
     assert log[0].kind == "policy" and "lru -> fifo" in log[0].message
+    assert json.loads(log[0].detail_json) == {"predicted": 1.5}
     ch.close()
 
 
 def test_silent_node_is_marked_lost_and_leaves_the_pool(tmp_path):
-    cfg = small_config(tmp_path, nodes=("n1", "n2"), interval_s=0.1, lost_after=2)
+    cfg = small_config(tmp_path, nodes=("n1", "n2"), interval_s=0.5, lost_after=2)
     served = serve(cfg, engine=EchoEngine())
     try:
         ch, node, admin, md = stubs(cfg, served)
         sessions = {n: register(node, md, n) for n in ("n1", "n2")}
         assert admin.Status(pb.StatusRequest(), metadata=md).pool_bytes == 2 * (64 << 20)
         import time
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 8
         # n1 keeps reporting, n2 falls silent.
         while time.monotonic() < deadline:
             node.Report(pb.ReportRequest(node_id="n1", session=sessions["n1"], seq=1,
@@ -257,3 +259,75 @@ def test_generated_modules_match_the_proto(tmp_path):
     for name in ("cachepilot_pb2.py", "cachepilot_pb2_grpc.py"):
         assert (tmp_path / name).read_text() == (ROOT / "controller" / name).read_text(), \
             f"{name} is stale: run controller/gen_proto.sh"
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_admin_command_talks_tls_and_reports_refusals_in_one_line(tmp_path):
+    import yaml
+
+    from grpc_fixtures import small_config_dict
+    port = _free_port()
+    data = small_config_dict(tmp_path, listen=f"127.0.0.1:{port}")
+    cfg_path = tmp_path / "ctl.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    from cachepilot.controller.config import load_config
+    served = serve(load_config(cfg_path), engine=EchoEngine())
+
+    def admin(*args, path=cfg_path):
+        return subprocess.run([sys.executable, "-m", "cachepilot", "admin", "--config", str(path),
+                               "--target", f"localhost:{port}", *args],
+                              capture_output=True, text=True, timeout=60)
+    try:
+        ok = admin("set-slo", "n1-t1", "2500")
+        assert ok.returncode == 0 and "n1-t1: SLO 1000 -> 2500" in ok.stdout
+        status = admin("status")
+        assert status.returncode == 0 and "tls on" in status.stdout
+        for args, expect in [(("set-slo", "ghost", "5"), "not_found: unknown tenant 'ghost'"),
+                             (("set-slo", "n1-t0", "-5"), "invalid_argument"),
+                             (("clear-slo", "ghost"), "unknown tenant")]:
+            bad = admin(*args)
+            assert bad.returncode == 2, bad
+            assert bad.stderr.count("\n") == 1 and expect in bad.stderr, bad.stderr
+            assert "Traceback" not in bad.stderr
+        data["controller"]["token"] = "a-different-token"
+        wrong = tmp_path / "wrong.yaml"
+        wrong.write_text(yaml.safe_dump(data))
+        bad = admin("status", path=wrong)
+        assert bad.returncode == 2 and "unauthenticated" in bad.stderr
+        assert served.controller.config.tenant("n1-t0").slo.min_throughput == 1000
+        assert served.controller.config.tenant("n1-t1").slo.min_throughput == 2500
+    finally:
+        served.stop(0)
+
+
+def test_metrics_are_served_over_http(tmp_path):
+    import urllib.request
+
+    from grpc_fixtures import small_config_dict
+    from cachepilot.controller.config import config_from_dict
+    port = _free_port()
+    cfg = config_from_dict(small_config_dict(tmp_path, metrics_port=port), "m.yaml")
+    served = serve(cfg, engine=EchoEngine())
+    try:
+        ch, node, admin, md = stubs(cfg, served)
+        session = register(node, md)
+        for seq in range(1, 8):
+            node.Report(pb.ReportRequest(node_id="n1", session=session, seq=seq, reports=[
+                wire.report_to_pb(report("n1-t0", throughput=1500.0 if seq % 2 else 10.0))]),
+                metadata=md)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        text = text.decode()
+        # warm-up is 5 intervals: of intervals 6 and 7, one met the SLO.
+        assert 'cachepilot_slo_attainment_ratio{tenant="n1-t0"} 0.5' in text
+        assert 'cachepilot_nodes{state="reporting"} 1.0' in text
+        assert "cachepilot_pool_bytes 6.7108864e+07" in text
+        assert "cachepilot_decision_seconds_count 7.0" in text
+        ch.close()
+    finally:
+        served.stop(0)
