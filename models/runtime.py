@@ -50,15 +50,17 @@ STAT_NAMES = ("accesses", "hits", "misses", "inserts", "evictions",
               "requests")
 
 
-def available_policies() -> list[str]:
-    """Names of the policies this process can run, sorted."""
-    return sorted(_runtime.policies())
+def available_policies(include_loaded: bool = False) -> list[str]:
+    """Names of the shipped policies (bpf/policies, built into the
+    runtime), sorted; with include_loaded, also those loaded later with
+    load_policy_source."""
+    return sorted(_runtime.policies(bool(include_loaded)))
 
 
 def _check_policy(name: str) -> str:
-    if not isinstance(name, str) or name not in _runtime.policies():
+    if not isinstance(name, str) or name not in _runtime.policies(True):
         raise UserError(f"unknown policy {name!r}; available: "
-                        f"{', '.join(available_policies())}")
+                        f"{', '.join(available_policies(True))}")
     return name
 
 
@@ -350,11 +352,18 @@ def compile_policy_source(path) -> Path:
 
 def load_policy_source(path: str) -> str:
     """Compile a policy file natively (``cc -shared -fPIC -I bpf/include``)
-    into the cache directory, load it into this process and return the
-    policy's name (its CP_POLICY name).  A loaded policy replaces a
-    registered one of the same name for caches created afterwards."""
+    into the cache directory (``$XDG_CACHE_HOME/cachepilot/policies``),
+    load it into this process and return the name to use with Cache,
+    full_mrc and MiniSim.
+
+    That name is the file's CP_POLICY name, unless a shipped policy has it:
+    shipped policies are never replaced, so e.g. a copy of lru.bpf.c loads
+    as "lru@<file stem>".  Loading again under a name a loaded policy
+    already has replaces it for caches created afterwards.  Loaded policies
+    are not in available_policies() unless include_loaded=True."""
     so = compile_policy_source(path)
+    tag = Path(path).name.split(".")[0] or "file"
     try:
-        return _runtime.load_library(str(so))
+        return _runtime.load_library(str(so), tag)
     except ValueError as err:
         raise UserError(str(err)) from None

@@ -338,6 +338,28 @@ def test_shipped_policies_are_registered():
     assert {"fifo", "lru", "mru", "linux"} <= set(rt.available_policies())
 
 
+def test_loaded_policies_never_replace_shipped_ones(tmp_path, monkeypatch):
+    """Loading policies (tests, `policy check`) must not change what the
+    rest of the process runs under a shipped name, nor the shipped list."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    shipped = rt.available_policies()
+    load_test_policy("bad_none")
+    assert "bad_none" not in rt.available_policies()
+    assert "bad_none" in rt.available_policies(include_loaded=True)
+    # a file whose CP_POLICY name is a shipped one: mru's code named "lru"
+    src = Path(rt.REPO_ROOT) / "bpf" / "policies" / "mru.bpf.c"
+    clash = tmp_path / "lru_variant.bpf.c"
+    clash.write_text(src.read_text().replace("CP_POLICY(mru,", "CP_POLICY(lru,"))
+    name = rt.load_policy_source(str(clash))
+    assert name == "lru@lru_variant"
+    assert rt.available_policies() == shipped
+    keys = stream(seed=14)
+    assert rt.Cache("lru", 64).access(keys) == ref_misses("lru", keys, 64)
+    variant = rt.Cache(name, 64)
+    assert variant.policy == name
+    assert variant.access(keys) == ref_misses("mru", keys, 64)
+
+
 def test_caches_run_in_parallel_threads():
     """Batches run without the GIL; each thread has its own current
     instance, so concurrent caches give the results they give alone."""

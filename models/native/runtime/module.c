@@ -191,7 +191,7 @@ static PyObject *cache_get_policy(CacheObject *self, void *closure)
 {
 	struct cp_instance *inst = usable(self);
 
-	return inst ? PyUnicode_FromString(inst->file->ops->name) : NULL;
+	return inst ? PyUnicode_FromString(inst->name) : NULL;
 }
 
 static PyObject *cache_get_nr_cached(CacheObject *self, void *closure)
@@ -234,10 +234,14 @@ static PyTypeObject CacheType = {
 	.tp_getset = cache_getset,
 };
 
-static PyObject *mod_policies(PyObject *self, PyObject *unused)
+static PyObject *mod_policies(PyObject *self, PyObject *args)
 {
 	const char *names[256];
-	int n = cp_policy_names(names, 256), i;
+	int include_loaded = 0, n, i;
+
+	if (!PyArg_ParseTuple(args, "|p", &include_loaded))
+		return NULL;
+	n = cp_policy_names(names, 256, include_loaded);
 	PyObject *list = PyList_New(0);
 
 	for (i = 0; list && i < n && i < 256; i++) {
@@ -259,10 +263,10 @@ static PyObject *mod_load_library(PyObject *self, PyObject *args)
 {
 	struct cp_policy_file *(*entry)(void);
 	struct cp_policy_file *file;
-	const char *path;
+	const char *path, *tag, *name;
 	void *handle;
 
-	if (!PyArg_ParseTuple(args, "s", &path))
+	if (!PyArg_ParseTuple(args, "ss", &path, &tag))
 		return NULL;
 	handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!handle) {
@@ -278,8 +282,10 @@ static PyObject *mod_load_library(PyObject *self, PyObject *args)
 			     "%s defines no policy (CP_POLICY missing)", path);
 		return NULL;
 	}
-	cp_register_policy_file(file);
-	return PyUnicode_FromString(file->ops->name);
+	name = cp_load_policy_file(file, tag);
+	if (!name)
+		return PyErr_NoMemory();
+	return PyUnicode_FromString(name);
 }
 
 /* Indices of the keys that SHARDS keeps: cp_hash64(key) < threshold. */
@@ -316,9 +322,10 @@ static PyObject *mod_sample_index(PyObject *self, PyObject *args)
 static PyMethodDef module_methods[] = {
 	{ "sample_index", mod_sample_index, METH_VARARGS,
 	  "sample_index(keys_u64_buffer, threshold) -> u64 index bytes" },
-	{ "policies", mod_policies, METH_NOARGS, "registered policy names" },
+	{ "policies", mod_policies, METH_VARARGS,
+	  "policies(include_loaded=False) -> registered policy names" },
 	{ "load_library", mod_load_library, METH_VARARGS,
-	  "load_library(path) -> policy name" },
+	  "load_library(path, tag) -> registered policy name" },
 	{ NULL }
 };
 

@@ -5,6 +5,7 @@
  * reclaim exactly as the kernel contract describes (batches of at most 32
  * candidates, every candidate validated, fallback to the oldest page).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,44 +29,93 @@ static __thread struct cp_instance *cur;
 
 /* ---- policy registry ---------------------------------------------------- */
 
-static struct cp_policy_file *registry;
+/*
+ * Built-in policies (linked into the runtime) register from constructors;
+ * policies loaded later from shared objects never replace a built-in: one
+ * whose name is taken by a built-in is registered as "<name>@<tag>".  A
+ * loaded policy does replace an earlier loaded one of the same name.
+ * Entries are never freed, so names and files stay valid for instances.
+ */
+struct cp_reg {
+	char name[CP_POLICY_NAME_MAX];
+	const struct cp_policy_file *file;
+	int builtin;
+	struct cp_reg *next;
+};
 
-void cp_register_policy_file(struct cp_policy_file *file)
+static struct cp_reg *registry;
+
+static struct cp_reg *reg_find(const char *name)
 {
-	extern const struct cp_runtime_api cp_runtime_api;
-	struct cp_policy_file **p;
+	struct cp_reg *r;
 
-	*file->api = &cp_runtime_api;
-	/* a later file with the same name replaces the earlier one */
-	for (p = &registry; *p; p = &(*p)->next) {
-		if (!strcmp((*p)->ops->name, file->ops->name)) {
-			file->next = (*p)->next;
-			*p = file;
-			return;
-		}
-	}
-	file->next = NULL;
-	*p = file;
-}
-
-const struct cp_policy_file *cp_find_policy(const char *name)
-{
-	const struct cp_policy_file *f;
-
-	for (f = registry; f; f = f->next)
-		if (!strcmp(f->ops->name, name))
-			return f;
+	for (r = registry; r; r = r->next)
+		if (!strcmp(r->name, name))
+			return r;
 	return NULL;
 }
 
-int cp_policy_names(const char **names, int max)
+static const char *reg_add(const struct cp_policy_file *file,
+			   const char *name, int builtin)
 {
-	const struct cp_policy_file *f;
+	extern const struct cp_runtime_api cp_runtime_api;
+	struct cp_reg *r = reg_find(name), **p;
+
+	*file->api = &cp_runtime_api;
+	if (r && !r->builtin && !builtin) {
+		r->file = file;
+		return r->name;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	snprintf(r->name, sizeof(r->name), "%s", name);
+	r->file = file;
+	r->builtin = builtin;
+	for (p = &registry; *p; p = &(*p)->next)
+		;
+	*p = r;
+	return r->name;
+}
+
+void cp_register_policy_file(struct cp_policy_file *file)
+{
+	reg_add(file, file->ops->name, 1);
+}
+
+const char *cp_load_policy_file(const struct cp_policy_file *file,
+				const char *tag)
+{
+	struct cp_reg *r = reg_find(file->ops->name);
+	char alias[CP_POLICY_NAME_MAX];
+
+	if (r && r->builtin) {
+		snprintf(alias, sizeof(alias), "%s@%s", file->ops->name, tag);
+		return reg_add(file, alias, 0);
+	}
+	return reg_add(file, file->ops->name, 0);
+}
+
+const struct cp_policy_file *cp_find_policy(const char *name,
+					    const char **reg_name)
+{
+	struct cp_reg *r = reg_find(name);
+
+	if (r && reg_name)
+		*reg_name = r->name;
+	return r ? r->file : NULL;
+}
+
+int cp_policy_names(const char **names, int max, int include_loaded)
+{
+	const struct cp_reg *r;
 	int n = 0;
 
-	for (f = registry; f; f = f->next) {
+	for (r = registry; r; r = r->next) {
+		if (!r->builtin && !include_loaded)
+			continue;
 		if (n < max)
-			names[n] = f->ops->name;
+			names[n] = r->name;
 		n++;
 	}
 	return n;
@@ -682,7 +732,8 @@ static int policy_setup(struct cp_instance *inst,
 struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
 				    const char **err)
 {
-	const struct cp_policy_file *file = cp_find_policy(policy);
+	const char *reg_name = NULL;
+	const struct cp_policy_file *file = cp_find_policy(policy, &reg_name);
 	struct cp_instance *inst;
 
 	if (!file) {
@@ -694,6 +745,7 @@ struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
 		*err = "out of memory";
 		return NULL;
 	}
+	inst->name = reg_name;
 	inst->capacity = capacity;
 	inst->table_mask = 63;
 	inst->table = calloc(inst->table_mask + 1, sizeof(*inst->table));
@@ -751,7 +803,8 @@ static int attach(struct cp_instance *inst, const struct cp_policy_file *file,
 int cp_instance_swap(struct cp_instance *inst, const char *policy,
 		     const char **err)
 {
-	const struct cp_policy_file *file = cp_find_policy(policy);
+	const char *reg_name = NULL;
+	const struct cp_policy_file *file = cp_find_policy(policy, &reg_name);
 	const struct cp_policy_file *old = inst->file;
 	const char *ignored;
 
@@ -759,8 +812,10 @@ int cp_instance_swap(struct cp_instance *inst, const char *policy,
 		*err = "unknown policy";
 		return -ENOENT;
 	}
-	if (!attach(inst, file, err))
+	if (!attach(inst, file, err)) {
+		inst->name = reg_name;
 		return 0;
+	}
 	/* the new policy failed to start: the old one comes back, fresh */
 	if (attach(inst, old, &ignored))
 		return -EIO;

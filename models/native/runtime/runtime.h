@@ -32,6 +32,7 @@ struct cp_chunk;
 struct cp_instance {
 	/* the policy side: replaced wholesale by a policy swap */
 	const struct cp_policy_file *file;
+	const char *name;		/* registered name of the policy */
 	void *state;
 	struct cp_map **maps;
 	struct cp_list **lists;
@@ -59,9 +60,15 @@ struct cp_instance {
 };
 
 /* policy registry */
+#define CP_POLICY_NAME_MAX 96
 void cp_register_policy_file(struct cp_policy_file *file);
-const struct cp_policy_file *cp_find_policy(const char *name);
-int cp_policy_names(const char **names, int max);
+/* Register a policy loaded from a shared object; returns the name it is
+ * registered under (see runtime.c) or NULL. */
+const char *cp_load_policy_file(const struct cp_policy_file *file,
+				const char *tag);
+const struct cp_policy_file *cp_find_policy(const char *name,
+					    const char **reg_name);
+int cp_policy_names(const char **names, int max, int include_loaded);
 
 /* instances; *err gets a static message on failure */
 struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
