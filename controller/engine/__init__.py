@@ -42,6 +42,26 @@ __all__ = ["decide", "Decision", "EngineState", "LogEntry", "TenantPlan",
            "TenantState", "Violation"]
 
 PAGE = 4096
+
+
+def _keep_freed_memory() -> None:
+    """A round allocates a few dozen arrays of megabytes and frees them.
+    glibc hands blocks that large back to the kernel on free and maps them
+    again on the next round, so every round pays page faults for memory it
+    just had -- a third of the round's time on a busy host.  Let the heap
+    keep them (up to 256 MiB of free heap; blocks up to 32 MiB from the
+    heap).  Process-wide, harmless elsewhere; a no-op without glibc."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 256 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
+_keep_freed_memory()
 OBSERVE_AFTER = 2          # reports to wait before recording an observed effect
 PENDING_MAX_AGE = 100      # rounds after which an unobserved decision is dropped
 
@@ -240,21 +260,21 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     plans = {}
     hyst_b = (ctl.hysteresis * mem_pages * PAGE).tolist()
     # plain Python numbers for the per-tenant loop (numpy scalars are slow)
-    L = {k: v.tolist() for k, v in dict(
-        new=new, current=current, target=target, lb=lb, x_lo=x_lo, need_c=need_c,
-        slo=slo, has_slo=has_slo, has_curve=has_curve, granted=granted,
-        feasible=feasible, alloc_row=alloc_row, pred_target=pred_target,
-        pred_new=pred_new, pred_old=pred_old, need_rows=need_rows).items()}
+    need_rows_l = need_rows.tolist()
+    pred_old_l, pred_new_l = pred_old.tolist(), pred_new.tolist()
     # sizes as whole MiB for the reasons, formatted once, not per tenant
     to_mib = PAGE / 1048576
-    need_mib = np.round(np.where(np.isfinite(need_c), need_c, 0) * to_mib).astype(np.int64).tolist()
-    extra_mib = np.round((target - x_lo) * to_mib).astype(np.int64).tolist()
-    target_mib = np.round(target * to_mib).astype(np.int64).tolist()
-    for i, (ni, spec, r) in enumerate(rows):
-        st, ch = tstates[i], choices[i]
+    need_mib = np.round(np.where(np.isfinite(need_c), need_c, 0) * to_mib).astype(np.int64)
+    extra_mib = np.round((target - x_lo) * to_mib).astype(np.int64)
+    target_mib = np.round(target * to_mib).astype(np.int64)
+    per_tenant = zip(rows, tstates, choices, new.tolist(), current.tolist(), target.tolist(),
+                     lb.tolist(), x_lo.tolist(), slo.tolist(), has_slo.tolist(),
+                     has_curve.tolist(), granted.tolist(), feasible.tolist(),
+                     alloc_row.tolist(), pred_target.tolist(), need_mib.tolist(),
+                     extra_mib.tolist(), target_mib.tolist(), row_of)
+    for i, ((ni, spec, r), st, ch, n_i, cur_i, tgt_i, lb_i, xlo_i, slo_i, slo_on, curve_i,
+            granted_i, feasible_i, arow, p, need_m, extra_m, tgt_m, mine) in enumerate(per_tenant):
         node = nodes[ni]
-        n_i, cur_i, tgt_i, lb_i = L["new"][i], L["current"][i], L["target"][i], L["lb"][i]
-        curve_i, slo_i = L["has_curve"][i], L["slo"][i]
         if n_i == cur_i and r.limit_bytes > 0:
             limit_b = int(r.limit_bytes)
         else:
@@ -263,28 +283,25 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         why = []
         if not curve_i:
             why.append("no curve yet: limit held")
-        elif L["has_slo"][i]:
-            if L["granted"][i]:
-                why.append(f"SLO {slo_i:g}/s needs {need_mib[i]} MiB under "
-                           f"{row_policy[L['alloc_row'][i]]}")
+        elif slo_on:
+            if granted_i:
+                why.append(f"SLO {slo_i:g}/s needs {need_m} MiB under {row_policy[arow]}")
             else:
                 why.append(f"SLO {slo_i:g}/s not met")
-        if curve_i and tgt_i > L["x_lo"][i] + 0.5:
-            why.append(f"+{extra_mib[i]} MiB for throughput")
+        if curve_i and tgt_i > xlo_i + 0.5:
+            why.append(f"+{extra_m} MiB for throughput")
         if n_i == cur_i and abs(tgt_i - cur_i) >= 1:
-            why.append(f"held: {target_mib[i]} MiB is within the hysteresis")
+            why.append(f"held: {tgt_m} MiB is within the hysteresis")
         elif abs(tgt_i - n_i) >= 1:
-            why.append(f"stepping toward {target_mib[i]} MiB")
+            why.append(f"stepping toward {tgt_m} MiB")
         if ch.reason != "keep" and ch.reason:
             why.append(ch.reason)
         reason = "; ".join(why)
         directives[node].append(Directive(spec.name, limit_b, ch.policy, reason))
 
-        p = L["pred_target"][i]
-        if L["has_slo"][i] and curve_i and not (p >= slo_i * (1 - 1e-9)):
-            cause = ("infeasible within its ceiling and the model"
-                     if not L["feasible"][i] else "not enough memory on the node "
-                     "after higher-priority SLOs")
+        if slo_on and curve_i and not (p >= slo_i * (1 - 1e-9)):
+            cause = ("infeasible within its ceiling and the model" if not feasible_i else
+                     "not enough memory on the node after higher-priority SLOs")
             violations.append(Violation(spec.name, node, slo_i, p, slo_i - p, cause))
 
         # log what changed, with its predicted effect
@@ -294,7 +311,7 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
             kind = "policy" if ch.switched else "limit"
             before = r.policy if ch.switched else str(prev_limit)
             after = ch.policy if ch.switched else str(limit_b)
-            pb_, pa_ = _num(L["pred_old"][i]), _num(L["pred_new"][i])
+            pb_, pa_ = _num(pred_old_l[i]), _num(pred_new_l[i])
             gain = (pa_ / pb_ - 1.0) if pb_ and pa_ is not None else None
             e = LogEntry(rnd, node, spec.name, kind, before, after, reason,
                          predicted=pa_, predicted_before=pb_, predicted_gain=gain,
@@ -307,17 +324,13 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         st.target_bytes = target_b
         st.limit_bytes = limit_b
         st.last_round = rnd
-        needs = {}
-        if L["has_slo"][i]:
-            for p_, k in row_of[i].items():
-                v = L["need_rows"][k]
-                needs[p_] = max(v, lb_i) * PAGE if v != math.inf else math.inf
+        if slo_on:
+            needs = {p_: (max(need_rows_l[k], lb_i) * PAGE if need_rows_l[k] != math.inf
+                          else math.inf) for p_, k in mine.items()}
         else:
-            for p_ in row_of[i]:
-                needs[p_] = lb_i * PAGE
+            needs = dict.fromkeys(mine, lb_i * PAGE)
         plans[spec.name] = TenantPlan(
-            spec.name, node, ch.policy,
-            row_policy[L["alloc_row"][i]] if curve_i else None,
+            spec.name, node, ch.policy, row_policy[arow] if curve_i else None,
             target_b, limit_b, _num(p), needs, (st.a, st.b, st.fitted))
 
     return Decision(rnd, directives, violations, log, plans, notes, state)
