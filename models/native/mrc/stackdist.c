@@ -224,7 +224,8 @@ static uint64_t scaled_bin(const struct cp_stackdist *sd, uint64_t dist)
 		pages = (double)(dist - 1) / cp_sd_rate(sd) + 1.0;
 	if (sd->bin_pages == 1 && pages == floor(pages))
 		return (uint64_t)pages;
-	return (uint64_t)ceil(pages / (double)sd->bin_pages);
+	/* The rate is threshold / 2^64, a hair off R: do not let that round up. */
+	return (uint64_t)ceil(pages / (double)sd->bin_pages - 1e-9);
 }
 
 /* ---- fixed-size mode: max-heap of (hash, key) ---- */
