@@ -66,6 +66,8 @@ def cmd_run(args) -> int:
     from cachepilot.controller.config import load_config
     from cachepilot.controller.run import DEFAULT_INTERVALS, run_command
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    if args.intervals is not None and args.intervals < 1:
+        raise UserError(f"--intervals {args.intervals}: expected at least 1")
     cfg = load_config(args.config)
     bad = [n.name for n in cfg.nodes if n.backend != "sim"]
     if bad:
@@ -74,7 +76,8 @@ def cmd_run(args) -> int:
                         f"and agents instead)")
     if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
         raise UserError(f"--plots {args.plots}: not a folder")
-    run_command(cfg, intervals=args.intervals or DEFAULT_INTERVALS, json_out=args.json_out,
+    intervals = DEFAULT_INTERVALS if args.intervals is None else args.intervals
+    run_command(cfg, intervals=intervals, json_out=args.json_out,
                 plots=args.plots, live=not args.no_live, seed=args.seed)
     return 0
 

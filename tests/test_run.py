@@ -203,3 +203,35 @@ def test_plots_are_written(demo):
     cfg, result, out, stdout = demo
     png = out / "plots" / "run_timeline.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_run_needs_no_privileges(tmp_path):
+    """The sim touches no kernel object: the demo runs with every capability
+    dropped (as root, via setpriv), as an unprivileged user would run it."""
+    import os
+    import shutil
+    cmd = [sys.executable, "-m", "cachepilot", "run", "--config", str(DEMO), "--intervals", "2",
+           "--no-live", "--json", str(tmp_path / "np.json")]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("setpriv (util-linux) is missing: cannot drop capabilities")
+        drop = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs"]
+        caps = subprocess.run(drop + ["grep", "CapEff", "/proc/self/status"],
+                              capture_output=True, text=True, check=True).stdout
+        assert caps.split()[1] == "0000000000000000", caps
+        cmd = drop + cmd
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(json.loads((tmp_path / "np.json").read_text())["tenants"]) == 8
+
+
+def test_bad_run_arguments_get_one_line_errors(tmp_path):
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("nodes: [{name: n, memory_bytes: -1}]\n")
+    for args, expect in [(["--config", str(tmp_path / "absent.yaml")], "no such config file"),
+                         (["--config", str(bad_yaml)], "nodes[0].memory_bytes"),
+                         (["--config", str(DEMO), "--intervals", "0"], "at least 1")]:
+        proc = subprocess.run([sys.executable, "-m", "cachepilot", "run", "--no-live", *args],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
