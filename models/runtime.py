@@ -122,12 +122,17 @@ class Cache:
     """One simulated memory cgroup of `capacity_pages` pages whose eviction
     is driven by one instance of `policy`."""
 
-    def __init__(self, policy: str, capacity_pages: int):
+    def __init__(self, policy: str, capacity_pages: int, scale: float = 1.0):
+        """`scale`: full-scale pages per page of this cache -- 1/R for a
+        miniature simulation at rate R -- for policies whose rules depend on
+        absolute sizes (cp_full_pages() in the policy header)."""
         capacity = int(capacity_pages)
         if capacity < 0:
             raise UserError("capacity must not be negative")
+        if not float(scale) > 0:
+            raise UserError("scale must be positive")
         try:
-            self._c = _runtime.Cache(_check_policy(policy), capacity)
+            self._c = _runtime.Cache(_check_policy(policy), capacity, float(scale))
         except ValueError as err:
             raise UserError(str(err)) from None
 
@@ -224,7 +229,7 @@ class MiniSim:
         self._caches = {}      # (policy, mini size) -> Cache
         for p in self.policies:
             for m in np.unique(self.mini_sizes).tolist():
-                self._caches[(p, m)] = Cache(p, m)
+                self._caches[(p, m)] = Cache(p, m, scale=1.0 / self.rate)
         self._window = {k: (0, 0) for k in self._caches}
         self.sampled = 0           # sampled accesses in the current window
         self.accesses = 0          # full-stream accesses, when told

@@ -377,3 +377,18 @@ def test_caches_run_in_parallel_threads():
     for t in threads:
         t.join()
     assert got == alone
+
+
+def test_linux_balance_follows_full_scale_size():
+    """inactive_is_low keeps more pages active in caches of several GiB
+    (ratio int_sqrt(10 * GiB)); a miniature cache standing for one
+    (scale = 1/R, cp_full_pages) must balance like it, not like its own
+    few pages."""
+    hot = np.arange(700, dtype=np.uint64)
+    scan = np.arange(10_000, 15_000, dtype=np.uint64)
+    small = rt.Cache("linux", 1000)                  # 4 MB: ratio 1
+    big = rt.Cache("linux", 1000, scale=1000)        # stands for ~3.8 GiB: ratio 5
+    for c in (small, big):
+        c.access(np.concatenate([hot, hot, scan]))
+    assert small.access(hot) == 200                  # active cut to 500 of 1000
+    assert big.access(hot) == 0

@@ -95,6 +95,10 @@
  *   cp_clock()         monotonic per-instance clock: ktime ns in the kernel,
  *                      the instance's access counter in the simulator
  *   cp_current_tid()   thread id of the reader (simulator: the trace's tid)
+ *   cp_full_pages(n)   n pages of this cache expressed at full scale: n in
+ *                      the kernel; n / R in a miniature simulation at rate
+ *                      R.  Use it where a policy compares against absolute
+ *                      sizes (e.g. linux's "1 GiB" balance rule).
  *   cache_ext_node_folio(node)   folio of an eviction-list node
  *
  * Only the native build runs in the simulator: keep the policy's logic
@@ -210,6 +214,11 @@ static __always_inline __u32 cp_current_tid(void)
 	return (__u32)bpf_get_current_pid_tgid();
 }
 
+static __always_inline __u64 cp_full_pages(__u64 pages)
+{
+	return pages;
+}
+
 #else /* !__BPF__ */
 /* ------------------------------------------------------------------------
  * Native build: the simulator runtime (models/native/runtime) provides the
@@ -320,6 +329,7 @@ struct cp_runtime_api {
 	long (*map_delete)(struct cp_map *map, const void *key);
 	__u64 (*clock)(void);
 	__u32 (*current_tid)(void);
+	__u64 (*full_pages)(__u64 pages);
 };
 
 /* Everything the runtime needs to know about one policy file. */
@@ -515,6 +525,11 @@ static inline __u64 cp_clock(void)
 static inline __u32 cp_current_tid(void)
 {
 	return cp_api->current_tid();
+}
+
+static inline __u64 cp_full_pages(__u64 pages)
+{
+	return cp_api->full_pages(pages);
 }
 
 #endif /* !CP_RUNTIME_INTERNAL */

@@ -74,7 +74,9 @@ static __u64 linux_int_sqrt(__u64 x)
 static bool linux_inactive_is_low(void)
 {
 	__u64 inactive = CP_STATE.nr_inactive, active = CP_STATE.nr_active;
-	__u64 gb = (inactive + active) >> (30 - 12);
+	/* in GiB at full scale, so a miniature simulation balances as the
+	 * cache it stands for would */
+	__u64 gb = cp_full_pages(inactive + active) >> (30 - 12);
 	__u64 ratio = gb ? linux_int_sqrt(10 * gb) : 1;
 
 	return inactive * ratio < active;

@@ -30,18 +30,23 @@ static int get_u64_buffer(PyObject *obj, Py_buffer *view, const char *what,
 
 static int cache_init(CacheObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "policy", "capacity", NULL };
+	static char *kwlist[] = { "policy", "capacity", "scale", NULL };
 	const char *policy, *err = "error";
 	unsigned long long capacity;
+	double scale = 1.0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sK", kwlist, &policy,
-					 &capacity))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sK|d", kwlist, &policy,
+					 &capacity, &scale))
 		return -1;
+	if (!(scale > 0)) {
+		PyErr_SetString(PyExc_ValueError, "scale must be positive");
+		return -1;
+	}
 	if (self->inst) {
 		cp_instance_free(self->inst);
 		self->inst = NULL;
 	}
-	self->inst = cp_instance_new(policy, capacity, &err);
+	self->inst = cp_instance_new(policy, capacity, scale, &err);
 	if (!self->inst) {
 		PyErr_Format(PyExc_ValueError, "policy %s: %s", policy, err);
 		return -1;

@@ -335,6 +335,11 @@ static __u32 k_current_tid(void)
 	return cur ? cur->tid : 0;
 }
 
+static __u64 k_full_pages(__u64 pages)
+{
+	return cur ? (__u64)((double)pages * cur->scale + 0.5) : pages;
+}
+
 const struct cp_runtime_api cp_runtime_api = {
 	.list_create = k_list_create,
 	.list_add = k_list_add,
@@ -347,6 +352,7 @@ const struct cp_runtime_api cp_runtime_api = {
 	.map_delete = cp_map_delete,
 	.clock = k_clock,
 	.current_tid = k_current_tid,
+	.full_pages = k_full_pages,
 };
 
 /* ---- the folio pool and the key table ----------------------------------- */
@@ -730,7 +736,7 @@ static int policy_setup(struct cp_instance *inst,
 }
 
 struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
-				    const char **err)
+				    double scale, const char **err)
 {
 	const char *reg_name = NULL;
 	const struct cp_policy_file *file = cp_find_policy(policy, &reg_name);
@@ -746,6 +752,7 @@ struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
 		return NULL;
 	}
 	inst->name = reg_name;
+	inst->scale = scale;
 	inst->capacity = capacity;
 	inst->table_mask = 63;
 	inst->table = calloc(inst->table_mask + 1, sizeof(*inst->table));

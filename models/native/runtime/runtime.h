@@ -50,6 +50,7 @@ struct cp_instance {
 	__u64 pool_size;
 	struct folio *freelist, *free_tail;	/* queue, see free_push */
 
+	double scale;			/* full-scale pages per page (1/R) */
 	__u64 clock;			/* accesses so far (cp_clock) */
 	__u32 tid;			/* tid of the current access */
 	__u32 batch_seq;		/* reclaim batch counter */
@@ -71,8 +72,10 @@ const struct cp_policy_file *cp_find_policy(const char *name,
 int cp_policy_names(const char **names, int max, int include_loaded);
 
 /* instances; *err gets a static message on failure */
+/* scale: full-scale pages per simulated page (1/R in a miniature
+ * simulation, else 1), what cp_full_pages() multiplies by */
 struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
-				    const char **err);
+				    double scale, const char **err);
 void cp_instance_free(struct cp_instance *inst);
 int cp_instance_swap(struct cp_instance *inst, const char *policy,
 		     const char **err);
