@@ -138,7 +138,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     main_run = time_rounds(100, 10, args.rounds, args.seed, args.points)
-    load = Path("/proc/loadavg").read_text().split()[0] + f" on {os.cpu_count()} CPUs"
+    load = Path("/proc/loadavg").read_text().split()[0] + f" on {os.cpu_count()} CPUs" + \
+        (f", niceness {os.nice(0)}" if os.nice(0) else "")
     per_node = time_rounds(100, 10, args.rounds, args.seed, args.points, per_node_calls=True)
     scaling = [time_rounds(n, 10, max(5, args.rounds // 2), args.seed, args.points)
                for n in (10, 200)]
@@ -152,8 +153,13 @@ def main(argv=None):
           f"min {main_run['min_ms']:.1f} ms, max {main_run['max_ms']:.1f} ms")
     print(f"  CPU time of the process per round: median {main_run['cpu_median_ms']:.1f} ms; "
           f"load average while measuring: {load}")
-    print(f"  target {TARGET_MS:.0f} ms: median is {med / TARGET_MS:.2f}x the target "
-          f"({'met' if med <= TARGET_MS else 'MISSED'})")
+    cpu_med = main_run["cpu_median_ms"]
+    print(f"  target {TARGET_MS:.0f} ms: wall-clock median is {med / TARGET_MS:.2f}x the target "
+          f"({'met' if med <= TARGET_MS else 'MISSED'}); CPU-time median is "
+          f"{cpu_med / TARGET_MS:.2f}x ({'met' if cpu_med <= TARGET_MS else 'MISSED'})")
+    if med > 1.5 * cpu_med:
+        print(f"  (wall clock is {med / cpu_med:.1f}x the CPU time: the process waited for a "
+              f"CPU most of the round -- the host is oversubscribed)")
     print(f"  HOLPACA (published, 32 instances): {HOLPACA_MS_32:.0f} ms -> "
           f"{HOLPACA_MS_32 / med:.1f}x ours at {main_run['tenants'] / 32:.0f}x the tenants")
     print(f"  per-node calls (as the gRPC service makes them), summed: median "
@@ -168,7 +174,7 @@ def main(argv=None):
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"target_ms": TARGET_MS, "load_average": load, "holpaca_ms_32_instances": HOLPACA_MS_32,
-              "met": med <= TARGET_MS, "round": main_run, "per_node_calls": per_node,
+              "met": med <= TARGET_MS, "met_cpu": main_run["cpu_median_ms"] <= TARGET_MS, "round": main_run, "per_node_calls": per_node,
               "scaling": scaling}
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
     try:
