@@ -392,3 +392,18 @@ def test_linux_balance_follows_full_scale_size():
         c.access(np.concatenate([hot, hot, scan]))
     assert small.access(hot) == 200                  # active cut to 500 of 1000
     assert big.access(hot) == 0
+
+
+def test_swaps_between_policies_with_maps_keep_working():
+    keys = stream(n=30_000, universe=2000, seed=15)
+    cache = rt.Cache("lru", 300)
+    for i, policy in enumerate(["linux", "mru", "linux", "fifo", "lru"]):
+        cache.access(keys[i * 5000:(i + 1) * 5000])
+        before = cache.cached_keys()
+        cache.swap_policy(policy)
+        assert cache.policy == policy
+        assert np.array_equal(cache.cached_keys(), before)
+    cache.access(keys[25_000:])
+    st = cache.stats
+    assert st["fallback_evictions"] == 0 and st["rejected_not_cached"] == 0
+    assert st["cached"] == 300
