@@ -243,13 +243,19 @@ class TenantSpec(_Strict):
 
 class Config(_Strict):
     control: ControlSpec = ControlSpec()
-    # None when the file has no controller section (planner inputs, embedded
-    # runs); a networked controller must refuse to start without one.
-    controller: ControllerSpec | None = None
+    # A file without a controller section (planner inputs, embedded runs)
+    # gets plaintext on loopback only -- never a network-facing port without
+    # TLS -- and `has_controller_section` says it was not configured.
+    controller: ControllerSpec = Field(
+        default_factory=lambda: ControllerSpec(insecure=True, listen="127.0.0.1:50551"))
     nodes: list[NodeSpec] = Field(min_length=1)
     tenants: list[TenantSpec] = Field(default_factory=list)
     # Where the file was loaded from (relative paths resolve against it).
     source: Path | None = Field(None, exclude=True)
+
+    @property
+    def has_controller_section(self) -> bool:
+        return "controller" in self.model_fields_set
 
     def node(self, name: str) -> NodeSpec:
         for n in self.nodes:
@@ -396,9 +402,8 @@ def _resolve_paths(cfg: Config, base: Path) -> None:
     def fix(p):
         return p if p is None or p.is_absolute() else (base / p)
     c = cfg.controller
-    if c is not None:
-        c.tls_cert, c.tls_key, c.tls_ca, c.token_file = (
-            fix(c.tls_cert), fix(c.tls_key), fix(c.tls_ca), fix(c.token_file))
+    c.tls_cert, c.tls_key, c.tls_ca, c.token_file = (
+        fix(c.tls_cert), fix(c.tls_key), fix(c.tls_ca), fix(c.token_file))
     for t in cfg.tenants:
         t.curves_file = fix(t.curves_file)
         if t.workload is not None:

@@ -117,6 +117,15 @@ def test_bad_input_names_key_and_expectation(tmp_path, body, key, expect):
     assert expect in msg, msg
 
 
+def test_without_a_controller_section_only_loopback_plaintext(tmp_path):
+    cfg = load_config(write(tmp_path, "nodes: [{name: n1, memory_bytes: 1G}]\n"))
+    assert not cfg.has_controller_section
+    assert cfg.controller.insecure and cfg.controller.listen.startswith("127.0.0.1:")
+    cfg = load_config(write(tmp_path, "controller: {insecure: true, listen: '0.0.0.0:1'}\n"
+                                      "nodes: [{name: n1, memory_bytes: 1G}]\n"))
+    assert cfg.has_controller_section
+
+
 def test_tls_default_needs_token(tmp_path):
     msg = error_of(tmp_path, """
         controller: {tls_cert: c.pem, tls_key: k.pem}
