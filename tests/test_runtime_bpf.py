@@ -1,9 +1,9 @@
 """Every shipped policy also builds as a BPF struct_ops object, from the
 same source, through the same header.
 
-Until the cache_ext kernel's vmlinux.h exists, the types come from the
-running kernel's BTF plus a stand-in declaring the cache_ext types
-(tests/policies/bpf_stub/vmlinux.h).  Loading needs the patched kernel and
+The types come from the cache_ext kernel's build (kernel/out/build/vmlinux)
+when it has them; until then from the running kernel's BTF plus a stand-in
+declaring the cache_ext types (tests/policies/bpf_stub/vmlinux.h).  Loading needs the patched kernel and
 is the kernel tests' business; this checks the BPF side compiles and has
 the struct_ops map and one program per callback."""
 import re
@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 POLICIES = sorted((ROOT / "bpf" / "policies").glob("*.bpf.c"))
 STUB = Path(__file__).resolve().parent / "policies" / "bpf_stub"
 KERNEL_BTF = Path("/sys/kernel/btf/vmlinux")
+CACHE_EXT_VMLINUX = ROOT / "kernel" / "out" / "build" / "vmlinux"
 
 
 def missing():
@@ -33,22 +34,34 @@ def missing():
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 
+def btf_header(vmlinux: Path) -> str:
+    return subprocess.run(["bpftool", "btf", "dump", "file", str(vmlinux),
+                           "format", "c"], capture_output=True, text=True,
+                          check=True).stdout
+
+
 @pytest.fixture(scope="module")
-def host_types(tmp_path_factory):
+def include_dirs(tmp_path_factory):
+    """The cache_ext kernel's own types when its build has them, else the
+    running kernel's types plus the stand-in."""
     d = tmp_path_factory.mktemp("btf")
-    with open(d / "vmlinux_host.h", "w") as out:
-        subprocess.run(["bpftool", "btf", "dump", "file", str(KERNEL_BTF),
-                        "format", "c"], stdout=out, check=True)
-    return d
+    if CACHE_EXT_VMLINUX.exists():
+        text = btf_header(CACHE_EXT_VMLINUX)
+        if "struct cache_ext_ops {" in text:
+            (d / "vmlinux.h").write_text(text)
+            return [d]
+    (d / "vmlinux_host.h").write_text(btf_header(KERNEL_BTF))
+    return [d, STUB]
 
 
 @pytest.mark.parametrize("src", POLICIES, ids=[p.name for p in POLICIES])
-def test_policy_builds_for_bpf(src, host_types, tmp_path):
+def test_policy_builds_for_bpf(src, include_dirs, tmp_path):
     obj = tmp_path / (src.stem + ".o")
+    includes = [arg for d in include_dirs for arg in ("-I", str(d))]
     proc = subprocess.run(
-        ["clang", "-target", "bpf", "-O2", "-g", "-Wall", "-Werror",
-         "-I", str(host_types), "-I", str(STUB), "-I", str(ROOT / "bpf" / "include"),
-         "-c", str(src), "-o", str(obj)], capture_output=True, text=True)
+        ["clang", "-target", "bpf", "-O2", "-g", "-Wall", "-Werror", *includes,
+         "-I", str(ROOT / "bpf" / "include"), "-c", str(src), "-o", str(obj)],
+        capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     sections = subprocess.run(["llvm-readelf", "-S", str(obj)],
                               capture_output=True, text=True, check=True).stdout
