@@ -94,6 +94,9 @@ class ControlSpec(_Strict):
     # gain exceeds `autopilot_threshold` for `autopilot_k` intervals in a row.
     autopilot_threshold: float = Field(0.05, ge=0)
     autopilot_k: int = Field(3, ge=1)
+    # Size SLO tenants for min_throughput x (1 + slo_headroom) where the
+    # node has the memory (after every SLO's plain need), against noise.
+    slo_headroom: float = Field(0.05, ge=0, le=1)
     # Intervals after start that SLO attainment does not count.
     warmup_intervals: int = Field(5, ge=0)
     # Never set a limit below anonymous usage + this margin.

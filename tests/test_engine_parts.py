@@ -139,6 +139,26 @@ def test_serve_slos_priority_then_smallest_need():
     assert x.tolist() == [10.0, 40.0, 30.0, 10.0]
 
 
+def test_serve_slos_headroom_only_from_what_is_left():
+    node = np.zeros(3, dtype=np.int64)
+    lb = np.zeros(3)
+    need = np.array([40.0, 50.0, 30.0])
+    safe = np.array([48.0, 60.0, 35.0])
+    has = np.ones(3, dtype=bool)
+    prio = np.array([9.0, 0.0, 0.0])
+    # 130 pages hold all plain needs; 10 are left for headroom, and the
+    # top-priority tenant's 8 come first, then 2 for the next in line
+    x, granted = allocate.serve_slos(node, np.array([130.0]), lb, need, has, prio,
+                                     np.arange(3), safe)
+    assert granted.all()
+    assert x.tolist() == [48.0, 50.0, 32.0]
+    # with 100 pages one plain need must go: headroom never takes an SLO's place
+    x, granted = allocate.serve_slos(node, np.array([100.0]), lb, need, has, prio,
+                                     np.arange(3), safe)
+    assert granted.tolist() == [True, False, True]
+    assert x.tolist() == [48.0, 0.0, 35.0]
+
+
 def hull_points(c, a, b):
     """Vertices of the concave hull of (size, modelled throughput)."""
     xs, ys = _mono(c)

@@ -219,6 +219,15 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     need = np.where(has_slo & (slo <= 0), 0.0, need)
     feasible = np.isfinite(need) & (np.maximum(need, lb) <= ub)
     need_c = np.where(feasible, np.maximum(need, lb), np.inf)
+    # ... and with headroom, read on the same curve (only the rows used)
+    need_safe = need_c.copy()
+    hr = np.flatnonzero(feasible & has_slo & (slo > 0))
+    if len(hr) and ctl.slo_headroom > 0:
+        m_safe = model.miss_ratio_for(a[hr], b[hr], slo[hr] * (1 + ctl.slo_headroom))
+        safe = bank.size_for(alloc_row[hr], m_safe)
+        safe = np.where(m_safe < 0, np.inf, safe)
+        need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, need_c[hr], ub[hr]),
+                                 need_c[hr])
 
     # -- 4. allocation ------------------------------------------------------------
     target = np.clip(np.where(limit_now > 0, limit_now, equal), lb, ub)   # fixed rows
@@ -227,7 +236,8 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     x_lo, granted = allocate.serve_slos(
         node_of, mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
         need_c, has_slo & has_curve, np.fromiter((spec.priority for _, spec, _ in rows),
-                                                dtype=np.float64, count=nt), order)
+                                                dtype=np.float64, count=nt), order,
+        need_safe)
     cr = np.flatnonzero(has_curve)
     if len(cr):
         budget = mem_pages - fixed_use - np.bincount(node_of[cr], weights=x_lo[cr], minlength=nn)

@@ -6,7 +6,9 @@ in 4 KiB pages as floats; `node` gives each row's node index):
 1. serve_slos: every tenant starts at its lower bound (floor, or anonymous
    usage + margin, whichever is higher).  Tenants with a feasible SLO are
    then raised to the least size meeting it, highest priority first, and
-   within a priority the smallest extra need first (so the most SLOs fit).
+   within a priority the smallest extra need first (so the most SLOs fit);
+   then, with what is left, to the size meeting it with headroom
+   (control.slo_headroom), so that noise in one interval does not miss it.
    A need that does not fit is skipped rather than half-served: half an
    SLO's memory buys no attainment and would starve the next tenant.
 
@@ -41,13 +43,17 @@ from cachepilot.controller.engine.curves import miss_at
 from cachepilot.controller.engine.model import throughput
 
 
-def serve_slos(node, memory, lb, need, has_slo, priority, order):
+def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None):
     """Returns (x_lo, granted): the size each tenant is raised to before the
     marginal stage and whether its SLO need was granted.
 
     node: node index per row; memory: pages per node; lb: lower bound per
     row; need: least size meeting the SLO (inf if impossible); order: a
     stable tie-break rank per row (e.g. position of the name in sort order).
+    need_safe: optionally, a larger size meeting the SLO with headroom;
+    granted tenants are raised toward it, again by priority, only with
+    memory left once every SLO that fits has its plain need -- headroom for
+    one never costs another its SLO.
     """
     x_lo = lb.copy()
     granted = np.zeros(len(lb), dtype=bool)
@@ -62,6 +68,12 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order):
             free[n] -= extra[i]
             x_lo[i] = lb[i] + extra[i]
             granted[i] = True
+    if need_safe is not None:
+        for i in seq.tolist():
+            more = min(need_safe[i] - x_lo[i], free[node[i]])
+            if granted[i] and more > 0:
+                free[node[i]] -= more
+                x_lo[i] += more
     return x_lo, granted
 
 
