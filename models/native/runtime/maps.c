@@ -46,7 +46,7 @@ struct cp_map {
 	char *array;
 };
 
-#define SLAB_BLOCKS 1024
+#define SLAB_BLOCKS 4096
 
 static __u64 key_hash(const void *key, __u32 size)
 {
@@ -118,10 +118,12 @@ static struct cp_elem *elem_alloc(struct cp_map *m)
 {
 	struct cp_elem *e;
 	char *slab, **slabs;
-	int i;
+	int i, n;
 
 	if (!m->free_elems) {
-		slab = malloc((size_t)m->elem_size * SLAB_BLOCKS);
+		/* slabs double from 32 elements: small maps stay small */
+		n = m->nr_slabs < 7 ? 32 << m->nr_slabs : SLAB_BLOCKS;
+		slab = malloc((size_t)m->elem_size * n);
 		slabs = realloc(m->slabs, sizeof(*slabs) * (m->nr_slabs + 1));
 		if (slabs)
 			m->slabs = slabs;
@@ -130,7 +132,7 @@ static struct cp_elem *elem_alloc(struct cp_map *m)
 			return NULL;
 		}
 		m->slabs[m->nr_slabs++] = slab;
-		for (i = SLAB_BLOCKS - 1; i >= 0; i--) {
+		for (i = n - 1; i >= 0; i--) {
 			e = (struct cp_elem *)(slab + (size_t)i * m->elem_size);
 			e->older = m->free_elems;
 			m->free_elems = e;

@@ -389,9 +389,12 @@ static struct folio *free_pop(struct cp_instance *inst)
 	return f;
 }
 
+/* Sized to the cache (plus a margin of free folios, see free_push) and
+ * doubling, so the many tiny caches of miniature simulations stay small. */
 static int pool_grow(struct cp_instance *inst)
 {
-	__u64 count = inst->pool_size < 1024 ? 1024 : inst->pool_size;
+	__u64 count = inst->pool_size ? inst->pool_size :
+		      (inst->capacity < 4096 ? inst->capacity : 4096) + 64;
 	struct folio *base;
 	int i;
 
