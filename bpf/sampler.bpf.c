@@ -9,8 +9,8 @@
  *
  * A cgroup is named by its memcg's kernfs id, which is the inode number of
  * the cgroup directory in both cgroup v1 and v2; user space fills the
- * watch map with those ids.  An event from a cgroup nobody watches costs
- * one hash-map lookup.
+ * watch maps with those ids.  An event from a cgroup nobody watches costs
+ * one array lookup (see sampler.h).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -28,11 +28,18 @@ char LICENSE[] SEC("license") = "GPL";
 #define CP_INLINE_RANGE 4
 
 struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CP_INDEX_SIZE);
+	__type(key, __u32);
+	__type(value, struct cp_watch);
+} watch_index SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, CP_MAX_WATCHED);
 	__type(key, __u64);
 	__type(value, struct cp_watch);
-} watch SEC(".maps");
+} watch_overflow SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -56,17 +63,28 @@ static __always_inline __u64 css_cgroup_id(struct cgroup_subsys_state *css)
 	return BPF_CORE_READ(css, cgroup, kn, id);
 }
 
-/* The memory cgroup of the running task (v1 and v2 alike). */
+/*
+ * The memory cgroup of the running task (v1 and v2 alike).  This runs on
+ * every page-cache read of every task, watched or not, so it walks the
+ * pointers with plain BTF loads (faulting loads are caught by the
+ * verifier's exception table) instead of probe-read helper calls.
+ */
 static __always_inline __u64 task_memcg_id(void)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	int id = bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id);
 	struct cgroup_subsys_state *css;
+	struct css_set *cset;
 
 	if (id < 0 || id >= CGROUP_SUBSYS_COUNT)
 		return 0;
-	css = BPF_CORE_READ(task, cgroups, subsys[id]);
-	return css_cgroup_id(css);
+	cset = task->cgroups;
+	if (!cset)
+		return 0;
+	css = cset->subsys[id];
+	if (!css || !css->cgroup || !css->cgroup->kn)
+		return 0;
+	return css->cgroup->kn->id;
 }
 
 /* The memory cgroup a folio is charged to. */
@@ -95,10 +113,13 @@ static __always_inline __u32 folio_order_of(struct folio *folio)
 
 static __always_inline __u64 mapping_file_id(struct address_space *mapping)
 {
-	struct inode *host = BPF_CORE_READ(mapping, host);
-	__u64 dev = BPF_CORE_READ(host, i_sb, s_dev);
-	__u64 ino = BPF_CORE_READ(host, i_ino);
+	struct inode *host = mapping->host;
+	__u64 dev, ino;
 
+	if (!host)
+		return 0;
+	dev = host->i_sb ? host->i_sb->s_dev : 0;
+	ino = host->i_ino;
 	/* cp_page_key(dev, ino, index) == file id ^ index */
 	return cp_hash64(cp_hash64(dev) ^ ino);
 }
@@ -108,9 +129,6 @@ struct sample_ctx {
 	__u64 first;
 	__u64 threshold;
 	__u64 cgroup_id;
-	__u64 now;
-	__u32 tid;
-	__u32 pad;
 	__u64 sampled;
 	__u64 drops;
 };
@@ -128,9 +146,9 @@ static __always_inline void sample_page(struct sample_ctx *s, __u64 index)
 		return;
 	}
 	r->key = key;
-	r->time_ns = s->now;
+	r->time_ns = bpf_ktime_get_ns();
 	r->cgroup_id = s->cgroup_id;
-	r->tid = s->tid;
+	r->tid = (__u32)bpf_get_current_pid_tgid();
 	r->op = CP_OP_ACCESS;
 	r->folio_order = 0;
 	/*
@@ -154,11 +172,25 @@ static long sample_page_cb(__u64 i, void *data)
 	return 0;
 }
 
+static __always_inline struct cp_watch *find_watch(__u64 cgid)
+{
+	__u32 i = cgid & (CP_INDEX_SIZE - 1);
+	struct cp_watch *w = bpf_map_lookup_elem(&watch_index, &i);
+
+	if (!w || !cgid)
+		return NULL;
+	if (w->cgroup_id == cgid)
+		return w;
+	if (!(w->flags & CP_WATCH_COLLIDED))
+		return NULL;
+	return bpf_map_lookup_elem(&watch_overflow, &cgid);
+}
+
 static __always_inline struct cp_counters *watched(__u64 cgid, struct cp_watch **w)
 {
 	__u32 slot;
 
-	*w = bpf_map_lookup_elem(&watch, &cgid);
+	*w = find_watch(cgid);
 	if (!*w)
 		return NULL;
 	slot = (*w)->slot;
@@ -189,8 +221,6 @@ int BPF_PROG(on_get_pages, struct address_space *mapping, unsigned long index,
 		return 0;
 	s.file_id = mapping_file_id(mapping);
 	s.first = index;
-	s.now = bpf_ktime_get_ns();
-	s.tid = (__u32)bpf_get_current_pid_tgid();
 	if (n <= CP_INLINE_RANGE) {
 		for (int i = 0; i < CP_INLINE_RANGE; i++) {
 			if (i >= n)

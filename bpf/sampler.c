@@ -131,10 +131,35 @@ static int find_slot(uint64_t cgid)
 	return -1;
 }
 
+static struct cp_watch index_entry(uint32_t i)
+{
+	struct cp_watch w = {};
+
+	bpf_map__lookup_elem(skel->maps.watch_index, &i, sizeof(i), &w, sizeof(w), 0);
+	return w;
+}
+
+static int set_index_entry(uint32_t i, const struct cp_watch *w)
+{
+	return bpf_map__update_elem(skel->maps.watch_index, &i, sizeof(i),
+				    w, sizeof(*w), BPF_ANY);
+}
+
+/* Another watched id shares index entry i (it lives in the overflow map). */
+static int index_shared(uint32_t i, uint64_t except)
+{
+	for (int s = 0; s < CP_MAX_WATCHED; s++)
+		if (watched_ids[s] && watched_ids[s] != except &&
+		    (watched_ids[s] & (CP_INDEX_SIZE - 1)) == i)
+			return 1;
+	return 0;
+}
+
 static int cmd_watch(uint64_t cgid, uint64_t threshold)
 {
+	uint32_t i = cgid & (CP_INDEX_SIZE - 1);
+	struct cp_watch entry, w = { .cgroup_id = cgid, .threshold = threshold };
 	struct cp_counters *zero;
-	struct cp_watch w = { .threshold = threshold };
 	int slot = find_slot(cgid);
 	int err;
 
@@ -156,18 +181,55 @@ static int cmd_watch(uint64_t cgid, uint64_t threshold)
 		watched_ids[slot] = cgid;
 	}
 	w.slot = slot;
-	return bpf_map__update_elem(skel->maps.watch, &cgid, sizeof(cgid),
-				    &w, sizeof(w), BPF_ANY);
+	entry = index_entry(i);
+	if (!entry.cgroup_id || entry.cgroup_id == cgid) {
+		w.flags = entry.flags;
+		return set_index_entry(i, &w);
+	}
+	/* the index entry belongs to another cgroup: go to the overflow map */
+	err = bpf_map__update_elem(skel->maps.watch_overflow, &cgid, sizeof(cgid),
+				   &w, sizeof(w), BPF_ANY);
+	if (err)
+		return err;
+	entry.flags |= CP_WATCH_COLLIDED;
+	return set_index_entry(i, &entry);
 }
 
 static int cmd_unwatch(uint64_t cgid)
 {
+	uint32_t i = cgid & (CP_INDEX_SIZE - 1);
 	int slot = find_slot(cgid);
+	struct cp_watch entry;
 
 	if (slot < 0)
 		return -ENOENT;
-	bpf_map__delete_elem(skel->maps.watch, &cgid, sizeof(cgid), 0);
 	watched_ids[slot] = 0;
+	entry = index_entry(i);
+	if (entry.cgroup_id == cgid) {
+		memset(&entry, 0, sizeof(entry));
+		/* overflow entries of this index stay reachable */
+		if (index_shared(i, cgid))
+			entry.flags = CP_WATCH_COLLIDED;
+		set_index_entry(i, &entry);
+	} else {
+		bpf_map__delete_elem(skel->maps.watch_overflow, &cgid, sizeof(cgid), 0);
+	}
+	return 0;
+}
+
+static int watch_threshold(uint64_t cgid, uint64_t *threshold)
+{
+	uint32_t i = cgid & (CP_INDEX_SIZE - 1);
+	struct cp_watch w = index_entry(i);
+
+	if (w.cgroup_id == cgid) {
+		*threshold = w.threshold;
+		return 0;
+	}
+	if (bpf_map__lookup_elem(skel->maps.watch_overflow, &cgid, sizeof(cgid),
+				 &w, sizeof(w), 0))
+		return -ENOENT;
+	*threshold = w.threshold;
 	return 0;
 }
 
@@ -188,7 +250,6 @@ static int cmd_counters(void)
 		ring_buffer__consume(ring);
 	for (int slot = 0; slot < CP_MAX_WATCHED; slot++) {
 		struct cp_counter_entry *e;
-		struct cp_watch w;
 		uint64_t cgid = watched_ids[slot];
 
 		if (!cgid)
@@ -199,9 +260,7 @@ static int cmd_counters(void)
 		e = &entries[n++];
 		memset(e, 0, sizeof(*e));
 		e->cgroup_id = cgid;
-		if (!bpf_map__lookup_elem(skel->maps.watch, &cgid, sizeof(cgid),
-					  &w, sizeof(w), 0))
-			e->threshold = w.threshold;
+		watch_threshold(cgid, &e->threshold);
 		for (int cpu = 0; cpu < ncpus; cpu++) {
 			uint64_t *dst = (uint64_t *)&e->c;
 			uint64_t *src = (uint64_t *)&percpu[cpu];

@@ -25,11 +25,21 @@ enum cp_op {
 	CP_OP_REMOVE = 2,
 };
 
-/* watch map value, keyed by the memcg's cgroup id (kernfs id == dir inode) */
+/*
+ * Watched cgroups are found through an array indexed by the low bits of the
+ * cgroup id, so an event from a cgroup nobody watches costs one inlined
+ * array lookup.  Two watched ids with the same low bits are rare; the later
+ * one goes to an overflow hash map and the array entry is marked collided.
+ */
+#define CP_INDEX_BITS 16
+#define CP_INDEX_SIZE (1U << CP_INDEX_BITS)
+#define CP_WATCH_COLLIDED 1U
+
 struct cp_watch {
+	__u64 cgroup_id;	/* memcg kernfs id == cgroup directory inode; 0 = free */
 	__u64 threshold;	/* sample a key when hash(key) < threshold */
 	__u32 slot;		/* index into the counters array */
-	__u32 flags;
+	__u32 flags;		/* CP_WATCH_COLLIDED */
 };
 
 /*

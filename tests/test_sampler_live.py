@@ -133,8 +133,8 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
     from prometheus_client import generate_latest
 
     small, mid = files
-    root = "/sys/fs/cgroup/memory/cp_agent_test"
     with scratch_cgroup("cp_agent_test") as parent:
+        root = str(parent)
         os.mkdir(parent / "web")
         os.mkdir(parent / "batch")
         cfg = config_from_dict({"roots": [root], "cgroups": ["*"], "interval_s": 1,
@@ -193,3 +193,30 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             for child in ("web", "batch"):
                 if (parent / child).exists():
                     (parent / child).rmdir()
+
+
+def test_cgroups_whose_ids_share_an_index_entry_are_told_apart(files):
+    # the watch index is keyed by the low 16 bits of the cgroup id; an id
+    # 2^16 away lands on the same entry and must not steal the events
+    small, _ = files
+    with scratch_cgroup("cp_collide") as cg, Sampler() as sampler:
+        real = os.stat(cg).st_ino
+        ghost = real + (1 << 16)
+        sampler.watch(ghost, threshold_for_rate(1.0))   # takes the index entry
+        sampler.watch(real, threshold_for_rate(1.0))    # goes to the overflow map
+        run = fio_randread(cg, small, 10_000)
+        _, snap = sampler.counters()
+        assert abs(snap[real][1].accesses - run["ios"]) <= 0.01 * run["ios"]
+        assert snap[ghost][1].accesses == 0
+        # the index entry's owner leaves: the overflow entry is still found
+        sampler.unwatch(ghost)
+        run2 = fio_randread(cg, small, 10_000)
+        _, snap2 = sampler.counters()
+        got = snap2[real][1].accesses - snap[real][1].accesses
+        assert abs(got - run2["ios"]) <= 0.01 * run2["ios"]
+        assert ghost not in snap2
+        # and a cgroup nobody watches any more is not counted
+        sampler.unwatch(real)
+        fio_randread(cg, small, 2_000)
+        _, snap3 = sampler.counters()
+        assert real not in snap3
