@@ -145,6 +145,11 @@ def test_a_safety_raise_is_immediate():
     loop.step()
     assert loop.limit["a"] >= (600 + 16) << 20
     assert sum(loop.limit.values()) <= GiB
+    # both grow their heaps past the node: safety bounds win, and it is said
+    synth["b"].anon_bytes = 600 << 20
+    d = loop.step()
+    assert loop.limit["a"] >= (600 + 16) << 20 and loop.limit["b"] >= (600 + 16) << 20
+    assert any("more than the node" in n for n in d.notes)
 
 
 def test_steady_state_is_quiet():

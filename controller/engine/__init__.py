@@ -62,6 +62,7 @@ def _keep_freed_memory() -> None:
 
 
 _keep_freed_memory()
+
 OBSERVE_AFTER = 2          # reports to wait before recording an observed effect
 PENDING_MAX_AGE = 100      # rounds after which an unobserved decision is dropped
 
@@ -238,6 +239,10 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         need_c, has_slo & has_curve, np.fromiter((spec.priority for _, spec, _ in rows),
                                                 dtype=np.float64, count=nt), order,
         need_safe)
+    over = np.bincount(node_of, weights=lb, minlength=nn) > mem_pages
+    for ni in np.flatnonzero(over).tolist():
+        notes.append(f"node {nodes[ni]!r}: floors and anonymous memory (+ margin) add up to "
+                     f"more than the node; limits stay at those safety bounds")
     cr = np.flatnonzero(has_curve)
     if len(cr):
         budget = mem_pages - fixed_use - np.bincount(node_of[cr], weights=x_lo[cr], minlength=nn)
