@@ -102,3 +102,32 @@ tenants:
     assert "sim confirms every SLO" in text
     sim = json.loads(out.read_text())["sim"]
     assert set(sim) == {"z", "u"} and all(v["met"] for v in sim.values())
+
+
+def test_plan_reads_curves_written_by_the_mrc_command(tmp_path, capsys):
+    from cachepilot.models import generators as gen
+    keys = gen.zipf(4000, 1.0, seed=3).next(60000)
+    (tmp_path / "t.txt").write_text("\n".join(str(int(k)) for k in keys) + "\n")
+    assert main(["mrc", str(tmp_path / "t.txt"), "--policy", "lru,fifo", "--no-progress",
+                 "--json", str(tmp_path / "curves.json")]) == 0
+    (tmp_path / "p.yaml").write_text("""
+control: {anon_margin_bytes: 4KiB}
+nodes: [{name: h1, memory_bytes: 64MiB}, {name: h2, memory_bytes: 64MiB}]
+tenants:
+  - {name: a, node: h1, slo: {min_throughput: 50000}, policies: [lru, fifo],
+     curves_file: curves.json, model: {t_hit_s: 2.0e-6, t_miss_s: 1.0e-4}}
+  - {name: b, node: h2, slo: {min_throughput: 50000}, policies: [lru, fifo],
+     curves_file: curves.json, model: {t_hit_s: 2.0e-6, t_miss_s: 1.0e-4}}
+""")
+    capsys.readouterr()
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", str(tmp_path / "p.yaml"), "--headroom", "0",
+                 "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())["plan"]
+    curves = {c["policy"]: MRC.from_dict(c)
+              for c in json.loads((tmp_path / "curves.json").read_text())["curves"]}
+    m_star = (1 / 50000 - 2e-6) / 1e-4
+    best = min(curves[p].size_for(m_star) for p in ("lru", "fifo"))
+    for d in plan["demands"]:
+        assert d["demand_bytes"] == pytest.approx(best * 4096, abs=4096)
+    assert len(plan["hosts_used"]) == 1
