@@ -3,7 +3,6 @@ curves and service times are known: the reports it sees are what those
 tenants would observe under the limits and policies it directs."""
 import copy
 
-import numpy as np
 import pytest
 
 from cachepilot.controller import engine
