@@ -25,7 +25,8 @@
  * Simplifications: deactivation moves exactly enough pages to restore the
  * balance instead of scanning SWAP_CLUSTER_MAX batches in proportion to
  * list sizes; there are no mapped, dirty or executable pages; shadows live
- * in an LRU map instead of the xarray with its shadow shrinker.
+ * in an LRU map, pruned once older than twice the cache in evictions,
+ * instead of the xarray with its shadow shrinker.
  *
  * List heads are the cold ends (kernel list tails): evict from the head,
  * add and activate at the tail.
@@ -36,6 +37,8 @@ struct linux_state {
 	__u64 inactive, active;		/* list ids */
 	__u64 nr_inactive, nr_active;
 	__u64 nonresident_age;
+	__u64 nr_evicted;		/* eviction sequence number */
+	__u64 prune_next;		/* oldest eviction not yet pruned */
 };
 CP_STATE_DECL(struct linux_state);
 
@@ -48,6 +51,19 @@ struct linux_folio {
 CP_HASH_MAP(linux_folios, __u64, struct linux_folio, 1 << 24);
 /* shadow entries of evicted pages: page key -> age at eviction */
 CP_LRU_HASH_MAP(linux_shadows, __u64, __u64, 1 << 18);
+
+/*
+ * Shadows are pruned once they can no longer activate anything, which
+ * keeps their number proportional to the cache, as the kernel's shadow
+ * shrinker does: a page evicted more than twice the cache's size of
+ * evictions ago has a refault distance beyond any active list it could
+ * meet.  The eviction ring finds those entries: sequence -> shadow.
+ */
+struct linux_evicted {
+	__u64 key;
+	__u64 age;
+};
+CP_HASH_MAP(linux_ring, __u64, struct linux_evicted, 1 << 19);
 
 static __u64 linux_int_sqrt(__u64 x)
 {
@@ -174,11 +190,28 @@ void BPF_STRUCT_OPS(linux_folio_accessed, struct folio *folio)
 	}
 }
 
+/* Drop the shadow of eviction `seq` unless it has been used (refault) or
+ * replaced by a newer eviction of the same page. */
+static void linux_prune_shadow(__u64 seq)
+{
+	struct linux_evicted *old = bpf_map_lookup_elem(&linux_ring, &seq);
+	__u64 *age;
+
+	if (!old)
+		return;
+	age = bpf_map_lookup_elem(&linux_shadows, &old->key);
+	if (age && *age == old->age)
+		bpf_map_delete_elem(&linux_shadows, &old->key);
+	bpf_map_delete_elem(&linux_ring, &seq);
+}
+
 void BPF_STRUCT_OPS(linux_folio_evicted, struct folio *folio)
 {
 	__u64 key = cp_folio_key(folio), id = cp_folio_id(folio);
 	struct linux_folio *lf = bpf_map_lookup_elem(&linux_folios, &id);
-	__u64 age = CP_STATE.nonresident_age;
+	struct linux_evicted ev = { key, CP_STATE.nonresident_age };
+	__u64 seq = CP_STATE.nr_evicted++, window;
+	int i;
 
 	if (!lf)
 		return;
@@ -187,8 +220,14 @@ void BPF_STRUCT_OPS(linux_folio_evicted, struct folio *folio)
 	else
 		CP_STATE.nr_inactive--;
 	bpf_map_delete_elem(&linux_folios, &id);
-	bpf_map_update_elem(&linux_shadows, &key, &age, BPF_ANY);
+	bpf_map_update_elem(&linux_shadows, &key, &ev.age, BPF_ANY);
+	bpf_map_update_elem(&linux_ring, &seq, &ev, BPF_ANY);
 	CP_STATE.nonresident_age++;
+	/* up to 4 per eviction: enough to keep up while the cache shrinks
+	 * (the window then narrows by 2 per eviction) */
+	window = 2 * (CP_STATE.nr_active + CP_STATE.nr_inactive) + 64;
+	for (i = 0; i < 4 && CP_STATE.prune_next + window <= seq; i++)
+		linux_prune_shadow(CP_STATE.prune_next++);
 }
 
 CP_POLICY(linux,
