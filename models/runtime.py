@@ -14,8 +14,13 @@ validated, fallback to the oldest page when a policy proposes too few).
                       and sizes at once, streaming.
 - :func:`minisim_mrc` sample + miniature simulation in one pass.
 - :func:`load_policy_source` compiles a policy file on its own (``cc -shared``)
-                      into a cache directory and loads it; after that its
-                      name works everywhere a built-in policy name does.
+                      into a cache directory, loads it and returns the name
+                      it runs under (it never replaces a shipped policy).
+
+One access: a hit calls folio_accessed; a miss asks admit_folio, reclaims
+if the cache is full (evict before insert), inserts, then calls folio_added
+and folio_accessed (the read that faults a page in marks it accessed, as in
+the kernel).  With fifo and lru this is exactly libCacheSim's FIFO and LRU.
 
 Keys are 64-bit page keys (numpy uint64); tids, when given, are the reading
 thread of each access (uint32) and are what the policy sees from
