@@ -272,7 +272,7 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     _observe_effects(state, rows, rnd, log)
     directives: dict[str, list[Directive]] = {n: [] for n in nodes}
     violations: list[Violation] = []
-    plans = {}
+    plan_rows = []
     hyst_b = (ctl.hysteresis * mem_pages * PAGE).tolist()
     # plain Python numbers for the per-tenant loop (numpy scalars are slow)
     need_rows_l = need_rows.tolist()
@@ -339,16 +339,25 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         st.target_bytes = target_b
         st.limit_bytes = limit_b
         st.last_round = rnd
-        if slo_on:
-            needs = {p_: (max(need_rows_l[k], lb_i) * PAGE if need_rows_l[k] != math.inf
-                          else math.inf) for p_, k in mine.items()}
-        else:
-            needs = dict.fromkeys(mine, lb_i * PAGE)
-        plans[spec.name] = TenantPlan(
-            spec.name, node, ch.policy, row_policy[arow] if curve_i else None,
-            target_b, limit_b, _num(p), needs, (st.a, st.b, st.fitted))
+        plan_rows.append((spec.name, node, ch.policy, row_policy[arow] if curve_i else None,
+                          target_b, limit_b, p, mine, slo_on, lb_i, st.a, st.b, st.fitted))
 
-    return Decision(rnd, directives, violations, log, plans, notes, state)
+    def plans() -> dict[str, TenantPlan]:
+        # Built when asked for: tables and tests want them, the control
+        # loop does not, and they are a tenth of a round.
+        out = {}
+        for (name, node, pol, cpol, tgt, lim, p, mine, slo_on, lb_i, a_i, b_i,
+             fit_i) in plan_rows:
+            if slo_on:
+                needs = {p_: (max(need_rows_l[k], lb_i) * PAGE if need_rows_l[k] != math.inf
+                              else math.inf) for p_, k in mine.items()}
+            else:
+                needs = dict.fromkeys(mine, lb_i * PAGE)
+            out[name] = TenantPlan(name, node, pol, cpol, tgt, lim, _num(p), needs,
+                                   (a_i, b_i, fit_i))
+        return out
+
+    return Decision(rnd, directives, violations, log, notes, state, plans)
 
 
 def _indexes(state: EngineState, config):

@@ -126,9 +126,16 @@ class Observations:
 @dataclass
 class Decision:
     round: int
-    directives: dict[str, list[Directive]]
+    directives: dict[str, list[Directive]]     # node -> its tenants' directives
     violations: list[Violation]
     log: list[LogEntry]
-    plans: dict[str, TenantPlan]
-    notes: list[str]
+    notes: list[str]                           # reports ignored, overcommitted nodes
     state: EngineState
+    _plans: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def plans(self) -> dict[str, TenantPlan]:
+        """tenant -> TenantPlan, built on first use."""
+        if callable(self._plans):
+            self._plans = self._plans()
+        return self._plans or {}
