@@ -252,7 +252,7 @@ class MiniSim:
         if len(keys) == 0:
             return
         for cache in self._caches.values():
-            cache.access(keys, tids)
+            cache._c.access(keys, tids)        # already checked above
         self.sampled += len(keys)
 
     def feed_unsampled(self, keys, tids=None):
