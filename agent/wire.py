@@ -21,6 +21,12 @@ class WireError(ValueError):
     """A message that does not describe a valid object."""
 
 
+# Bounds on what one report may carry: far above any real curve, low enough
+# that a confused or hostile node cannot make the controller chew on junk.
+MAX_CURVE_POINTS = 10_000
+MAX_CURVES_PER_TENANT = 64
+
+
 # -- curves ----------------------------------------------------------------
 def curve_to_pb(curve: MRC) -> pb.Curve:
     return pb.Curve(policy=curve.policy, method=curve.method, rate=float(curve.rate),
@@ -31,6 +37,8 @@ def curve_to_pb(curve: MRC) -> pb.Curve:
 
 def curve_from_pb(msg: pb.Curve, where: str = "curve") -> MRC:
     sizes, ratios = list(msg.sizes_pages), list(msg.miss_ratio)
+    if len(sizes) > MAX_CURVE_POINTS:
+        raise WireError(f"{where}: {len(sizes)} points, more than {MAX_CURVE_POINTS}")
     if len(sizes) != len(ratios):
         raise WireError(f"{where}: {len(sizes)} sizes but {len(ratios)} miss ratios")
     if not sizes:
@@ -119,6 +127,8 @@ def report_from_pb(msg: pb.TenantReport) -> TenantReport:
         if v < 0:
             raise WireError(f"{where}: {name} must be non-negative")
         values[name] = int(v)
+    if len(msg.curves) > MAX_CURVES_PER_TENANT:
+        raise WireError(f"{where}: {len(msg.curves)} curves, more than {MAX_CURVES_PER_TENANT}")
     curves = [curve_from_pb(c, f"{where} curve {i} ({c.policy})")
               for i, c in enumerate(msg.curves)]
     return TenantReport(tenant=msg.tenant, cgroup=msg.cgroup, policy=msg.policy,

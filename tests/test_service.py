@@ -122,10 +122,14 @@ def _bad_curve(kind):
         del c.miss_ratio[2]
     elif kind == "negative":
         c.miss_ratio[2] = -0.1
+    elif kind == "oversized":
+        c.sizes_pages[:] = list(range(1, 20_002))
+        c.miss_ratio[:] = [0.5] * 20_001
     return c
 
 
-@pytest.mark.parametrize("kind", ["non-monotone", "nan", "above-one", "mismatched", "negative"])
+@pytest.mark.parametrize("kind", ["non-monotone", "nan", "above-one", "mismatched", "negative",
+                                  "oversized"])
 def test_malformed_curve_is_refused_and_changes_nothing(tls_server, kind):
     cfg, served = tls_server
     ch, node, admin, md = stubs(cfg, served)
