@@ -116,3 +116,23 @@ def test_info_and_bad_setup():
         SimBackend(config([tenant("u", [{"kind": "uniform"}])]), "other")
     with pytest.raises(UserError, match="needs a `workload`"):
         SimBackend(config([{"name": "w"}]), "n")
+
+
+def test_trace_phase_replays_the_trace(cloudphysics_txt):
+    from cachepilot.models.runtime import Cache
+    from cachepilot.models.traces import open_trace
+    t = tenant("tr", [{"kind": "trace", "trace": str(cloudphysics_txt)}], n=5000,
+               limit="4MiB")
+    b = SimBackend(config([t]), "n")
+    got = [r[0].miss_ratio for r in run(b, 2)]
+    # The same accesses through a cache of the same size, read independently.
+    keys = np.concatenate([k for k, _ in open_trace(cloudphysics_txt).chunks_with_tids()])[:10000]
+    cache = Cache("lru", 1024)
+    want = [cache.access(keys[:5000]) / 5000, cache.access(keys[5000:]) / 5000]
+    assert got == want
+
+
+def test_missing_trace_is_a_clear_error(tmp_path):
+    t = tenant("tr", [{"kind": "trace", "trace": str(tmp_path / "absent.txt")}])
+    with pytest.raises(UserError, match="absent.txt: no such file"):
+        SimBackend(config([t]), "n")

@@ -17,6 +17,8 @@ the cache keeps its contents across a swap (`Cache.swap_policy`).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
@@ -73,6 +75,11 @@ class SimTenant:
         from cachepilot.models.runtime import Cache
         if spec.workload is None:
             raise UserError(f"tenant {spec.name!r}: a sim tenant needs a `workload`")
+        for i, ph in enumerate(spec.workload.phases):
+            # Fail at start, not in the middle of a run when the phase begins.
+            if ph.kind == "trace" and not Path(ph.trace).is_file():
+                raise UserError(f"tenant {spec.name!r}: phase {i}: trace {ph.trace}: "
+                                f"no such file")
         self.spec = spec
         self.workload = spec.workload
         self.interval_s = interval_s
