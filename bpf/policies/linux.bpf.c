@@ -17,16 +17,19 @@
  *    age before the tick) and on every activation.
  *  - Reclaim deactivates pages from the cold end of the active list while
  *    the inactive list is low (inactive * ratio < active, ratio =
- *    int_sqrt(10 * GiB of the lists) or 1; mm/vmscan.c inactive_is_low),
- *    keeping PG_referenced, then evicts from the cold end of the inactive
- *    list.  Clean, unmapped page-cache pages are reclaimed there whatever
- *    PG_referenced says (folio_check_references), so no second chance.
+ *    int_sqrt(10 * GiB of the lists) or 1; mm/vmscan.c inactive_is_low)
+ *    and, when pages refaulted into the active list since the last
+ *    reclaim, about request * active / inactive more (prepare_scan_control
+ *    and get_scan_count), keeping PG_referenced; then it evicts from the
+ *    cold end of the inactive list.  Clean, unmapped page-cache pages
+ *    are reclaimed there whatever PG_referenced says
+ *    (folio_check_references), so no second chance.
  *
  * Simplifications: deactivation moves exactly enough pages to restore the
- * balance instead of scanning SWAP_CLUSTER_MAX batches in proportion to
- * list sizes; there are no mapped, dirty or executable pages; shadows live
- * in an LRU map, pruned once older than twice the cache in evictions,
- * instead of the xarray with its shadow shrinker.
+ * balance (plus the refault share) instead of scanning SWAP_CLUSTER_MAX
+ * batches at falling priorities; there are no mapped, dirty or executable
+ * pages; shadows live in an LRU map, pruned once older than twice the
+ * cache in evictions, instead of the xarray with its shadow shrinker.
  *
  * List heads are the cold ends (kernel list tails): evict from the head,
  * add and activate at the tail.
@@ -39,6 +42,9 @@ struct linux_state {
 	__u64 nonresident_age;
 	__u64 nr_evicted;		/* eviction sequence number */
 	__u64 prune_next;		/* oldest eviction not yet pruned */
+	__u64 refault_activations;	/* WORKINGSET_ACTIVATE_FILE */
+	__u64 refaults_snapshot;	/* ... at the last reclaim */
+	__u64 to_deactivate;		/* budget of the current walk */
 };
 CP_STATE_DECL(struct linux_state);
 
@@ -105,15 +111,18 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(linux_init, struct mem_cgroup *memcg)
 	return CP_STATE.inactive && CP_STATE.active ? 0 : -1;
 }
 
-/* Move one page from the cold end of the active list to the inactive. */
+/* Move pages from the cold end of the active list to the inactive one:
+ * until the lists are balanced, or a budget runs out. */
 static int linux_deactivate(int idx, struct cache_ext_list_node *node)
 {
 	struct folio *folio = cache_ext_node_folio(node);
 	__u64 id = cp_folio_id(folio);
 	struct linux_folio *lf;
 
-	if (!linux_inactive_is_low())
+	if (!CP_STATE.to_deactivate && !linux_inactive_is_low())
 		return CACHE_EXT_ITER_STOP;
+	if (CP_STATE.to_deactivate)
+		CP_STATE.to_deactivate--;
 	lf = bpf_map_lookup_elem(&linux_folios, &id);
 	if (!lf)
 		return CACHE_EXT_ITER_CONTINUE;
@@ -133,9 +142,25 @@ static int linux_reclaim(int idx, struct cache_ext_list_node *node)
 void BPF_STRUCT_OPS(linux_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	if (linux_inactive_is_low())
+	__u64 inactive = CP_STATE.nr_inactive, active = CP_STATE.nr_active;
+
+	/*
+	 * Refault activations since the last reclaim mean a new working set
+	 * is forming: the kernel then deactivates even with a long inactive
+	 * list (prepare_scan_control), scanning both lists in proportion to
+	 * their sizes (get_scan_count) -- about request * active / inactive
+	 * active pages for the request reclaimed.
+	 */
+	CP_STATE.to_deactivate = 0;
+	if (CP_STATE.refault_activations != CP_STATE.refaults_snapshot && active)
+		CP_STATE.to_deactivate = inactive ?
+			(ectx->request * active + inactive - 1) / inactive :
+			ectx->request;
+	CP_STATE.refaults_snapshot = CP_STATE.refault_activations;
+	if (CP_STATE.to_deactivate || linux_inactive_is_low())
 		cache_ext_list_iterate(memcg, CP_STATE.active, linux_deactivate,
 				       ectx);
+	CP_STATE.to_deactivate = 0;
 	cache_ext_list_iterate(memcg, CP_STATE.inactive, linux_reclaim, ectx);
 	/* An inactive list shorter than the request: the kernel would
 	 * deactivate more and reclaim those, i.e. the coldest active pages. */
@@ -157,6 +182,7 @@ void BPF_STRUCT_OPS(linux_folio_added, struct folio *folio)
 		if (distance <= CP_STATE.nr_active) {
 			lf.active = 1;
 			CP_STATE.nonresident_age++;
+			CP_STATE.refault_activations++;
 		}
 	}
 	if (bpf_map_update_elem(&linux_folios, &id, &lf, BPF_ANY))
