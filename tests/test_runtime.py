@@ -407,3 +407,24 @@ def test_swaps_between_policies_with_maps_keep_working():
     st = cache.stats
     assert st["fallback_evictions"] == 0 and st["rejected_not_cached"] == 0
     assert st["cached"] == 300
+
+
+def test_linux_refaults_deactivate_in_proportion():
+    """Refault activations since the last reclaim make reclaim deactivate
+    about request * active / inactive active pages even when the inactive
+    list is not low.  Worked by hand from that rule (ratio 6 at ~4.6 GiB):
+      A twice: 100 active.  B once: 20 inactive, B0..B19 evicted.
+      B0 refaults (distance 21 <= 100): active 101, inactive 19.
+      B1's reclaim: refault pending -> ceil(101/19) = 6 (A0..A5) deactivated;
+      B1 refaults: active 96, inactive 24.
+      The scan's first reclaim: ceil(96/24) = 4 more (A6..A9); afterwards
+      inactive * 6 >= active, so nothing else; the scan flushes the inactive
+      list, and exactly A0..A9 miss."""
+    A = np.arange(100, dtype=np.uint64)
+    B = np.arange(1000, 1040, dtype=np.uint64)
+    S = np.arange(5000, 5200, dtype=np.uint64)
+    lx = rt.Cache("linux", 120, scale=10_000)
+    lx.access(np.concatenate([A, A, B]))
+    assert lx.access(B[:2]) == 2
+    lx.access(S)
+    assert lx.access(A) == 10
