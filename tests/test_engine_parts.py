@@ -184,7 +184,12 @@ def max_hull_step(c, a, b):
     return float(np.max(np.diff(hy))) if len(hy) > 1 else 0.0
 
 
-def test_distribute_matches_exhaustive_search():
+# small=0 forces the vectorised dual, small=10**6 the Python walk over hulls
+BOTH = pytest.mark.parametrize("small", [0, 10**6], ids=["dual", "hull-walk"])
+
+
+@BOTH
+def test_distribute_matches_exhaustive_search(small):
     rng = np.random.default_rng(11)
     for trial in range(30):
         k = 3
@@ -196,7 +201,7 @@ def test_distribute_matches_exhaustive_search():
         pxs, pys = CurveBank(curves).padded(np.arange(k))
         lo, hi = np.zeros(k), np.full(k, 100.0)
         x = allocate.distribute(np.zeros(k, dtype=np.int64), np.array([budget]), lo, hi,
-                                pxs, pys, a, b)
+                                pxs, pys, a, b, small=small)
         assert x.sum() <= budget + 1e-6
         assert np.all(x >= lo - 1e-9) and np.all(x <= hi + 1e-9)
         got = sum(hull_value(c, a[i], b[i], x[i]) for i, c in enumerate(curves))
@@ -216,12 +221,13 @@ def test_distribute_matches_exhaustive_search():
         assert true >= best - seg - 1e-9
 
 
-def test_distribute_gives_memory_nobody_gains_from_by_headroom():
+@BOTH
+def test_distribute_gives_memory_nobody_gains_from_by_headroom(small):
     flat = MRC([10, 20], [0.5, 0.5])          # no gain past 10 pages
     pxs, pys = CurveBank([flat, flat]).padded(np.arange(2))
     x = allocate.distribute(np.zeros(2, dtype=np.int64), np.array([100.0]),
                             np.zeros(2), np.array([30.0, 90.0]), pxs, pys,
-                            np.full(2, 1e-6), np.full(2, 1e-4))
+                            np.full(2, 1e-6), np.full(2, 1e-4), small=small)
     assert x.sum() == pytest.approx(100.0)
     assert x[1] > x[0] and x[0] <= 30 and x[1] <= 90
 
@@ -308,7 +314,8 @@ def on_hull(h, x):
     return float(np.interp(x, hx, hy))
 
 
-def test_distribute_equals_greedy_over_hull_segments_per_node():
+@BOTH
+def test_distribute_equals_greedy_over_hull_segments_per_node(small):
     rng = np.random.default_rng(21)
     k = 8
     curves = [MRC(np.arange(10, 210, 10), np.sort(rng.uniform(0, 1, 20))[::-1])
@@ -320,7 +327,7 @@ def test_distribute_equals_greedy_over_hull_segments_per_node():
     hi = lo + rng.uniform(60, 160, k)
     budget = np.array([150.0, 200.0, 500.0])     # node 2 has more than it can use
     pxs, pys = CurveBank(curves).padded(np.arange(k))
-    x = allocate.distribute(node, budget, lo, hi, pxs, pys, a, b)
+    x = allocate.distribute(node, budget, lo, hi, pxs, pys, a, b, small=small)
     for n in range(2):
         idx = np.flatnonzero(node == n)
         hulls, ref = greedy_on_hull_segments([curves[i] for i in idx], a[idx], b[idx],
@@ -332,3 +339,32 @@ def test_distribute_equals_greedy_over_hull_segments_per_node():
     # a node with spare memory: every tenant reaches its best, then the
     # rest is handed out up to the ceiling
     assert x[7] == pytest.approx(hi[7])
+
+
+def test_the_two_greedy_implementations_agree_at_scale():
+    rng = np.random.default_rng(8)
+    k, nodes = 300, 30
+    curves = []
+    for _ in range(k):
+        sizes = np.unique(rng.integers(1, 400, 40))
+        curves.append(MRC(sizes, np.sort(rng.uniform(0, 1, len(sizes)))[::-1]))
+    a = rng.uniform(1e-6, 1e-5, k)
+    b = rng.uniform(1e-5, 1e-3, k)
+    node = np.sort(rng.integers(0, nodes, k))
+    lo = rng.uniform(0, 50, k)
+    hi = lo + rng.uniform(50, 350, k)
+    budget = rng.uniform(100, 1500, nodes)
+    pxs, pys = CurveBank(curves).padded(np.arange(k))
+    dual = allocate.distribute(node, budget, lo, hi, pxs, pys, a, b, small=0)
+    walk = allocate.distribute(node, budget, lo, hi, pxs, pys, a, b, small=10**6)
+    D, G = allocate._grid(pxs, pys, a, b, lo, hi)
+
+    def value(x):          # each row's gain on its own hull, summed per node
+        out = np.zeros(nodes)
+        for i in range(k):
+            h = upper_hull(sorted(zip(D[i].tolist(), G[i].tolist())))
+            hx, hy = zip(*h)
+            out[node[i]] += np.interp(x[i] - lo[i], hx, hy)
+        return out
+    np.testing.assert_allclose(value(dual), value(walk), rtol=1e-7)
+    np.testing.assert_allclose(np.bincount(node, dual, nodes), np.bincount(node, walk, nodes))

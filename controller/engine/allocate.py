@@ -91,12 +91,71 @@ def _grid(xs, ys, a, b, x_lo, x_hi):
     return X - x_lo[:, None], T - T[:, :1]
 
 
-def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=28):
+# Up to this many rows the greedy walks the hulls in Python; beyond, the
+# vectorised dual is faster.  Both give the same allocation.
+SMALL = 32
+
+
+def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=28, small=SMALL):
     """Sizes (pages) per row: x_lo plus a share of each node's `budget`."""
     nn = len(budget)
-    r = np.arange(len(x_lo))
     D, G = _grid(xs, ys, a, b, x_lo, x_hi)
     budget = np.maximum(budget, 0.0)
+    if len(x_lo) <= small:
+        add, free, left = _greedy_on_hulls(node, budget, D, G)
+    else:
+        add, free, left = _dual(node, budget, D, G, iterations)
+    x = x_lo + add
+
+    # slack nobody gains from: in proportion to headroom under the ceiling
+    slack_nodes = free & (left > 1e-9)
+    if slack_nodes.any():
+        room = np.where(slack_nodes[node], np.maximum(x_hi - x, 0.0), 0.0)
+        total = np.bincount(node, weights=room, minlength=nn)
+        share = np.where(total > 0, np.minimum(left / np.where(total > 0, total, 1.0), 1.0), 0.0)
+        x += room * share[node]
+    return x
+
+
+def _greedy_on_hulls(node, budget, D, G):
+    """The greedy itself: each row's upper concave hull of (added size,
+    throughput gain), every rising hull segment of a node taken steepest
+    first until the node's budget runs out (the last one partly).
+    Returns (added size per row, nodes with budget to spare, budget left)."""
+    segs = []                       # (node, -slope, row, length)
+    wanted = np.zeros(len(budget))
+    for i, (xs, gs) in enumerate(zip(D.tolist(), G.tolist())):
+        hull = []
+        for p in zip(xs, gs):
+            if hull and p[0] == hull[-1][0]:
+                if p[1] <= hull[-1][1]:
+                    continue
+                hull.pop()
+            while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) <= \
+                    (p[1] - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
+                hull.pop()
+            hull.append(p)
+        n = int(node[i])
+        for (x0, y0), (x1, y1) in zip(hull, hull[1:]):
+            if y1 <= y0:
+                break               # concave: nothing further rises
+            segs.append((n, -(y1 - y0) / (x1 - x0), i, x1 - x0))
+            wanted[n] += x1 - x0
+    segs.sort()
+    add = np.zeros(len(node))
+    left = budget.copy()
+    for n, _, i, length in segs:
+        take = min(length, left[n])
+        if take > 0:
+            add[i] += take
+            left[n] -= take
+    return add, wanted <= budget + 1e-9, left
+
+
+def _dual(node, budget, D, G, iterations):
+    """The same greedy through its Lagrangian dual (see the module doc)."""
+    nn = len(budget)
+    r = np.arange(len(node))
 
     def choose(lam_node):
         V = G - lam_node[node][:, None] * D
@@ -120,7 +179,7 @@ def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=28):
             lo = np.where(ok, lo, mid)
     j_hi, s_hi = choose(np.where(free, 0.0, hi))
     j_lo, _ = choose(np.where(free, 0.0, lo))
-    x = x_lo + D[r, j_hi]
+    add = D[r, j_hi].copy()
     left = budget - s_hi
 
     # the partial, last segments: slope order within each node
@@ -132,17 +191,9 @@ def distribute(node, budget, x_lo, x_hi, xs, ys, a, b, iterations=28):
         for i in marginal[np.lexsort((marginal, -seg, node[marginal]))].tolist():
             n = node[i]
             take = min(d_lo[i] - d_hi[i], max(left[n], 0.0))
-            x[i] += take
+            add[i] += take
             left[n] -= take
-
-    # slack nobody gains from: in proportion to headroom under the ceiling
-    slack_nodes = free & (left > 1e-9)
-    if slack_nodes.any():
-        room = np.where(slack_nodes[node], np.maximum(x_hi - x, 0.0), 0.0)
-        total = np.bincount(node, weights=room, minlength=nn)
-        share = np.where(total > 0, np.minimum(left / np.where(total > 0, total, 1.0), 1.0), 0.0)
-        x += room * share[node]
-    return x
+    return add, free, left
 
 
 def step_limit(node, memory, current, target, lb, ub, max_step_fraction, hysteresis):
