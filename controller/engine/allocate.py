@@ -15,14 +15,16 @@ in 4 KiB pages as floats; `node` gives each row's node index):
 2. distribute: what is left goes where modelled aggregate throughput gains
    most.  Each tenant's throughput-vs-size points are read on the curve's
    concave (throughput) hull; taking hull segments greedily by slope is
-   optimal for such separable concave gains, and is computed here as its
+   optimal for such separable concave gains.  A node's few tenants walk
+   their hulls in Python; a whole round's thousand use the greedy's
    Lagrangian dual: a price per page, bisected per node, at which each
-   tenant's best point (throughput - price x size) just fills the node.
-   The tenants whose choice changes at that price share the remainder in
+   tenant's best point (throughput - price x size) just fills the node,
+   the tenants whose choice changes at that price sharing the remainder in
    order of their segment's slope -- the greedy's last, partial segment.
    (28 halvings leave the price known to 4e-9 of the steepest slope; two
-   hull segments of one tenant closer than that are taken as one.)  Memory nobody gains from is handed out in proportion to
-   each tenant's headroom below its ceiling, so the cache is not left idle.
+   hull segments of one tenant closer than that are taken as one.)  Memory
+   nobody gains from is handed out in proportion to each tenant's headroom
+   below its ceiling, so the cache is not left idle.
 
 3. step_limit: limits move toward the targets, but no node moves more than
    max_step_fraction of its memory between its tenants in one interval:
