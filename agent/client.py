@@ -99,6 +99,9 @@ class NodeClient:
             log.info("%s: registered again with the controller", self.info.node_id)
         self.session, self.interval_s = reply.session, reply.interval_s
         self.backoff = self.backoff_min
+        # Results of directives from an earlier session mean nothing to
+        # this one (it may be a restarted controller).
+        self.pending = []
         return True
 
     def _failed(self, err: grpc.RpcError):

@@ -80,6 +80,7 @@ class Registry:
         # A fresh session on every registration: reports from an older
         # connection (or from before a restart) are told to re-register.
         rec.session = secrets.token_hex(8)
+        rec.last_seq = 0
         rec.registered_at = self.clock()
         rec.state = REGISTERED if rec.reports == 0 else REPORTING
         rec.last_report_at = rec.last_report_at or rec.registered_at
@@ -100,6 +101,11 @@ class Registry:
             rec.session = None
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                           f"node {node_id!r} was marked lost; register again")
+        if seq <= rec.last_seq:
+            # A replayed or reordered report would run an extra decision
+            # round on old numbers.
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"node {node_id!r}: report {seq} is not newer than {rec.last_seq}")
         placed = {t.name for t in self.config.tenants_on(node_id)}
         seen = set()
         for r in reports:

@@ -28,6 +28,7 @@ SWITCH_WINDOWS = 3        # a phase change is followed within 3 windows
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
+    """One headless run of the demo (a minute or two), shared by the tests."""
     out = tmp_path_factory.mktemp("run")
     proc = subprocess.run([sys.executable, "-m", "cachepilot", "run", "--config", str(DEMO),
                            "--intervals", str(INTERVALS), "--json", str(out / "run.json"),
@@ -118,6 +119,7 @@ def feasible_slos(cfg, intervals):
 
 
 # -- the tests ------------------------------------------------------------------------
+@pytest.mark.slow
 def test_json_has_the_documented_shape(demo):
     cfg, result, out, stdout = demo
     fields = {"name", "node", "slo", "met_fraction", "throughput", "limit_bytes", "policy"}
@@ -137,6 +139,7 @@ def test_json_has_the_documented_shape(demo):
     assert "aggregate" in stdout
 
 
+@pytest.mark.slow
 def test_every_feasible_slo_is_met_within_five_intervals(demo):
     cfg, result, out, stdout = demo
     feasible = feasible_slos(cfg, INTERVALS)
@@ -158,12 +161,14 @@ def test_every_feasible_slo_is_met_within_five_intervals(demo):
             row["first_met_interval"] <= START_WINDOW, (name, row["first_met_interval"])
 
 
+@pytest.mark.slow
 def test_aggregate_throughput_beats_the_equal_split_by_1_3x(demo):
     cfg, result, out, stdout = demo
     ratio = result["aggregate_throughput"] / result["baseline_aggregate_throughput"]
     assert ratio >= 1.3, ratio
 
 
+@pytest.mark.slow
 def test_policy_matches_an_offline_sweep_and_follows_phase_changes(demo):
     """For every tenant phase: fully simulate the phase's stream at the size
     the tenant ended the phase with, under every allowed policy.  The
@@ -199,6 +204,7 @@ def test_policy_matches_an_offline_sweep_and_follows_phase_changes(demo):
     assert all(ok for *_, ok in switch_ok), switch_ok
 
 
+@pytest.mark.slow
 def test_plots_are_written(demo):
     cfg, result, out, stdout = demo
     png = out / "plots" / "run_timeline.png"

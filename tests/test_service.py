@@ -152,6 +152,19 @@ def test_malformed_curve_is_refused_and_changes_nothing(tls_server, kind):
     ch.close()
 
 
+def test_replayed_report_is_refused(tls_server):
+    cfg, served = tls_server
+    ch, node, admin, md = stubs(cfg, served)
+    session = register(node, md)
+    req = pb.ReportRequest(node_id="n1", session=session, seq=5,
+                           reports=[wire.report_to_pb(report("n1-t0"))])
+    node.Report(req, metadata=md)
+    code, details = code_of(lambda: node.Report(req, metadata=md))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "not newer" in details
+    assert served.controller.rounds == 1
+    ch.close()
+
+
 def test_report_naming_a_tenant_of_another_node_is_refused(tmp_path):
     cfg = small_config(tmp_path, nodes=("n1", "n2"))
     served = serve(cfg, engine=EchoEngine())
@@ -230,8 +243,10 @@ def test_silent_node_is_marked_lost_and_leaves_the_pool(tmp_path):
         import time
         deadline = time.monotonic() + 8
         # n1 keeps reporting, n2 falls silent.
+        seq = 0
         while time.monotonic() < deadline:
-            node.Report(pb.ReportRequest(node_id="n1", session=sessions["n1"], seq=1,
+            seq += 1
+            node.Report(pb.ReportRequest(node_id="n1", session=sessions["n1"], seq=seq,
                                          reports=[wire.report_to_pb(report("n1-t0"))]),
                         metadata=md)
             states = {n.node_id: n.state for n in
