@@ -148,7 +148,7 @@ def _print_admin(action, reply):
               f"{'limit':>9} policy")
         for t in reply.tenants:
             slo = f"{t.slo_min_throughput:,.0f}" if t.has_slo else "-"
-            met = ("yes" if t.slo_met else "NO") if t.has_slo else "-"
+            met = ("yes" if t.slo_met else "NO") if (t.has_slo and t.reported) else "-"
             print(f"{t.name:16} {t.node:10} {slo:>10} {t.throughput:10,.0f} {met:4} "
                   f"{t.limit_bytes / (1 << 20):6.0f} MiB {t.policy}")
     elif action in ("set-slo", "clear-slo"):

@@ -248,7 +248,7 @@ class Controller:
                     limit_bytes=d.limit_bytes if d else (r.limit_bytes if r else 0),
                     policy=d.policy if d else (r.policy if r else ""),
                     priority=t.priority, miss_ratio=r.miss_ratio if r else 0.0,
-                    reason=self.last_reason.get(t.name, "")))
+                    reason=self.last_reason.get(t.name, ""), reported=r is not None))
             return pb.TenantsReply(tenants=out)
 
     def set_slo(self, tenant: str, min_throughput: float) -> pb.SLOReply:
