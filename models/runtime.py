@@ -166,6 +166,20 @@ class Cache:
     def nr_cached(self) -> int:
         return self._c.nr_cached
 
+    @property
+    def reclaim_batch(self) -> int:
+        """Least pages one reclaim frees when the cache is full: 1 (the
+        default, libCacheSim's evict-one-to-insert-one), or the kernel's
+        SWAP_CLUSTER_MAX = 32 for a memcg at its limit."""
+        return self._c.reclaim_batch
+
+    @reclaim_batch.setter
+    def reclaim_batch(self, pages: int):
+        try:
+            self._c.reclaim_batch = int(pages)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+
     def swap_policy(self, policy: str):
         """Live swap: a fresh instance of `policy` receives every cached page
         (folio_added, oldest first), as the kernel does on a link update.

@@ -428,3 +428,18 @@ def test_linux_refaults_deactivate_in_proportion():
     assert lx.access(B[:2]) == 2
     lx.access(S)
     assert lx.access(A) == 10
+
+
+def test_kernel_style_reclaim_batch():
+    """reclaim_batch 32 frees 32 pages at once when the cache is full (the
+    kernel's SWAP_CLUSTER_MAX), then inserts without reclaim until full."""
+    cache = rt.Cache("fifo", 100)
+    cache.reclaim_batch = 32
+    cache.access(np.arange(100, dtype=np.uint64))
+    cache.access(np.array([100], np.uint64))
+    assert cache.nr_cached == 100 - 32 + 1
+    assert cache.cached_keys()[0] == 32             # 0..31 went, oldest first
+    cache.access(np.arange(101, 132, dtype=np.uint64))
+    assert cache.nr_cached == 100 and cache.stats["requests"] == 1
+    with pytest.raises(UserError):
+        cache.reclaim_batch = 0

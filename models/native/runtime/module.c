@@ -199,6 +199,36 @@ static PyObject *cache_get_policy(CacheObject *self, void *closure)
 	return inst ? PyUnicode_FromString(inst->name) : NULL;
 }
 
+static PyObject *cache_get_reclaim_batch(CacheObject *self, void *closure)
+{
+	struct cp_instance *inst = usable(self);
+
+	return inst ? PyLong_FromUnsignedLong(inst->reclaim_batch) : NULL;
+}
+
+static int cache_set_reclaim_batch(CacheObject *self, PyObject *value,
+				   void *closure)
+{
+	struct cp_instance *inst = usable(self);
+	unsigned long v;
+
+	if (!inst)
+		return -1;
+	if (!value) {
+		PyErr_SetString(PyExc_AttributeError, "cannot delete reclaim_batch");
+		return -1;
+	}
+	v = PyLong_AsUnsignedLong(value);
+	if (PyErr_Occurred())
+		return -1;
+	if (v < 1 || v > 1024) {
+		PyErr_SetString(PyExc_ValueError, "reclaim_batch must be 1..1024");
+		return -1;
+	}
+	inst->reclaim_batch = (__u32)v;
+	return 0;
+}
+
 static PyObject *cache_get_nr_cached(CacheObject *self, void *closure)
 {
 	struct cp_instance *inst = usable(self);
@@ -223,6 +253,9 @@ static PyGetSetDef cache_getset[] = {
 	{ "policy", (getter)cache_get_policy, NULL, "policy name", NULL },
 	{ "nr_cached", (getter)cache_get_nr_cached, NULL, "pages cached",
 	  NULL },
+	{ "reclaim_batch", (getter)cache_get_reclaim_batch,
+	  (setter)cache_set_reclaim_batch,
+	  "least pages freed when the cache is full (kernel: 32)", NULL },
 	{ NULL }
 };
 

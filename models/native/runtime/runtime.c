@@ -619,6 +619,20 @@ static int insert(struct cp_instance *inst, __u64 key)
 	return 0;
 }
 
+/*
+ * Pages to free so one more fits.  The kernel frees at least
+ * SWAP_CLUSTER_MAX (32) pages once a memcg hits its limit; a cache built
+ * with reclaim_batch 1 (the default, libCacheSim's semantics) frees one.
+ */
+static __u64 reclaim_target(struct cp_instance *inst)
+{
+	__u64 need = inst->nr_cached - inst->capacity + 1;
+
+	if (need < inst->reclaim_batch)
+		need = inst->reclaim_batch;
+	return need < inst->nr_cached ? need : inst->nr_cached;
+}
+
 __u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
 			 const __u32 *tids, __u64 n)
 {
@@ -652,7 +666,7 @@ __u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
 		if (inst->capacity == 0)
 			continue;
 		if (inst->nr_cached >= inst->capacity)
-			reclaim(inst, inst->nr_cached - inst->capacity + 1);
+			reclaim(inst, reclaim_target(inst));
 		if (insert(inst, key))
 			break;	/* out of memory: stop this batch */
 	}
@@ -756,6 +770,7 @@ struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
 	}
 	inst->name = reg_name;
 	inst->scale = scale;
+	inst->reclaim_batch = 1;
 	inst->capacity = capacity;
 	inst->table_mask = 63;
 	inst->table = calloc(inst->table_mask + 1, sizeof(*inst->table));

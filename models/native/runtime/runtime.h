@@ -51,6 +51,7 @@ struct cp_instance {
 	struct folio *freelist, *free_tail;	/* queue, see free_push */
 
 	double scale;			/* full-scale pages per page (1/R) */
+	__u32 reclaim_batch;		/* least pages one reclaim frees */
 	__u64 clock;			/* accesses so far (cp_clock) */
 	__u32 tid;			/* tid of the current access */
 	__u32 batch_seq;		/* reclaim batch counter */
