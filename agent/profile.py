@@ -36,7 +36,14 @@ class Profile:
     def to_json(self) -> dict:
         c, s = self.counters, self.stats
         return {
+            # the `cachepilot mrc` schema: curves (sizes in 4 KiB pages are
+            # memory limits here), accesses, and what the counts mean
             "curves": [m.to_dict() for m in self.limit_curves],
+            "accesses": c.accesses,
+            "counts": ("accesses = 4 KiB page-cache page accesses of the cgroup "
+                       "(miss-ratio denominator); curves: sizes are memory limits "
+                       "in pages (cache plus the cgroup's non-file memory); "
+                       "cache_curves: sizes are page-cache pages"),
             "cache_curves": [m.to_dict() for m in self.curves],
             "cgroup": {
                 "path": self.cgroup, "id": self.cgroup_id,

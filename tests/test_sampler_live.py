@@ -159,6 +159,12 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             ab = (24 << 20) // 4096 + cb.meta.get("anon_offset_pages", 0)
             assert cw.at(aw) < 0.2 < cb.at(ab)
             assert web.miss_ratio > 0 and batch.miss_ratio > 0
+            # what the agent reports passes the wire's checks unchanged
+            from cachepilot.agent import wire
+            for r in (web, batch):
+                back = wire.report_from_pb(wire.report_to_pb(r))
+                assert back.tenant == r.tenant and len(back.curves) == len(r.curves)
+                assert np.allclose(back.curves[0].miss_ratio, r.curves[0].miss_ratio)
 
             # an overflow in the next interval is counted and reported
             backend.sampler.pause()
