@@ -190,11 +190,17 @@ def run_profile(args) -> int:
                              f"drops {c.drops:,}   ")
             sys.stderr.flush()
         try:
+            # miniature simulations need a size grid before any access is
+            # seen: up to the limit in force, else four times today's usage
+            now = cgroups.read_stats(args.cgroup)
+            top = now.effective_limit_bytes or max(4 * now.usage_bytes, 1 << 30)
             prof = profile_cgroup(args.cgroup, args.duration, rate=args.rate,
                                   warmup_s=args.warmup, policies=policies,
-                                  progress=progress)
+                                  progress=progress, max_pages=top // 4096)
         except SamplerUnavailable as err:
             raise UserError(str(err)) from None
+        except ValueError as err:       # e.g. a policy the engine does not know
+            raise UserError(f"--policies: {err}") from None
         except cgroups.CgroupGone as err:
             raise UserError(f"the cgroup went away while profiling: {err}") from None
         if tty:

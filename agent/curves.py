@@ -116,7 +116,7 @@ class LruShards:
                      "distinct_sampled": len(self._last)})]
 
 
-def size_grid(max_pages: int, points: int = 32, min_pages: int = 256) -> np.ndarray:
+def size_grid(max_pages: int, points: int = 48, min_pages: int = 256) -> np.ndarray:
     """Log-spaced cache sizes (pages) from 1 MiB to max_pages."""
     top = max(int(max_pages), min_pages + 1)
     return np.unique(np.round(np.geomspace(min_pages, top, points)).astype(np.int64))
@@ -131,9 +131,17 @@ def make_builder(policies=("lru",), *, rate: float, max_pages: int | None = None
     except ImportError:
         return LruShards(rate, max_pages=max_pages)
     policies = tuple(policies)
-    if policies == ("lru",) or not max_pages:
+    if policies == ("lru",):
         return MRCBuilder(policies, rate=rate)
-    return MRCBuilder(policies, rate=rate, sizes=size_grid(max_pages))
+    return MRCBuilder(policies, rate=rate, sizes=size_grid(max_pages or _mem_total_pages()))
+
+
+def _mem_total_pages() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) // 4
+    return 1 << 20
 
 
 def shift_by_anon(curve: MRC, anon_pages: int) -> MRC:
