@@ -252,8 +252,10 @@ def _plot(result, out):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
     for c in result["curves"]:
-        ax.plot([s * 4096 / 2**20 for s in c["sizes"]], c["miss_ratio"], label=c["policy"])
-    ax.set_xlabel("memory limit (MiB)")
+        pts = [(s * 4096 / 2**20, m) for s, m in zip(c["sizes"], c["miss_ratio"]) if s > 0]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=c["policy"])
+    ax.set_xscale("log")        # curves span MiB to the node's memory
+    ax.set_xlabel("memory limit (MiB, log scale)")
     ax.set_ylabel("miss ratio")
     ax.set_ylim(0, 1.02)
     ax.set_title(result["cgroup"]["path"])
