@@ -21,7 +21,9 @@ def register(subparsers):
     p.add_argument("--intervals", type=int, default=None,
                    help="control intervals to run (default 30)")
     p.add_argument("--json", dest="json_out", help="write the results as JSON here")
-    p.add_argument("--plots", help="write PNG plots into this folder")
+    p.add_argument("--plots", default="out/run",
+                   help="write PNG plots into this folder (default out/run)")
+    p.add_argument("--no-plots", action="store_true", help="write no plots")
     p.add_argument("--no-live", action="store_true", help="no live table (headless)")
     p.add_argument("--seed", type=int, help="override the nodes' seeds")
     p.set_defaults(func=cmd_run)
@@ -74,11 +76,12 @@ def cmd_run(args) -> int:
         raise UserError(f"{args.config}: run embeds sim nodes only; node(s) "
                         f"{', '.join(bad)} use another backend (start `cachepilot controller` "
                         f"and agents instead)")
-    if args.plots and Path(args.plots).exists() and not Path(args.plots).is_dir():
-        raise UserError(f"--plots {args.plots}: not a folder")
+    plots = None if args.no_plots else args.plots
+    if plots and Path(plots).exists() and not Path(plots).is_dir():
+        raise UserError(f"--plots {plots}: not a folder")
     intervals = DEFAULT_INTERVALS if args.intervals is None else args.intervals
     run_command(cfg, intervals=intervals, json_out=args.json_out,
-                plots=args.plots, live=not args.no_live, seed=args.seed)
+                plots=plots, live=not args.no_live, seed=args.seed)
     return 0
 
 

@@ -153,9 +153,8 @@ def _fmt_bytes(n):
 def tenant_table(cfg, history, title):
     from rich.table import Table
     table = Table(title=title)
-    for col in ("tenant", "node", "phase", "SLO ops/s", "throughput", "SLO", "limit",
-                "policy"):
-        table.add_column(col, justify="right" if col in ("SLO ops/s", "throughput", "limit")
+    for col in ("tenant", "node", "phase", "SLO ops/s", "ops/s", "SLO", "limit", "policy"):
+        table.add_column(col, justify="right" if col in ("SLO ops/s", "ops/s", "limit")
                          else "left")
     for t in cfg.tenants:
         rows = history[t.name]

@@ -221,7 +221,7 @@ def test_run_needs_no_privileges(tmp_path):
     import os
     import shutil
     cmd = [sys.executable, "-m", "cachepilot", "run", "--config", str(DEMO), "--intervals", "2",
-           "--no-live", "--json", str(tmp_path / "np.json")]
+           "--no-live", "--json", str(tmp_path / "np.json"), "--plots", str(tmp_path / "p")]
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             pytest.skip("setpriv (util-linux) is missing: cannot drop capabilities")
@@ -241,7 +241,8 @@ def test_bad_run_arguments_get_one_line_errors(tmp_path):
     for args, expect in [(["--config", str(tmp_path / "absent.yaml")], "no such config file"),
                          (["--config", str(bad_yaml)], "nodes[0].memory_bytes"),
                          (["--config", str(DEMO), "--intervals", "0"], "at least 1")]:
-        proc = subprocess.run([sys.executable, "-m", "cachepilot", "run", "--no-live", *args],
+        proc = subprocess.run([sys.executable, "-m", "cachepilot", "run", "--no-live",
+                               "--no-plots", *args],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -253,8 +254,9 @@ def test_same_seed_gives_the_same_run(tmp_path):
     for k in range(2):
         path = tmp_path / f"r{k}.json"
         proc = subprocess.run([sys.executable, "-m", "cachepilot", "run", "--config", str(DEMO),
-                               "--intervals", "3", "--seed", "7", "--no-live", "--json",
-                               str(path)], capture_output=True, text=True, timeout=300)
+                               "--intervals", "3", "--seed", "7", "--no-live", "--no-plots",
+                               "--json", str(path)], capture_output=True, text=True,
+                              timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs.append(json.loads(path.read_text()))
     hist = [{t["name"]: t["history"] for t in o["tenants"]} for o in outs]
