@@ -57,34 +57,22 @@ class TenantBook:
 
 
 class Engine:
-    """The decision engine (controller/engine, engineer D) behind one call.
+    """The decision engine (controller/engine) behind the call the service makes.
 
-    decide() sees only the reporting node's reports; the engine's state
-    carries everything across rounds and is rebuilt from reports after a
-    restart (the limits and policies in force arrive in every report).
+    A round sees only the reporting node's reports; EngineState carries the
+    models, streaks and targets across rounds, and a fresh state (after a
+    restart) starts from the limits and policies every report carries.
+    Returns (directives for that node, predicted SLO violations, log entries).
     """
 
-    def __init__(self, config):
-        from cachepilot.controller import engine as eng
-        self._eng = eng
-        self.state = eng.EngineState()
+    def __init__(self):
+        from cachepilot.controller import engine
+        self._engine = engine
+        self.state = engine.EngineState()
 
     def decide(self, node: str, reports: list[TenantReport], config):
-        d = self._eng.decide(self.state, {node: reports}, config)
-        return _directives_of(d, node), _violations_of(d, node), _log_of(d)
-
-
-def _directives_of(decision, node) -> list[Directive]:
-    directives = decision.directives
-    return list(directives.get(node, [])) if isinstance(directives, dict) else list(directives)
-
-
-def _violations_of(decision, node) -> list:
-    return list(getattr(decision, "violations", []) or [])
-
-
-def _log_of(decision) -> list:
-    return list(getattr(decision, "log", None) or getattr(decision, "log_entries", None) or [])
+        d = self._engine.decide(self.state, {node: reports}, config)
+        return list(d.directives.get(node, [])), list(d.violations), list(d.log)
 
 
 class Controller:
@@ -94,7 +82,7 @@ class Controller:
         self.started = clock()
         self.tls = tls
         self.registry = Registry(self.config, clock)
-        self.engine = engine if engine is not None else Engine(self.config)
+        self.engine = engine if engine is not None else Engine()
         self.metrics = ControllerMetrics()
         self.lock = threading.RLock()
         self.rounds = 0
