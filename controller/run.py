@@ -16,6 +16,8 @@ import logging
 import time
 from pathlib import Path
 
+import numpy as np
+
 from cachepilot.agent.backends.sim import SimBackend
 from cachepilot.agent.client import NodeClient
 from cachepilot.agent.types import Directive
@@ -59,8 +61,7 @@ def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None
                 _record(history, client.backend, i)
             if on_interval:
                 on_interval(i, history, served.controller)
-        decisions = [e for e in served.controller.log]
-        return history, decisions, served.controller
+        return history, list(served.controller.log), served.controller
     finally:
         for c in clients.values():
             c.close()
@@ -125,7 +126,7 @@ def summarise(cfg, history, warmup: int):
     return tenants, total
 
 
-def build_result(cfg, intervals, seed, auto_hist, base_hist, decisions=()):
+def build_result(cfg, intervals, seed, auto_hist, base_hist, decisions=(), latencies=()):
     warmup = cfg.control.warmup_intervals
     auto, auto_total = summarise(cfg, auto_hist, warmup)
     base, base_total = summarise(cfg, base_hist, warmup)
@@ -137,6 +138,9 @@ def build_result(cfg, intervals, seed, auto_hist, base_hist, decisions=()):
         "baseline": {"name": "static-equal", "policy": BASELINE_POLICY, "tenants": base},
         "baseline_aggregate_throughput": base_total,
         "throughput_ratio": auto_total / base_total if base_total else None,
+        "decision_seconds": {"rounds": len(latencies),
+                             "median": float(np.median(latencies)) if latencies else None,
+                             "max": max(latencies) if latencies else None},
         "decisions": [{"round": e.round, "node": e.node, "tenant": e.tenant, "kind": e.kind,
                        "message": e.message} for e in decisions
                       if e.kind not in ("register",)][:2000],
@@ -248,12 +252,13 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
             live_ctx.update(tenant_table(cfg, history, f"interval {i + 1}/{intervals}  "
                                          f"(decision rounds: {controller.rounds})"))
     try:
-        auto_hist, decisions, _ = run_autopilot(cfg, intervals, seed, on_interval)
+        auto_hist, decisions, controller = run_autopilot(cfg, intervals, seed, on_interval)
     finally:
         if live_ctx is not None:
             live_ctx.stop()
     base_hist = run_static_equal(cfg, intervals, seed)
-    result = build_result(cfg, intervals, seed, auto_hist, base_hist, decisions)
+    result = build_result(cfg, intervals, seed, auto_hist, base_hist, decisions,
+                          list(controller.latencies))
     result["wall_seconds"] = time.monotonic() - started
     console.print(summary_table(result))
     if json_out:

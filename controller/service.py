@@ -90,6 +90,7 @@ class Controller:
         self.books = {t.name: TenantBook() for t in self.config.tenants}
         self.last_violations: dict[str, list] = {}
         self.last_reason: dict[str, str] = {}
+        self.latencies: deque[float] = deque(maxlen=10000)   # seconds per round
         for t in self.config.tenants:
             self._export_slo(t.name)
 
@@ -114,7 +115,9 @@ class Controller:
             self._observe(reports)
             start = time.perf_counter()
             directives, violations, entries = self.engine.decide(node_id, reports, self.config)
-            self.metrics.loop_latency.observe(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            self.metrics.loop_latency.observe(took)
+            self.latencies.append(took)
             self.rounds += 1
             placed = {t.name for t in self.config.tenants_on(node_id)}
             directives = [d for d in directives if d.tenant in placed]
