@@ -8,7 +8,7 @@
                     path under the root
     tenants:        named tenants: {name, cgroup, throughput, floor, ceiling}
     interval_s:     seconds between reports
-    sampling:       {rate, ring_bytes}
+    sampling:       {rate, max_samples (fixed-size SHARDS), ring_bytes}
     policies:       curves to build (default: lru, plus the library's policies
                     when the MRC engine offers them)
     safety:         {floor, anon_margin, anon_margin_ratio, max_step}
@@ -85,7 +85,11 @@ class TenantSpec(_Strict):
 
 
 class Sampling(_Strict):
+    """Fixed-rate SHARDS at `rate`; with `max_samples`, fixed-size SHARDS
+    that starts at `rate` and lowers the kernel's threshold as distinct
+    sampled pages exceed the bound."""
     rate: float = Field(0.01, gt=0, le=1)
+    max_samples: int | None = Field(None, ge=64)
     ring_bytes: int = Field(1 << 22, ge=4096)
 
     @model_validator(mode="after")

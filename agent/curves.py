@@ -122,18 +122,23 @@ def size_grid(max_pages: int, points: int = 48, min_pages: int = 256) -> np.ndar
     return np.unique(np.round(np.geomspace(min_pages, top, points)).astype(np.int64))
 
 
-def make_builder(policies=("lru",), *, rate: float, max_pages: int | None = None):
+def make_builder(policies=("lru",), *, rate: float, max_pages: int | None = None,
+                 max_samples: int | None = None):
     """The engine's MRCBuilder when present, else the LRU-only fallback.
     An LRU-only builder sizes its curve by the pages it has seen; miniature
     simulations need a fixed grid, up to max_pages."""
     try:
         from cachepilot.models.builder import MRCBuilder
     except ImportError:
+        if max_samples:
+            raise ValueError("fixed-size sampling (max_samples) needs the MRC "
+                             "engine's builder (models/builder.py)") from None
         return LruShards(rate, max_pages=max_pages)
     policies = tuple(policies)
     if policies == ("lru",):
-        return MRCBuilder(policies, rate=rate)
-    return MRCBuilder(policies, rate=rate, sizes=size_grid(max_pages or _mem_total_pages()))
+        return MRCBuilder(policies, rate=rate, max_samples=max_samples)
+    return MRCBuilder(policies, rate=rate, max_samples=max_samples,
+                      sizes=size_grid(max_pages or _mem_total_pages()))
 
 
 def _mem_total_pages() -> int:

@@ -226,3 +226,63 @@ def test_cgroups_whose_ids_share_an_index_entry_are_told_apart(files):
         fio_randread(cg, small, 2_000)
         _, snap3 = sampler.counters()
         assert real not in snap3
+
+
+def test_fixed_size_sampling_lowers_the_kernel_threshold(files):
+    from cachepilot.agent.backends.linux import LinuxBackend
+    from cachepilot.agent.config import config_from_dict
+
+    _, mid = files
+    with scratch_cgroup("cp_fixed") as parent:
+        os.mkdir(parent / "t")
+        cfg = config_from_dict({"roots": [str(parent)], "cgroups": ["t"],
+                                "policies": ["lru"], "prometheus": {"port": 0},
+                                "sampling": {"rate": 1.0, "max_samples": 512}})
+        backend = LinuxBackend(cfg)
+        try:
+            cgid = os.stat(parent / "t").st_ino
+            _, snap = backend.sampler.counters()
+            assert snap[cgid][0] == threshold_for_rate(1.0)
+            fio_randread(parent / "t", mid, 30_000)     # ~13 000 distinct pages
+            (report,) = backend.collect()
+            _, snap = backend.sampler.counters()
+            lowered = snap[cgid][0]
+            # the builder keeps at most 512 keys: the kernel now samples
+            # about 512 / 16384 of the pages, and its curve still spans the file
+            assert lowered < threshold_for_rate(0.1)
+            assert lowered == backend.watched["t"].threshold
+            before = snap[cgid][1]
+            fio_randread(parent / "t", mid, 20_000)
+            _, snap = backend.sampler.counters()
+            d = snap[cgid][1] - before
+            assert d.sampled < 0.1 * d.accesses
+            assert report.curves[0].at((64 << 20) // 4096 + 4096) < 0.9
+        finally:
+            backend.close()
+            (parent / "t").rmdir()
+
+
+def test_a_dead_sampler_leaves_the_agent_in_stats_only_mode(files, caplog):
+    from cachepilot.agent.backends.linux import LinuxBackend
+    from cachepilot.agent.config import config_from_dict
+
+    small, _ = files
+    with scratch_cgroup("cp_dead") as parent:
+        os.mkdir(parent / "t")
+        cfg = config_from_dict({"roots": [str(parent)], "cgroups": ["t"],
+                                "policies": ["lru"], "prometheus": {"port": 0}})
+        backend = LinuxBackend(cfg)
+        try:
+            fio_randread(parent / "t", small, 5_000)
+            assert backend.collect()[0].curves
+            backend.sampler._proc.kill()        # the loader crashes
+            backend.sampler._proc.wait()
+            caplog.set_level(logging.ERROR, logger="cachepilot.agent")
+            (report,) = backend.collect()
+            assert report.curves == [] and backend.sampler is None
+            assert backend.stats_only_reason
+            assert any("stats-only" in r.getMessage() for r in caplog.records)
+            assert backend.collect()[0].tenant == "t"
+        finally:
+            backend.close()
+            (parent / "t").rmdir()

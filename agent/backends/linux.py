@@ -145,7 +145,8 @@ class LinuxBackend:
             builder = None
             if self.sampler is not None:
                 builder = make_builder(self.policies, rate=self.cfg.sampling.rate,
-                                       max_pages=(self.cfg.max_cache or self.memory_bytes) // PAGE)
+                                       max_pages=(self.cfg.max_cache or self.memory_bytes) // PAGE,
+                                       max_samples=self.cfg.sampling.max_samples)
             tp = None
             if spec is not None and spec.throughput.source == "prometheus":
                 tp = PrometheusSource(spec.throughput)
