@@ -262,3 +262,24 @@ def test_same_seed_gives_the_same_run(tmp_path):
     hist = [{t["name"]: t["history"] for t in o["tenants"]} for o in outs]
     assert hist[0] == hist[1]
     assert outs[0]["aggregate_throughput"] == outs[1]["aggregate_throughput"]
+
+
+def test_run_speaks_tls_when_the_config_asks_for_it(tmp_path):
+    import yaml
+    sys.path.insert(0, str(Path(__file__).parent))
+    from grpc_fixtures import TOKEN, make_cert
+    key, cert = make_cert(tmp_path)
+    cfg = {"controller": {"tls_cert": str(cert), "tls_key": str(key), "token": TOKEN},
+           "nodes": [{"name": "n", "memory_bytes": "16MiB"}],
+           "tenants": [{"name": f"t{i}", "node": "n", "policies": ["lru", "fifo"],
+                        "initial_policy": "lru",
+                        "workload": {"phases": [{"kind": "zipf", "footprint": "16MiB"}],
+                                     "accesses_per_interval": 2000}} for i in range(2)]}
+    path = tmp_path / "tls.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "cachepilot", "run", "--config", str(path),
+                           "--intervals", "2", "--no-live", "--no-plots", "--json",
+                           str(tmp_path / "o.json")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "plaintext" not in proc.stdout + proc.stderr
+    assert len(json.loads((tmp_path / "o.json").read_text())["tenants"][0]["history"]) == 2
