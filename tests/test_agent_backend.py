@@ -329,3 +329,37 @@ def test_agent_serves_prometheus_metrics_while_it_runs(tmp_path):
                and float(line.split()[-1]) == 512 * MiB for line in text.splitlines()), text
     assert "cachepilot_agent_cpu_seconds" in text
     assert "Traceback" not in err
+
+
+def test_agent_follows_a_controller_over_tls_with_a_token(tmp_path):
+    import time
+    from cachepilot.controller.service import serve
+    sys.path.insert(0, str(Path(__file__).parent))
+    from grpc_fixtures import TOKEN, EchoEngine, small_config
+
+    cfg = small_config(tmp_path)
+    engine = EchoEngine({"n1-t0": (40 * MiB, "fifo")})
+    served = serve(cfg, engine=engine)
+    root = tmp_path / "tenants"
+    for name in ("n1-t0", "n1-t1"):
+        make_v2(root / name, current=20 * MiB, file=16 * MiB, anon=1 * MiB)
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    agent_cfg = tmp_path / "agent.yaml"
+    agent_cfg.write_text(
+        f"node_id: n1\nroots: [{root}]\ncgroups: ['*']\ninterval_s: 0.3\n"
+        f"memory: 64MiB\nprometheus: {{port: 0}}\n"
+        f"safety: {{floor: 16MiB, anon_margin: 4MiB}}\n"
+        f"controller: {{address: 'localhost:{served.port}', token_file: token, "
+        f"ca_file: {cfg.controller.tls_ca}}}\n")
+    try:
+        r = run_cli("agent", "--config", str(agent_cfg), "--intervals", "4")
+        assert r.returncode == 0, r.stderr
+        assert "Traceback" not in r.stderr
+        # the controller saw the node's reports and the agent applied its answer
+        assert engine.calls and engine.calls[0][0] == "n1"
+        assert sorted(engine.calls[-1][1]) == ["n1-t0", "n1-t1"]
+        assert (root / "n1-t0" / "memory.max").read_text() == str(40 * MiB)
+        rec = served.controller.registry.nodes["n1"]
+        assert rec.tenants["n1-t0"].limit_bytes == 40 * MiB
+    finally:
+        served.stop(0)
