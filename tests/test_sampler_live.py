@@ -286,3 +286,27 @@ def test_a_dead_sampler_leaves_the_agent_in_stats_only_mode(files, caplog):
         finally:
             backend.close()
             (parent / "t").rmdir()
+
+
+def test_insertions_and_removals_are_weighted_by_folio_order(files):
+    # a sequential read goes through readahead, which adds large folios:
+    # pages are counted, not folios
+    from cachepilot.agent.testbed import in_cgroup
+    import subprocess
+    small, _ = files
+    pages = os.stat(small).st_size // 4096
+    with scratch_cgroup("cp_folios") as cg, Sampler() as sampler:
+        cgid = os.stat(cg).st_ino
+        sampler.watch(cgid, 0)
+        drop_file_cache(small)
+        subprocess.run(in_cgroup(cg, ["cat", str(small)]), stdout=subprocess.DEVNULL,
+                       check=True)
+        c = counters_of(sampler, cgid)
+        # the file's pages plus a few of cat's own
+        assert pages <= c.inserts <= pages + 64
+        assert c.insert_events < c.inserts / 2, "expected large folios from readahead"
+        assert pages <= c.accesses <= pages + 256
+        drop_file_cache(small)      # removed by us, charged to cg: still cg's
+        c2 = counters_of(sampler, cgid)
+        assert c2.removals - c.removals >= pages
+        assert c2.removal_events < c2.removals
