@@ -53,8 +53,16 @@ struct {
 	__uint(max_entries, 1 << 22);	/* resized by the loader before load */
 } records SEC(".maps");
 
-/* memcg_data's low bits are flags; the rest is a struct mem_cgroup *. */
-#define CP_MEMCG_DATA_FLAGS_MASK 7UL
+/*
+ * memcg_data's low bits are flags (below __NR_MEMCG_DATA_FLAGS); the rest is
+ * a struct mem_cgroup *.  Older kernels without the enum use the same bits.
+ */
+static __always_inline unsigned long memcg_data_flags_mask(void)
+{
+	if (bpf_core_enum_value_exists(enum page_memcg_data_flags, __NR_MEMCG_DATA_FLAGS))
+		return bpf_core_enum_value(enum page_memcg_data_flags, __NR_MEMCG_DATA_FLAGS) - 1;
+	return 3UL;
+}
 
 static __always_inline __u64 css_cgroup_id(struct cgroup_subsys_state *css)
 {
@@ -93,7 +101,7 @@ static __always_inline __u64 folio_memcg_id(struct folio *folio)
 	unsigned long data = BPF_CORE_READ(folio, memcg_data);
 	struct mem_cgroup *memcg;
 
-	memcg = (struct mem_cgroup *)(data & ~CP_MEMCG_DATA_FLAGS_MASK);
+	memcg = (struct mem_cgroup *)(data & ~memcg_data_flags_mask());
 	if (!memcg)
 		return 0;
 	return css_cgroup_id(&memcg->css);
