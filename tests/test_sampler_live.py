@@ -138,6 +138,7 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
         os.mkdir(parent / "web")
         os.mkdir(parent / "batch")
         cfg = config_from_dict({"roots": [root], "cgroups": ["*"], "interval_s": 1,
+                                "policies": ["lru", "linux", "s3fifo"],
                                 "sampling": {"rate": 0.5, "ring_bytes": 65536},
                                 "prometheus": {"port": 0}})
         backend = LinuxBackend(cfg)
@@ -151,7 +152,8 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             assert set(reports) == {"web", "batch"}
             web, batch = reports["web"], reports["batch"]
             assert web.accesses_per_s > 0 and batch.accesses_per_s > 0
-            assert web.curves and batch.curves
+            assert [c.policy for c in web.curves] == ["lru", "linux", "s3fifo"]
+            assert [c.policy for c in batch.curves] == ["lru", "linux", "s3fifo"]
             cw, cb = web.curves[0], batch.curves[0]
             # separate curves: web re-reads a 16 MiB file, batch a 64 MiB one,
             # so at 24 MiB web's misses are (nearly) gone and batch's are not
