@@ -68,21 +68,43 @@ static struct bpf_map *load_policy(const char *path, struct bpf_object **objp)
 	return NULL;
 }
 
+/*
+ * libbpf (1.5) uploads a struct_ops map's kernel value only inside
+ * bpf_map__attach_struct_ops(), which then calls
+ * bpf_link_create(map_fd, 0, BPF_STRUCT_OPS).  The kernel reads the target
+ * cgroup from target_fd, so we make fd 0 the cgroup (or, for a map that
+ * only has to be uploaded, something that is no cgroup) for that call.
+ */
+static struct bpf_link *attach_with_fd0(struct bpf_map *map, int fd0)
+{
+	struct bpf_link *link;
+	int saved = dup(0);
+
+	if (saved < 0 || dup2(fd0, 0) < 0)
+		die("dup2: %s", strerror(errno));
+	link = bpf_map__attach_struct_ops(map);
+	if (dup2(saved, 0) < 0)
+		die("dup2: %s", strerror(errno));
+	close(saved);
+	return link;
+}
+
 static int cmd_attach(const char *objpath, const char *cgpath, const char *pin)
 {
 	struct bpf_object *obj;
+	struct bpf_link *link;
 	struct bpf_map *map;
-	int cgfd, link;
+	int cgfd;
 
 	map = load_policy(objpath, &obj);
 	cgfd = open(cgpath, O_RDONLY | O_DIRECTORY);
 	if (cgfd < 0)
 		die("cannot open cgroup %s: %s", cgpath, strerror(errno));
-	/* target_fd names the cgroup the policy is attached to */
-	link = bpf_link_create(bpf_map__fd(map), cgfd, BPF_STRUCT_OPS, NULL);
-	if (link < 0)
+	/* link_create.target_fd names the cgroup the policy governs */
+	link = attach_with_fd0(map, cgfd);
+	if (!link)
 		die("link_create on %s: %s", cgpath, strerror(errno));
-	if (bpf_obj_pin(link, pin))
+	if (bpf_link__pin(link, pin))
 		die("pin %s: %s", pin, strerror(errno));
 	return 0;
 }
@@ -90,13 +112,22 @@ static int cmd_attach(const char *objpath, const char *cgpath, const char *pin)
 static int cmd_update(const char *pin, const char *objpath)
 {
 	struct bpf_object *obj;
+	struct bpf_link *scratch;
 	struct bpf_map *map;
-	int link;
+	int link, null;
 
 	link = bpf_obj_get(pin);
 	if (link < 0)
 		die("no link pinned at %s: %s", pin, strerror(errno));
 	map = load_policy(objpath, &obj);
+	/*
+	 * Upload the new map's value; the link libbpf then tries to create
+	 * on /dev/null is refused by the kernel (not a cgroup), as intended.
+	 */
+	null = open("/dev/null", O_RDONLY);
+	scratch = attach_with_fd0(map, null);
+	if (scratch)
+		die("a struct_ops link was created on /dev/null");
 	if (bpf_link_update(link, bpf_map__fd(map), NULL))
 		die("link_update: %s", strerror(errno));
 	return 0;
@@ -220,9 +251,19 @@ static int cmd_res(const char *path)
 	return 0;
 }
 
+static int print_all(enum libbpf_print_level level, const char *fmt,
+		     va_list ap)
+{
+	return vfprintf(stderr, fmt, ap);
+}
+
 int main(int argc, char **argv)
 {
 	const char *cmd = argc > 1 ? argv[1] : "";
+
+	/* CXTEST_DEBUG=1: libbpf's debug output too */
+	if (getenv("CXTEST_DEBUG"))
+		libbpf_set_print(print_all);
 
 	if (!strcmp(cmd, "attach") && argc == 5)
 		return cmd_attach(argv[2], argv[3], argv[4]);

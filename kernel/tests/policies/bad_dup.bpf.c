@@ -21,19 +21,19 @@ static int bad_dup_take(int idx, struct cache_ext_list_node *node)
 	return CACHE_EXT_ITER_EVICT;
 }
 
-void BPF_STRUCT_OPS(bad_dup_evict_folios, struct cache_ext_eviction_ctx *ctx,
+void BPF_STRUCT_OPS(bad_dup_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
 	struct folio *first;
 	int i;
 
-	cache_ext_list_iterate(memcg, CP_STATE.list, bad_dup_take, ctx);
-	if (!ctx->nr_candidates)
+	cache_ext_list_iterate(memcg, CP_STATE.list, bad_dup_take, ectx);
+	if (!ectx->nr_candidates)
 		return;
-	first = ctx->candidates[0];
+	first = ectx->candidates[0];
 	for (i = 1; i < CACHE_EXT_MAX_CANDIDATES; i++)
-		ctx->candidates[i] = first;
-	ctx->nr_candidates = CACHE_EXT_MAX_CANDIDATES;
+		ectx->candidates[i] = first;
+	ectx->nr_candidates = CACHE_EXT_MAX_CANDIDATES;
 }
 
 void BPF_STRUCT_OPS(bad_dup_folio_added, struct folio *folio)

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * bad_many: a FIFO that claims far more candidates than the array holds.
- * The kernel must use at most ctx->request of them and count the rest as
+ * The kernel must use at most ectx->request of them and count the rest as
  * rejected.
  */
 #include "cache_ext_policy.h"
@@ -22,11 +22,11 @@ static int bad_many_take(int idx, struct cache_ext_list_node *node)
 	return CACHE_EXT_ITER_EVICT;
 }
 
-void BPF_STRUCT_OPS(bad_many_evict_folios, struct cache_ext_eviction_ctx *ctx,
+void BPF_STRUCT_OPS(bad_many_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	cache_ext_list_iterate(memcg, CP_STATE.list, bad_many_take, ctx);
-	ctx->nr_candidates = 1000;
+	cache_ext_list_iterate(memcg, CP_STATE.list, bad_many_take, ectx);
+	ectx->nr_candidates = 1000;
 }
 
 void BPF_STRUCT_OPS(bad_many_folio_added, struct folio *folio)

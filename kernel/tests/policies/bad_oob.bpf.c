@@ -5,11 +5,11 @@
  */
 #include "cache_ext_policy.h"
 
-void BPF_STRUCT_OPS(bad_oob_evict_folios, struct cache_ext_eviction_ctx *ctx,
+void BPF_STRUCT_OPS(bad_oob_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
 	/* candidates[32] is one past the array: byte 8 + 32 * 8 */
-	((volatile __u64 *)ctx)[1 + CACHE_EXT_MAX_CANDIDATES] = 0;
+	((volatile __u64 *)ectx)[1 + CACHE_EXT_MAX_CANDIDATES] = 0;
 }
 
 CP_POLICY(bad_oob, .evict_folios = (void *)bad_oob_evict_folios);

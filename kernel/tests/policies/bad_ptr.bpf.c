@@ -6,7 +6,7 @@
  */
 #include "cache_ext_policy.h"
 
-void BPF_STRUCT_OPS(bad_ptr_evict_folios, struct cache_ext_eviction_ctx *ctx,
+void BPF_STRUCT_OPS(bad_ptr_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
 	__u64 bogus[4] = {
@@ -15,8 +15,8 @@ void BPF_STRUCT_OPS(bad_ptr_evict_folios, struct cache_ext_eviction_ctx *ctx,
 	int i;
 
 	for (i = 0; i < CACHE_EXT_MAX_CANDIDATES; i++)
-		ctx->candidates[i] = (struct folio *)(bogus[i & 3] + 64 * (i >> 2));
-	ctx->nr_candidates = CACHE_EXT_MAX_CANDIDATES;
+		ectx->candidates[i] = (struct folio *)(bogus[i & 3] + 64 * (i >> 2));
+	ectx->nr_candidates = CACHE_EXT_MAX_CANDIDATES;
 }
 
 CP_POLICY(bad_ptr, .evict_folios = (void *)bad_ptr_evict_folios);

@@ -27,10 +27,10 @@ static __s64 highidx_score(int idx, struct cache_ext_list_node *node)
 	return -(__s64)cp_folio_index(folio) - (1LL << 40);
 }
 
-void BPF_STRUCT_OPS(highidx_evict_folios, struct cache_ext_eviction_ctx *ctx,
+void BPF_STRUCT_OPS(highidx_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	cache_ext_list_score(memcg, CP_STATE.list, highidx_score, ctx, 16384);
+	cache_ext_list_score(memcg, CP_STATE.list, highidx_score, ectx, 16384);
 }
 
 void BPF_STRUCT_OPS(highidx_folio_added, struct folio *folio)

@@ -10,7 +10,7 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(noop_init, struct mem_cgroup *memcg)
 	return 0;
 }
 
-void BPF_STRUCT_OPS(noop_evict_folios, struct cache_ext_eviction_ctx *ctx,
+void BPF_STRUCT_OPS(noop_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
 }
