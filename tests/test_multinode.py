@@ -2,7 +2,8 @@
 sockets: on loopback, and (as root) each agent in its own network namespace
 with its own address.  The controller is killed mid-run (limits must stay)
 and restarted (state rebuilt from reports; no node's limits move by more
-than the configured step in one interval)."""
+than the configured step in one interval); finally an agent is killed:
+its node is marked lost and its memory leaves the pool."""
 from __future__ import annotations
 
 import json
@@ -168,6 +169,20 @@ def scenario(tmp: Path, listen: str, target: str, ips, agent_netns=None):
                          for t in a["tenants"]}
                 assert all(abs(d) <= step for d in delta.values()), (n, a, b)
                 assert sum(d for d in delta.values() if d > 0) <= step, (n, a, b)
+
+        # An agent that dies is marked lost and its memory leaves the pool.
+        assert admin(cfg, target, "status")["pool_bytes"] == str(len(NODES) * MEMORY)
+        procs[-1].kill()
+        procs[-1].wait(10)
+
+        def lost():
+            st = admin(cfg, target, "status")
+            return {n["node_id"]: n["state"] for n in st["nodes"]}[NODES[-1]] == "lost"
+        wait_for(lost, "the dead agent's node to be marked lost")
+        st = admin(cfg, target, "status")
+        assert st["pool_bytes"] == str((len(NODES) - 1) * MEMORY)
+        assert {n["node_id"]: n["state"] for n in st["nodes"]} == \
+            {**{n: "reporting" for n in NODES[:-1]}, NODES[-1]: "lost"}
         return peers
     finally:
         for p in procs:
