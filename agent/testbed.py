@@ -140,7 +140,10 @@ def fio_randread(cgroup: Path, filename: Path, ios: int, *, distribution: str = 
     argv = ["fio", "--name=cp", f"--filename={filename}", f"--size={size}",
             "--rw=randread", "--bs=4k", "--ioengine=psync", "--fadvise_hint=random",
             "--invalidate=0", "--norandommap", f"--random_distribution={distribution}",
-            f"--randseed={seed}", f"--io_size={ios * 4096}", f"--numjobs={jobs}",
+            # fio ignores randseed while randrepeat is on (its default): every
+            # run would replay the same offsets
+            "--randrepeat=0", f"--randseed={seed}",
+            f"--io_size={ios * 4096}", f"--numjobs={jobs}",
             "--thread", "--group_reporting", "--output-format=json", *extra]
     res = subprocess.run(in_cgroup(cgroup, argv), capture_output=True, text=True)
     if res.returncode != 0:
