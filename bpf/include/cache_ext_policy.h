@@ -142,6 +142,19 @@ int cache_ext_list_score(struct mem_cgroup *memcg, __u64 list,
 			 struct cache_ext_eviction_ctx *ctx, __u32 nr_score) __ksym;
 struct folio *cache_ext_node_folio(struct cache_ext_list_node *node) __ksym;
 
+/*
+ * Keep the full struct folio in every object's BTF.  A policy that only
+ * passes folio pointers around would carry a forward declaration of it,
+ * and libbpf refuses to match a kfunc prototype whose folio is FWD against
+ * the kernel's STRUCT ("func_proto incompatible with vmlinux").  Never
+ * called: libbpf leaves out .text functions that no program calls.
+ */
+static __attribute__((used, noinline)) unsigned long
+cp_folio_btf_anchor(struct folio *folio)
+{
+	return BPF_CORE_READ(folio, index);
+}
+
 #define BPF_STRUCT_OPS(name, args...) \
 	SEC("struct_ops/" #name) BPF_PROG(name, ##args)
 #define BPF_STRUCT_OPS_SLEEPABLE(name, args...) \
