@@ -12,6 +12,10 @@
  *   cxtest read PATH [CGROUP_DIR]      join the cgroup, then read PATH once
  *                                      front to back, page by page, with
  *                                      readahead off
+ *   cxtest randread PATH SECONDS [CGROUP_DIR]
+ *                                      4 KiB reads at random page offsets
+ *                                      (psync, readahead off) for SECONDS;
+ *                                      prints "ios N cpu_us C wall_us W"
  *   cxtest res PATH                    residency (percent) of the first
  *                                      eighth, the last eighth and all of
  *                                      PATH, from mincore(): "H T A"
@@ -26,7 +30,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <bpf/bpf.h>
@@ -216,6 +222,54 @@ static int cmd_read(const char *path, const char *cgpath)
 	return 0;
 }
 
+static double now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmd_randread(const char *path, double seconds, const char *cgpath)
+{
+	unsigned long long x = 0x9e3779b97f4a7c15ULL, ios = 0;
+	double t0, t1, cpu;
+	struct rusage ru;
+	char buf[PAGE];
+	struct stat st;
+	long pages;
+	int fd;
+
+	if (cgpath)
+		join_cgroup(cgpath);
+	fd = open(path, O_RDONLY);
+	if (fd < 0 || fstat(fd, &st))
+		die("open %s: %s", path, strerror(errno));
+	pages = st.st_size / PAGE;
+	if (pages < 1)
+		die("%s is empty", path);
+	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+	t0 = now_us();
+	do {
+		int i;
+
+		for (i = 0; i < 64; i++) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			if (pread(fd, buf, PAGE, (off_t)(x % pages) * PAGE) != PAGE)
+				die("read %s: %s", path, strerror(errno));
+			ios++;
+		}
+		t1 = now_us();
+	} while (t1 - t0 < seconds * 1e6);
+	getrusage(RUSAGE_SELF, &ru);
+	cpu = ru.ru_utime.tv_sec * 1e6 + ru.ru_utime.tv_usec +
+	      ru.ru_stime.tv_sec * 1e6 + ru.ru_stime.tv_usec;
+	printf("ios %llu cpu_us %.0f wall_us %.0f\n", ios, cpu, t1 - t0);
+	return 0;
+}
+
 static int cmd_res(const char *path)
 {
 	long pages, eighth, i, head = 0, tail = 0, all = 0;
@@ -277,10 +331,13 @@ int main(int argc, char **argv)
 		return cmd_mkfile(argv[2], atol(argv[3]));
 	if (!strcmp(cmd, "read") && (argc == 3 || argc == 4))
 		return cmd_read(argv[2], argc == 4 ? argv[3] : NULL);
+	if (!strcmp(cmd, "randread") && (argc == 4 || argc == 5))
+		return cmd_randread(argv[2], atof(argv[3]), argc == 5 ? argv[4] : NULL);
 	if (!strcmp(cmd, "res") && argc == 3)
 		return cmd_res(argv[2]);
 	fprintf(stderr,
 		"usage: cxtest attach OBJ CGROUP PIN | update PIN OBJ | detach PIN |\n"
-		"       load OBJ | mkfile PATH MIB | read PATH [CGROUP] | res PATH\n");
+		"       load OBJ | mkfile PATH MIB | read PATH [CGROUP] |\n"
+		"       randread PATH SECONDS [CGROUP] | res PATH\n");
 	return 2;
 }
