@@ -26,10 +26,10 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field,
                       ValidationError, model_validator)
 
+from cachepilot.configfile import read_yaml
 from cachepilot.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
@@ -169,19 +169,7 @@ def config_from_dict(data: Any, path: str = "<config>") -> AgentConfig:
 
 
 def load_config(path) -> AgentConfig:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such config file") from None
-    except OSError as err:
-        raise UserError(f"{p}: cannot read: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise UserError(f"{p}{where}: not valid YAML") from None
+    p, data = read_yaml(path)
     cfg = config_from_dict(data, str(p))
     base = p.resolve().parent
     if cfg.controller:

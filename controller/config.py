@@ -20,10 +20,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field,
                       ValidationError, field_validator, model_validator)
 
+from cachepilot.configfile import read_yaml
 from cachepilot.errors import UserError
 
 PAGE_SIZE = 4096
@@ -432,22 +432,7 @@ def config_from_dict(data: Any, path: str = "<config>") -> Config:
 def load_config(path) -> Config:
     """Read and validate a YAML config; UserError with file, key path and
     expectation on any problem."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such config file") from None
-    except OSError as err:
-        raise UserError(f"{p}: cannot read: {err.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise UserError(f"{p}{where}: not valid YAML: {problem}") from None
-    if data is None:
-        raise UserError(f"{p}: the config is empty")
+    p, data = read_yaml(path)
     cfg = config_from_dict(data, str(p))
     cfg.source = p.resolve()
     _resolve_paths(cfg, p.resolve().parent)
