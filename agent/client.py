@@ -193,15 +193,7 @@ def main(argv=None) -> int:
         except KeyError:
             raise UserError(f"{args.config}: no node named {args.node!r}") from None
         spec = cfg.controller
-        root = None
-        if not spec.insecure:
-            # A self-signed controller certificate is its own CA.
-            ca = spec.tls_ca or spec.tls_cert
-            try:
-                root = ca.read_bytes()
-            except OSError as err:
-                raise UserError(f"{ca}: cannot read the CA certificate: "
-                                f"{err.strerror}") from None
+        root = spec.client_root_cert()
         client = NodeClient(SimBackend(cfg, args.node), args.target or spec.listen,
                             token=spec.token_value(), root_cert=root,
                             server_name=args.server_name, insecure=spec.insecure)

@@ -98,13 +98,7 @@ def cmd_admin(args) -> int:
     cfg = load_config(args.config)
     spec = cfg.controller
     target = args.target or spec.listen
-    root = None
-    if not spec.insecure:
-        ca = spec.tls_ca or spec.tls_cert
-        try:
-            root = ca.read_bytes()
-        except OSError as err:
-            raise UserError(f"{ca}: cannot read the CA certificate: {err.strerror}") from None
+    root = spec.client_root_cert()
     token = spec.token_value()
     md = ((TOKEN_HEADER, f"Bearer {token}"),) if token else ()
     channel = make_channel(target, root, insecure=spec.insecure)

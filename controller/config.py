@@ -147,6 +147,18 @@ class ControllerSpec(_Strict):
                                 f"file: {err.strerror}") from None
         return self.token
 
+    def client_root_cert(self) -> bytes | None:
+        """The PEM a client verifies the controller with (None when
+        insecure); a self-signed controller certificate is its own CA."""
+        if self.insecure:
+            return None
+        ca = self.tls_ca or self.tls_cert
+        try:
+            return ca.read_bytes()
+        except OSError as err:
+            raise UserError(f"{ca}: cannot read the CA certificate: "
+                            f"{err.strerror}") from None
+
 
 # -- nodes ---------------------------------------------------------------------
 

@@ -36,14 +36,11 @@ def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None
     from cachepilot.controller.service import serve
     run_cfg = cfg.model_copy(deep=True)
     spec = run_cfg.controller
+    root = spec.client_root_cert()
     # Loopback only, on a free port: the demo never listens beyond this host.
     # The nodes step in lock-step on a virtual clock, so a slow interval in
     # wall time says nothing about a node being lost: no wall-clock watch.
     served = serve(run_cfg, listen="127.0.0.1:0", engine=engine, watch_lost=False)
-    root = None
-    if not spec.insecure:
-        ca = spec.tls_ca or spec.tls_cert
-        root = ca.read_bytes()
     target = f"{'localhost' if root else '127.0.0.1'}:{served.port}"
     clients = {}
     try:
