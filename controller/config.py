@@ -224,6 +224,18 @@ class WorkloadSpec(_Strict):
                                  f"the last phase")
         return phases
 
+    def phase_spans(self, intervals: int) -> list[tuple[int, int, int]]:
+        """(phase index, first interval, last interval), 1-based, of the
+        phases a run of `intervals` intervals reaches."""
+        spans, start = [], 1
+        for i, ph in enumerate(self.phases):
+            end = intervals if ph.intervals is None else \
+                min(intervals, start + ph.intervals - 1)
+            if start <= intervals:
+                spans.append((i, start, end))
+            start = end + 1
+        return spans
+
 
 class TenantSpec(_Strict):
     name: Name

@@ -26,27 +26,10 @@ from cachepilot.agent.backends.sim import SimBackend
 from cachepilot.controller.config import load_config
 from cachepilot.controller.run import run_command, write_plots
 from cachepilot.models.mrc import PAGE_SIZE
-from cachepilot.models.runtime import Cache, available_policies
+from cachepilot.models.runtime import available_policies, warm_miss_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
-
-
-def phase_spans(spec, intervals):
-    spans, start = [], 1
-    for i, ph in enumerate(spec.workload.phases):
-        end = intervals if ph.intervals is None else min(intervals, start + ph.intervals - 1)
-        if start <= intervals:
-            spans.append((i, start, end))
-        start = end + 1
-    return spans
-
-
-def steady_miss_ratio(keys, tids, policy, pages):
-    half = len(keys) // 2
-    cache = Cache(policy, max(1, int(pages)))
-    cache.access(keys[:half], None if tids is None else tids[:half])
-    return cache.access(keys[half:], None if tids is None else tids[half:]) / (len(keys) - half)
 
 
 def policy_sweep(cfg, result):
@@ -57,11 +40,11 @@ def policy_sweep(cfg, result):
         sim = SimBackend(cfg, spec.node, curves=False).tenants[spec.name]
         allowed = [p for p in (spec.policies or available_policies())
                    if p in available_policies()]
-        for idx, start, end in phase_spans(spec, result["intervals"]):
+        for idx, start, end in spec.workload.phase_spans(result["intervals"]):
             n = min(200_000, (end - start + 1) * spec.workload.accesses_per_interval)
             keys, tids = sim.phase_stream(idx).next(n)
             size = hist[spec.name][end - 1]["limit_bytes"] // PAGE_SIZE
-            tput = {p: spec.workload.service.throughput(steady_miss_ratio(keys, tids, p, size))
+            tput = {p: spec.workload.service.throughput(warm_miss_ratio(keys, tids, p, size))
                     for p in allowed}
             best = max(tput, key=tput.get)
             chosen = hist[spec.name][end - 1]["policy"]

@@ -221,6 +221,15 @@ def full_mrc(keys, policy: str, sizes, tids=None) -> MRC:
                {"accesses": int(len(keys))})
 
 
+def warm_miss_ratio(keys, tids, policy: str, pages) -> float:
+    """Miss ratio over the second half of the stream, the first half having
+    warmed the cache: the steady state a tenant settles into."""
+    half = len(keys) // 2
+    cache = Cache(policy, max(1, int(pages)))
+    cache.access(keys[:half], None if tids is None else tids[:half])
+    return cache.access(keys[half:], None if tids is None else tids[half:]) / (len(keys) - half)
+
+
 class MiniSim:
     """Streaming miniature simulations: one small cache per (policy, size),
     of max(1, round(rate*size)) pages, fed the SHARDS-sampled stream.

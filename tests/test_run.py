@@ -1,7 +1,7 @@
 """`cachepilot run` on the demo host, headless, against the static equal
 split (kernel default policy, same seed).  Every figure asserted here is
 recomputed independently: SLO feasibility and the best policy per phase by
-full simulation (models/runtime.py Cache) of the exact access streams the
+full simulation (models/runtime.py Cache, warm_miss_ratio) of the exact access streams the
 sim tenants replayed."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from cachepilot.agent.backends.sim import SimBackend
 from cachepilot.controller.config import load_config
 from cachepilot.models.mrc import PAGE_SIZE
-from cachepilot.models.runtime import Cache
+from cachepilot.models.runtime import warm_miss_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "configs" / "demo.yaml"
@@ -40,29 +40,9 @@ def demo(tmp_path_factory):
 
 
 # -- offline ground truth ------------------------------------------------------------
-def phase_spans(spec, intervals):
-    """(phase index, first interval, last interval), 1-based, for the run."""
-    spans, start = [], 1
-    for i, ph in enumerate(spec.workload.phases):
-        end = intervals if ph.intervals is None else min(intervals, start + ph.intervals - 1)
-        if start <= intervals:
-            spans.append((i, start, end))
-        start = end + 1
-    return spans
-
-
 def phase_keys(cfg, tenant, idx, n):
     t = SimBackend(cfg, tenant.node, curves=False).tenants[tenant.name]
     return t.phase_stream(idx).next(n)
-
-
-def warm_miss_ratio(keys, tids, policy, pages):
-    """Miss ratio over the second half of the stream, the first half having
-    warmed the cache: the steady state a tenant settles into."""
-    half = len(keys) // 2
-    c = Cache(policy, max(1, int(pages)))
-    c.access(keys[:half], None if tids is None else tids[:half])
-    return c.access(keys[half:], None if tids is None else tids[half:]) / (len(keys) - half)
 
 
 def allowed(cfg, spec):
@@ -109,7 +89,7 @@ def feasible_slos(cfg, intervals):
                 continue
             needs = [slo_need_pages(cfg, t, i, min(200_000, (b - a + 1) *
                                                    t.workload.accesses_per_interval))
-                     for i, a, b in phase_spans(t, intervals)]
+                     for i, a, b in t.workload.phase_spans(intervals)]
             if all(x is not None for x in needs):
                 need[t.name] = max(needs) * PAGE_SIZE
         total = sum(need.values()) + sum(t.floor_bytes for t in tenants if t.name not in need)
@@ -152,7 +132,7 @@ def test_every_feasible_slo_is_met_within_five_intervals(demo):
         spec = cfg.tenant(name)
         row = next(t for t in result["tenants"] if t["name"] == name)
         grace = set(range(1, START_WINDOW + 1))
-        for _, start, _ in phase_spans(spec, INTERVALS)[1:]:
+        for _, start, _ in spec.workload.phase_spans(INTERVALS)[1:]:
             grace |= set(range(start, start + PHASE_WINDOW))
         late_misses = [h["interval"] for h in row["history"]
                        if h["interval"] not in grace and h["throughput"] < row["slo"]]
@@ -181,7 +161,7 @@ def test_policy_matches_an_offline_sweep_and_follows_phase_changes(demo):
     matches, phases, switch_ok = 0, 0, []
     for spec in cfg.tenants:
         hist = rows[spec.name]
-        for idx, start, end in phase_spans(spec, INTERVALS):
+        for idx, start, end in spec.workload.phase_spans(INTERVALS):
             n = min(200_000, (end - start + 1) * spec.workload.accesses_per_interval)
             keys, tids = phase_keys(cfg, spec, idx, n)
             size = hist[end - 1]["limit_bytes"] // PAGE_SIZE
