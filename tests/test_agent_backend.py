@@ -222,23 +222,15 @@ def test_window_subtraction_gives_the_later_accesses_curve():
 
 
 def test_fallback_builder_matches_an_exact_lru_simulation():
-    from collections import OrderedDict
+    from lru_oracle import naive_lru_miss_ratio
     rng = np.random.default_rng(7)
     keys = (rng.zipf(1.3, 30_000) % 3000).astype(np.uint64)
     b = LruShards(1.0, points=3000)
     b.feed(keys)
     curve = b.snapshot()[0]
     for size in (10, 100, 1000):
-        cache, misses = OrderedDict(), 0
-        for k in keys.tolist():
-            if k in cache:
-                cache.move_to_end(k)
-            else:
-                misses += 1
-                cache[k] = True
-                if len(cache) > size:
-                    cache.popitem(last=False)
-        assert curve.at(size) == pytest.approx(misses / len(keys), abs=1e-3)
+        assert curve.at(size) == pytest.approx(naive_lru_miss_ratio(keys.tolist(), size),
+                                               abs=1e-3)
 
 
 def run_cli(*args, user=None):

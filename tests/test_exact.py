@@ -10,26 +10,12 @@ How libCacheSim counts, so that the comparison is like for like:
   misses included; ours is the same over page accesses (for these traces
   each request is one page).
 """
-from collections import OrderedDict
-
 import numpy as np
 import pytest
 
 from cachepilot.models.exact import ExactLRU, auto_sizes, exact_lru_mrc
 from cachepilot.models.traces import open_trace, read_keys, write_oracle_general
-
-
-def naive_lru_miss_ratio(keys, size):
-    cache, misses = OrderedDict(), 0
-    for k in keys:
-        if k in cache:
-            cache.move_to_end(k)
-        else:
-            misses += 1
-            cache[k] = True
-            if len(cache) > size:
-                cache.popitem(last=False)
-    return misses / len(keys)
+from lru_oracle import naive_lru_miss_ratio
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
