@@ -159,11 +159,8 @@ def test_serve_slos_headroom_only_from_what_is_left():
     assert x.tolist() == [48.0, 0.0, 35.0]
 
 
-def hull_points(c, a, b):
-    """Vertices of the concave hull of (size, modelled throughput)."""
-    xs, ys = _mono(c)
-    t = 1.0 / (a + b * ys)
-    pts = sorted(zip(xs.tolist(), t.tolist()))
+def upper_hull(pts):
+    """Upper (concave) hull of points sorted by x: a monotone-chain scan."""
     hull = []
     for p in pts:
         while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) <= \
@@ -171,6 +168,13 @@ def hull_points(c, a, b):
             hull.pop()
         hull.append(p)
     return hull
+
+
+def hull_points(c, a, b):
+    """Vertices of the concave hull of (size, modelled throughput)."""
+    xs, ys = _mono(c)
+    t = 1.0 / (a + b * ys)
+    return upper_hull(sorted(zip(xs.tolist(), t.tolist())))
 
 
 def hull_value(c, a, b, x):
@@ -269,16 +273,6 @@ def test_step_limit_without_safety_raises_is_a_convex_step():
     # a step large enough reaches the targets at once
     new = allocate.step_limit(node, mem, cur, tgt, np.zeros(3), np.full(3, 1000.0), 0.3, 0.0)
     np.testing.assert_allclose(new, tgt)
-
-
-def upper_hull(pts):
-    hull = []
-    for p in pts:
-        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) <= \
-                (p[1] - hull[-2][1]) * (hull[-1][0] - hull[-2][0]):
-            hull.pop()
-        hull.append(p)
-    return hull
 
 
 def greedy_on_hull_segments(c, a, b, lo, hi, budget):
