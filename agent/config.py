@@ -21,37 +21,15 @@ the file, the key and what was expected.
 """
 from __future__ import annotations
 
-import re
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Any, Literal, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field,
+from pydantic import (BaseModel, ConfigDict, Field,
                       ValidationError, model_validator)
 
-from cachepilot.configfile import read_yaml
+from cachepilot.configfile import Bytes, read_yaml
 from cachepilot.errors import UserError
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-          "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 4096 or \"512MiB\"")
-    if isinstance(value, (int, float)) and value >= 0:
-        return int(value)
-    if isinstance(value, str):
-        m = _SIZE.match(value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    raise ValueError("expected a size >= 0 such as 4096 or \"512MiB\"")
-
-
-Bytes = Annotated[int, BeforeValidator(parse_bytes)]
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -16,46 +16,17 @@ Every error names the file, the key path and what was expected, e.g.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field,
+from pydantic import (BaseModel, ConfigDict, Field,
                       ValidationError, field_validator, model_validator)
 
-from cachepilot.configfile import read_yaml
+from cachepilot.configfile import Bytes, parse_bytes, read_yaml  # noqa: F401 (re-exported)
 from cachepilot.errors import UserError
 
 PAGE_SIZE = 4096
 
-_UNITS = {"": 1, "b": 1,
-          "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-          "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-          "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
-
-
-def parse_bytes(value: Any) -> int:
-    """An integer byte count from 4096, "4KiB", "1.5G", ... (binary units)."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 4096 or \"512MiB\"")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("expected a size >= 0")
-        return value
-    if isinstance(value, float):
-        if value < 0 or value != value:
-            raise ValueError("expected a size >= 0")
-        return int(value)
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    raise ValueError("expected a size such as 4096 or \"512MiB\"")
-
-
-Bytes = Annotated[int, BeforeValidator(parse_bytes)]
 Name = Annotated[str, Field(min_length=1, max_length=128,
                             pattern=r"^[A-Za-z0-9_.:-]+$")]
 PolicyName = Annotated[str, Field(min_length=1, max_length=64,
