@@ -16,8 +16,9 @@
  *
  * Reconfiguration: every LHD_RECONFIG accesses the access path only raises
  * a flag; the next reclaim round (not the access or insert path) does the
- * work: it decays the counts by 1/10 (an EWMA), re-fits the age unit to the
- * number of pages held (LHD_AGES units span ~8 cache lifetimes), and
+ * work: it decays the counts by 1/10 (an EWMA), moves the age unit one
+ * step (x2 or /2) towards the number of pages held / LHD_AGES_PER_LIFE
+ * (LHD_AGES units then span ~8 cache lifetimes), and
  * recomputes every density.  All arithmetic is integer: counts are fixed
  * point with 8 fractional bits, densities with 20.  Until the first
  * reconfiguration densities follow the prior (class + 1) / (age + 1).
@@ -132,46 +133,50 @@ static __u32 lhd_fit_shift(void)
 	return shift;
 }
 
-/* Change the age unit by 2^delta, merging or splitting age buckets. */
-static void lhd_rescale(__u32 class, int delta)
+/*
+ * Double (coarser) or halve (finer) the age unit of one class, merging or
+ * splitting age buckets.  One step at a time, by constant shifts, so the
+ * verifier can bound every index.
+ */
+static void lhd_rescale(__u32 class, bool coarser)
 {
 	__u64 *hits = CP_STATE.hits[class & (LHD_CLASSES - 1)];
 	__u64 *evs = CP_STATE.evictions[class & (LHD_CLASSES - 1)];
-	__u32 a, to;
+	__u32 a;
 
-	if (delta > 0) {
-		/* coarser: bucket a collects old buckets [a << d, (a+1) << d) */
-		for (a = 0; a < LHD_AGES; a++) {
-			__u64 h = hits[a], e = evs[a];
-
+	if (coarser) {
+		/* bucket a collects old buckets 2a and 2a + 1 */
+		for (a = 0; a < LHD_AGES / 2; a++) {
+			hits[a] = hits[2 * a] + hits[2 * a + 1];
+			evs[a] = evs[2 * a] + evs[2 * a + 1];
+		}
+		for (a = LHD_AGES / 2; a < LHD_AGES - 1; a++) {
 			hits[a] = 0;
 			evs[a] = 0;
-			/* the mask keeps the verifier sure of the bound */
-			to = (a >> delta) & (LHD_AGES - 1);
-			hits[to] += h;
-			evs[to] += e;
 		}
-	} else if (delta < 0) {
-		/* finer: spread each bucket evenly over 2^-delta new ones */
-		for (a = LHD_AGES; a-- > 0;) {
-			__u32 from = (a >> -delta) & (LHD_AGES - 1);
-
-			hits[a] = hits[from] >> -delta;
-			evs[a] = evs[from] >> -delta;
+		/* the last bucket keeps everything too old to tell apart */
+	} else {
+		/* spread each of the younger half's buckets over two */
+		for (a = LHD_AGES - 1; a-- > 0;) {
+			hits[a] = hits[a / 2] / 2;
+			evs[a] = evs[a / 2] / 2;
 		}
 	}
 }
 
 static void lhd_reconfigure(void)
 {
-	__u32 shift = lhd_fit_shift();
-	int delta = (int)shift - (int)CP_STATE.shift;
+	__u32 want = lhd_fit_shift();
+	bool coarser = want > CP_STATE.shift;
+	bool finer = want < CP_STATE.shift;
 	__u32 c, a;
 
 	for (c = 0; c < LHD_CLASSES; c++) {
 		__u64 total_hits = 0, total_events = 0, lifetime = 0;
 
-		lhd_rescale(c, delta);
+		/* the age unit moves one step per reconfiguration */
+		if (coarser || finer)
+			lhd_rescale(c, coarser);
 		for (a = LHD_AGES; a-- > 0;) {
 			__u64 *h = &CP_STATE.hits[c][a];
 			__u64 *e = &CP_STATE.evictions[c][a];
@@ -186,7 +191,10 @@ static void lhd_reconfigure(void)
 					lifetime) : 0;
 		}
 	}
-	CP_STATE.shift = shift;
+	if (coarser)
+		CP_STATE.shift++;
+	else if (finer)
+		CP_STATE.shift--;
 	CP_STATE.reconfigs++;
 }
 

@@ -53,6 +53,7 @@ struct s3fifo_state {
 	__s64 nr_small, nr_main;	/* pages held, by list */
 	__s64 pend_small, pend_main;	/* proposed this round, not yet gone */
 	__u32 walk_proposed;		/* proposed by the current walk */
+	__u32 walking_main;		/* the current walk is over main */
 	__u32 round;			/* reclaim rounds so far */
 	__u64 ghost_seq;		/* pages evicted from small so far */
 };
@@ -95,17 +96,35 @@ static bool s3_main_over(void)
 	return (__u64)main > s3_ninety_percent((__u64)(small + main));
 }
 
-static int s3_walk_small(int idx, struct cache_ext_list_node *node)
+/*
+ * One callback for both lists (the walk of main or of small): a single
+ * call site keeps the verifier's work small.
+ */
+static int s3_walk(int idx, struct cache_ext_list_node *node)
 {
 	struct folio *folio = cache_ext_node_folio(node);
 	struct s3_page *page = s3_page_of(folio);
+	bool walking_main = CP_STATE.walking_main;
 
-	/* a batch: once main is over its share again, take from main */
-	if (CP_STATE.walk_proposed && s3_main_over())
+	/* a batch: once the balance turns, walk the other list */
+	if (CP_STATE.walk_proposed && s3_main_over() != walking_main)
 		return CACHE_EXT_ITER_STOP;
-	if (page && page->proposed_in == CP_STATE.round)
+	if (!page) {
+		CP_STATE.walk_proposed++;
+		return CACHE_EXT_ITER_EVICT;
+	}
+	if (page->proposed_in == CP_STATE.round)
 		return CACHE_EXT_ITER_CONTINUE;	/* met again in this round */
-	if (page && !page->in_main && page->freq >= S3_MOVE_TO_MAIN) {
+	if (walking_main && page->freq) {
+		/* CLOCK in main: one more lap, one count less */
+		page->freq = (page->freq > S3_MAX_FREQ ? S3_MAX_FREQ :
+			      page->freq) - 1;
+		cache_ext_list_move(CP_STATE.main, folio, true);
+		return CACHE_EXT_ITER_CONTINUE;
+	}
+	if (!walking_main && !page->in_main &&
+	    page->freq >= S3_MOVE_TO_MAIN) {
+		/* read twice while in small: promote, count cleared */
 		if (cache_ext_list_move(CP_STATE.main, folio, true))
 			return CACHE_EXT_ITER_CONTINUE;
 		page->in_main = 1;
@@ -114,31 +133,11 @@ static int s3_walk_small(int idx, struct cache_ext_list_node *node)
 		CP_STATE.nr_main++;
 		return CACHE_EXT_ITER_CONTINUE;
 	}
-	if (page)
-		page->proposed_in = CP_STATE.round;
-	CP_STATE.pend_small++;
-	CP_STATE.walk_proposed++;
-	return CACHE_EXT_ITER_EVICT;
-}
-
-static int s3_walk_main(int idx, struct cache_ext_list_node *node)
-{
-	struct folio *folio = cache_ext_node_folio(node);
-	struct s3_page *page = s3_page_of(folio);
-
-	if (CP_STATE.walk_proposed && !s3_main_over())
-		return CACHE_EXT_ITER_STOP;
-	if (page && page->proposed_in == CP_STATE.round)
-		return CACHE_EXT_ITER_CONTINUE;
-	if (page && page->freq) {
-		page->freq = (page->freq > S3_MAX_FREQ ? S3_MAX_FREQ :
-			      page->freq) - 1;
-		cache_ext_list_move(CP_STATE.main, folio, true);
-		return CACHE_EXT_ITER_CONTINUE;
-	}
-	if (page)
-		page->proposed_in = CP_STATE.round;
-	CP_STATE.pend_main++;
+	page->proposed_in = CP_STATE.round;
+	if (walking_main)
+		CP_STATE.pend_main++;
+	else
+		CP_STATE.pend_small++;
 	CP_STATE.walk_proposed++;
 	return CACHE_EXT_ITER_EVICT;
 }
@@ -155,12 +154,10 @@ void BPF_STRUCT_OPS(s3fifo_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		if (ectx->nr_candidates >= ectx->request)
 			break;
 		CP_STATE.walk_proposed = 0;
-		if (s3_main_over())
-			cache_ext_list_iterate(memcg, CP_STATE.main,
-					       s3_walk_main, ectx);
-		else
-			cache_ext_list_iterate(memcg, CP_STATE.small,
-					       s3_walk_small, ectx);
+		CP_STATE.walking_main = s3_main_over();
+		cache_ext_list_iterate(memcg, CP_STATE.walking_main ?
+				       CP_STATE.main : CP_STATE.small,
+				       s3_walk, ectx);
 	}
 }
 
