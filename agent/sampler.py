@@ -22,13 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-try:    # the one definition of the record layout (models/record_format.md)
-    from cachepilot.models.traces.records import RECORD_DTYPE, THRESHOLD_ALL
-except ImportError:     # pragma: no cover - the models package is always there
-    RECORD_DTYPE = np.dtype([("key", "<u8"), ("time_ns", "<u8"),
-                             ("cgroup_id", "<u8"), ("tid", "<u4"),
-                             ("op", "<u2"), ("folio_order", "<u2")])
-    THRESHOLD_ALL = 0xFFFF_FFFF_FFFF_FFFF
+# The one definition of the record layout (models/record_format.md) and of
+# the SHARDS threshold of a rate (the curve builders sample with the same).
+from cachepilot.models.shards import rate_threshold as threshold_for_rate  # noqa: F401
+from cachepilot.models.shards import threshold_rate as rate_for_threshold  # noqa: F401
+from cachepilot.models.traces.records import RECORD_DTYPE
 
 REPO = Path(__file__).resolve().parents[1]
 LOADER = REPO / "bpf" / "out" / "sampler"
@@ -39,19 +37,6 @@ _FRAME = struct.Struct("<II")
 
 MASK64 = (1 << 64) - 1
 HASH_SEED = 0x9E3779B97F4A7C15
-
-
-def threshold_for_rate(rate: float) -> int:
-    """SHARDS threshold of a sampling rate in (0, 1]."""
-    if not 0.0 < rate <= 1.0:
-        raise ValueError(f"sampling rate must be in (0, 1], got {rate}")
-    if rate >= 1.0:
-        return THRESHOLD_ALL
-    return min(int(rate * 2.0**64), THRESHOLD_ALL)
-
-
-def rate_for_threshold(threshold: int) -> float:
-    return 1.0 if threshold >= THRESHOLD_ALL else threshold / 2.0**64
 
 
 def cp_hash64(x: int) -> int:

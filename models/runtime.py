@@ -38,12 +38,11 @@ from pathlib import Path
 import numpy as np
 
 from cachepilot.errors import UserError
-from cachepilot.models import _runtime
+from cachepilot.models import _runtime, shards
 from cachepilot.models.mrc import MRC
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POLICY_INCLUDE = REPO_ROOT / "bpf" / "include"
-THRESHOLD_ALL = (1 << 64) - 1
 # Flags for policies compiled on their own; they match setup.py's so a
 # policy behaves the same built in or loaded.
 POLICY_CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter",
@@ -106,12 +105,10 @@ def _sizes(sizes) -> np.ndarray:
 
 def rate_threshold(rate: float) -> int:
     """SHARDS threshold for rate R in (0, 1]: keep keys with hash < R*2^64."""
-    rate = float(rate)
-    if not 0.0 < rate <= 1.0:
-        raise UserError(f"sampling rate must be within (0, 1], not {rate}")
-    if rate == 1.0:
-        return THRESHOLD_ALL
-    return max(1, min(THRESHOLD_ALL, int(rate * 2.0**64)))
+    try:
+        return shards.rate_threshold(rate)
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def sample(keys, rate: float, tids=None):
