@@ -412,14 +412,18 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
                          interceptors=interceptors)
     pb_grpc.add_NodeServicer_to_server(NodeServicer(controller), server)
     pb_grpc.add_AdminServicer_to_server(AdminServicer(controller), server)
+    creds = None
     if spec.insecure:
         log.warning("controller: TLS is OFF (insecure: true) -- plaintext gRPC on %s%s",
                     address, "" if token else ", and no token: anyone who can connect is trusted")
-        port = server.add_insecure_port(address)
     else:
         creds = grpc.ssl_server_credentials(
             [(_read(spec.tls_key, "key"), _read(spec.tls_cert, "certificate"))])
-        port = server.add_secure_port(address, creds)
+    try:
+        port = server.add_insecure_port(address) if creds is None else \
+            server.add_secure_port(address, creds)
+    except RuntimeError:    # grpc raises, rather than returning 0, on a bad address
+        port = 0
     if port == 0:
         raise UserError(f"controller: cannot listen on {address}")
     server.start()
