@@ -259,10 +259,17 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
     result["wall_seconds"] = time.monotonic() - started
     console.print(summary_table(result))
     if json_out:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json.dumps(result, indent=1))
+        try:
+            Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+            Path(json_out).write_text(json.dumps(result, indent=1))
+        except OSError as err:
+            raise UserError(f"--json {json_out}: cannot write: {err.strerror}") from None
         console.print(f"wrote {json_out}")
     if plots:
-        for p in write_plots(cfg, result, Path(plots)):
+        try:
+            written = write_plots(cfg, result, Path(plots))
+        except OSError as err:
+            raise UserError(f"--plots {plots}: cannot write: {err.strerror}") from None
+        for p in written:
             console.print(f"wrote {p}")
     return result
