@@ -67,6 +67,10 @@ def run_agent(args) -> int:
     for root in cfg.roots:
         if not os.path.isdir(root):
             raise UserError(f"{args.config}: roots: {root} is not a directory")
+    try:
+        out = open(args.reports, "a", buffering=1) if args.reports else None
+    except OSError as err:
+        raise UserError(f"--reports {args.reports}: cannot open: {err.strerror}") from None
     backend = LinuxBackend(cfg, start_sampler=not args.stats_only)
     if args.stats_only:
         backend.stats_only_reason = "--stats-only was given"
@@ -91,7 +95,6 @@ def run_agent(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    out = open(args.reports, "a", buffering=1) if args.reports else None
     done = 0
     next_at = time.monotonic() + cfg.interval_s
     try:
