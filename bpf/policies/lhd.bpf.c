@@ -15,8 +15,9 @@
  * i.e. the chance of a future hit over the expected remaining lifetime.
  *
  * Reconfiguration: every LHD_RECONFIG accesses the access path only raises
- * a flag; the next reclaim round (not the access or insert path) does the
- * work: it decays the counts by 1/10 (an EWMA), moves the age unit one
+ * a flag; the reclaim rounds that follow (not the access or insert path)
+ * do the work, one class per round (LHD_CLASSES slices, which keeps every
+ * round short and within the verifier's budget): it decays the counts by 1/10 (an EWMA), moves the age unit one
  * step (x2 or /2) towards the number of pages held / LHD_AGES_PER_LIFE
  * (LHD_AGES units then span ~8 cache lifetimes), and
  * recomputes every density.  All arithmetic is integer: counts are fixed
@@ -66,7 +67,10 @@ struct lhd_state {
 	__u64 reconfigs;
 	__s64 held;
 	__u32 shift;
-	__u32 reconfig_due;
+	__u32 reconfig_due;	/* raised by the access path */
+	__u32 reconfig_active;	/* slices under way */
+	__u32 reconfig_class;	/* next class to reconfigure */
+	__u32 reconfig_coarser, reconfig_finer;
 	__u32 to_rotate;	/* survivors of the last scored window */
 	__u32 rotated;
 	__u64 hits[LHD_CLASSES][LHD_AGES];
@@ -164,37 +168,60 @@ static void lhd_rescale(__u32 class, bool coarser)
 	}
 }
 
-static void lhd_reconfigure(void)
+/*
+ * One slice of a reconfiguration: class c's buckets follow the age unit's
+ * step, decay by 1/10, and its densities are recomputed.  A
+ * reconfiguration is LHD_CLASSES slices, one per reclaim round, so no round
+ * does (and the verifier never has to follow) more than one class's work.
+ */
+static void lhd_reconfigure_class(__u32 c, bool coarser, bool finer)
 {
-	__u32 want = lhd_fit_shift();
-	bool coarser = want > CP_STATE.shift;
-	bool finer = want < CP_STATE.shift;
-	__u32 c, a;
+	__u64 total_hits = 0, total_events = 0, lifetime = 0;
+	__u32 a;
 
-	for (c = 0; c < LHD_CLASSES; c++) {
-		__u64 total_hits = 0, total_events = 0, lifetime = 0;
+	c &= LHD_CLASSES - 1;
+	if (coarser || finer)
+		lhd_rescale(c, coarser);
+	for (a = LHD_AGES; a-- > 0;) {
+		__u64 *h = &CP_STATE.hits[c][a];
+		__u64 *e = &CP_STATE.evictions[c][a];
 
-		/* the age unit moves one step per reconfiguration */
-		if (coarser || finer)
-			lhd_rescale(c, coarser);
-		for (a = LHD_AGES; a-- > 0;) {
-			__u64 *h = &CP_STATE.hits[c][a];
-			__u64 *e = &CP_STATE.evictions[c][a];
-
-			*h -= *h / 10;
-			*e -= *e / 10;
-			total_hits += *h;
-			total_events += *h + *e;
-			lifetime += total_events;
-			CP_STATE.density[c][a] = lifetime ?
-				(__s64)((total_hits << LHD_DENSITY_SHIFT) /
-					lifetime) : 0;
-		}
+		*h -= *h / 10;
+		*e -= *e / 10;
+		total_hits += *h;
+		total_events += *h + *e;
+		lifetime += total_events;
+		CP_STATE.density[c][a] = lifetime ?
+			(__s64)((total_hits << LHD_DENSITY_SHIFT) / lifetime) :
+			0;
 	}
-	if (coarser)
+}
+
+static void lhd_reconfigure_step(void)
+{
+	__u32 want;
+
+	if (CP_STATE.reconfig_due && !CP_STATE.reconfig_active) {
+		/* start: decide the age unit's step for every class */
+		want = lhd_fit_shift();
+		CP_STATE.reconfig_due = 0;
+		CP_STATE.reconfig_active = 1;
+		CP_STATE.reconfig_class = 0;
+		CP_STATE.reconfig_coarser = want > CP_STATE.shift;
+		CP_STATE.reconfig_finer = want < CP_STATE.shift;
+	}
+	if (!CP_STATE.reconfig_active)
+		return;
+	lhd_reconfigure_class(CP_STATE.reconfig_class,
+			      CP_STATE.reconfig_coarser,
+			      CP_STATE.reconfig_finer);
+	if (++CP_STATE.reconfig_class < LHD_CLASSES)
+		return;
+	if (CP_STATE.reconfig_coarser)
 		CP_STATE.shift++;
-	else if (finer)
+	else if (CP_STATE.reconfig_finer)
 		CP_STATE.shift--;
+	CP_STATE.reconfig_active = 0;
 	CP_STATE.reconfigs++;
 }
 
@@ -227,9 +254,8 @@ void BPF_STRUCT_OPS(lhd_evict_folios, struct cache_ext_eviction_ctx *ectx,
 {
 	int scored;
 
-	if (CP_STATE.reconfig_due) {
-		CP_STATE.reconfig_due = 0;
-		lhd_reconfigure();
+	if (CP_STATE.reconfig_due || CP_STATE.reconfig_active) {
+		lhd_reconfigure_step();
 	} else if (!CP_STATE.reconfigs && !CP_STATE.shift) {
 		/* first reclaim: the cgroup is full, size the age unit */
 		CP_STATE.shift = lhd_fit_shift();
