@@ -173,12 +173,6 @@ def write_limit(path, limit_bytes: int, knob: str = "max") -> int:
     return _read_limit(f)
 
 
-def move_pid(path, pid: int):
-    """Put a process into the cgroup (v1 and v2 both take cgroup.procs)."""
-    with open(Path(path) / "cgroup.procs", "w") as fh:
-        fh.write(str(pid))
-
-
 # -- where the agent may look and touch --------------------------------------
 
 def is_under(path, roots) -> bool:

@@ -13,7 +13,6 @@ per-CPU counters and, for sampled keys, writes a 32-byte record.
 from __future__ import annotations
 
 import os
-import shutil
 import struct
 import subprocess
 import threading
@@ -286,7 +285,3 @@ class Sampler:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def have_fio() -> bool:
-    return shutil.which("fio") is not None
