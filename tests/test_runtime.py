@@ -1,6 +1,7 @@
 """The cache_ext policy runtime: policies against independent reference
 models, the kernel-style handling of misbehaving policies, live swaps,
 capacity changes, per-instance isolation, and loading policies from source."""
+import math
 from collections import OrderedDict
 from pathlib import Path
 
@@ -392,6 +393,23 @@ def test_linux_balance_follows_full_scale_size():
         c.access(np.concatenate([hot, hot, scan]))
     assert small.access(hot) == 200                  # active cut to 500 of 1000
     assert big.access(hot) == 0
+
+
+@pytest.mark.parametrize("gib", range(1, 13))
+def test_linux_balance_ratio_is_int_sqrt_of_ten_gib(gib):
+    """inactive_is_low's ratio is floor(sqrt(10 * GiB)) at every size (the
+    policy's branch-free square root once gave 16 instead of 8 at 7 GiB).
+    A hot set of 950 active pages in a full 1000-page cache, then a scan:
+    reclaim deactivates active pages until inactive * ratio >= active, so
+    ceil(1000 / (ratio + 1)) pages end up inactive and the scan flushes the
+    hot pages among them."""
+    hot = np.arange(950, dtype=np.uint64)
+    scan = np.arange(10_000, 15_000, dtype=np.uint64)
+    cache = rt.Cache("linux", 1000, scale=math.ceil(gib * (1 << 18) / 1000) + 1)
+    cache.access(np.concatenate([hot, hot, scan]))
+    ratio = math.isqrt(10 * gib)
+    inactive = -(-1000 // (ratio + 1))
+    assert cache.access(hot) == 950 - (1000 - inactive)
 
 
 def test_swaps_between_policies_with_maps_keep_working():

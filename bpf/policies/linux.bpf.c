@@ -78,29 +78,33 @@ static __always_inline __u64 linux_below(__u64 a, __u64 b)
 }
 
 /*
- * Bit-by-bit square root of x < 2^63 (here x = 10 * GiB, below 2^50).
- * A step whose bit exceeds what is left of x leaves r alone; otherwise r
- * halves and, when r + bit fits in x, takes the bit.
+ * Bit-by-bit square root, floor(sqrt(x)) for x < 2^63 (here x = 10 * GiB,
+ * below 2^50), as the kernel's int_sqrt computes it: every step halves r
+ * and, when r + bit still fits in what is left of x, takes the bit.  While
+ * bit is above x, r is 0 and stays 0, so no search for the first bit is
+ * needed; `started` marks the steps from the first bit that fits on.
  *
  * Written without branches: the verifier walks every path of a loop, and
- * two data-dependent branches in each of 32 steps are 3^32 paths with r
- * and bit known on each, so nothing prunes them (inlined into
- * linux_evict_folios and its walk callback, this alone passed 1M
- * processed instructions).  Each comparison becomes a 0/1 from the sign
- * of a difference and each choice a mask, so the 32 steps are one
- * straight path.  Same result as the branching form for every x < 2^63.
+ * a data-dependent branch in each of 32 steps is 2^32 paths with r and
+ * bit known on each, so nothing prunes them (inlined into
+ * linux_evict_folios and its walk callback, the branching form passed 1M
+ * processed instructions).  The comparison becomes a 0/1 from the sign of
+ * a difference and the choice a mask, so the 32 steps are one straight
+ * path.  Not static, so that the verifier checks it once as a global
+ * function for any x instead of once per caller state.
  */
-static __u64 linux_int_sqrt(__u64 x)
+__attribute__((noinline)) __u64 linux_int_sqrt(__u64 x)
 {
-	__u64 r = 0, bit = 1ULL << 62;
+	__u64 r = 0, bit = 1ULL << 62, started = 0;
 	int i;
 
 	for (i = 0; i < 32; i++) {
-		__u64 step = linux_below(x, bit) - 1;	/* ~0: bit <= x */
-		__u64 take = (linux_below(x, r + bit) - 1) & step;
+		/* ~0 from the first step whose bit fits in x on */
+		started |= linux_below(x, bit) - 1;
+		__u64 take = (linux_below(x, r + bit) - 1) & started;
 
 		x -= (r + bit) & take;
-		r = (r & ~step) | (((r >> 1) + (bit & take)) & step);
+		r = (r & ~started) | (((r >> 1) + (bit & take)) & started);
 		bit >>= 2;
 	}
 	return r;
