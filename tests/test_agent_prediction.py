@@ -74,6 +74,19 @@ def charges_during(cg, run) -> int:
     return cgroups.read_stats(cg).pgpgin - before
 
 
+def check_prediction(title, rows):
+    """Print (limit MiB, real, predicted) rows under `title`; every
+    prediction within TOLERANCE, and the real miss ratio falls by more than
+    0.05 from the first limit to the last (the limits are different regimes,
+    not a flat curve)."""
+    print(f"\n{title}")
+    for limit_mb, real, predicted in rows:
+        print(f"  {limit_mb:4d} {real:.4f} {predicted:.4f} {predicted - real:+.4f}")
+    for limit_mb, real, predicted in rows:
+        assert abs(predicted - real) <= TOLERANCE, (limit_mb, real, predicted)
+    assert rows[0][1] - rows[-1][1] > 0.05
+
+
 @pytest.mark.parametrize("distribution", ["zipf:1.1", "random"])
 def test_fio_curve_predicts_kernel_miss_ratio_at_four_limits(data_file, distribution):
     # one run at a time on this host: another run's reads of the same file
@@ -105,14 +118,9 @@ def test_fio_curve_predicts_kernel_miss_ratio_at_four_limits(data_file, distribu
             real = (after.pgpgin - before.pgpgin - base) / run["ios"]
             predicted = float(curve.at((limit_mb << 20) // PAGE))
             rows.append((limit_mb, real, predicted))
-        print(f"\nfio {distribution}: limit MiB, real, predicted, error "
-              f"(rate {RATE}, non-file offset {prof.nonfile_peak_bytes >> 20} MiB)")
-        for limit_mb, real, predicted in rows:
-            print(f"  {limit_mb:4d} {real:.4f} {predicted:.4f} {predicted - real:+.4f}")
-        for limit_mb, real, predicted in rows:
-            assert abs(predicted - real) <= TOLERANCE, (limit_mb, real, predicted)
-        # the curve is not flat: the limits are different regimes
-        assert rows[0][1] - rows[-1][1] > 0.05
+        check_prediction(f"fio {distribution}: limit MiB, real, predicted, error "
+                         f"(rate {RATE}, non-file offset {prof.nonfile_peak_bytes >> 20} MiB)",
+                         rows)
 
 
 # -- RocksDB -----------------------------------------------------------------
@@ -194,10 +202,6 @@ def test_rocksdb_curve_predicts_kernel_miss_ratio_at_four_limits(rocksdb):
                     base[1] += sign * (c1[cgid][1].accesses - c0[cgid][1].accesses)
                 real = base[0] / base[1]
                 rows.append((limit_mb, real, float(curve.at((limit_mb << 20) // PAGE))))
-        print(f"\nrocksdb readrandom ({db_size >> 20} MiB of SST): limit MiB, real, "
-              f"predicted, error (non-file offset {prof.nonfile_peak_bytes >> 20} MiB)")
-        for limit_mb, real, predicted in rows:
-            print(f"  {limit_mb:4d} {real:.4f} {predicted:.4f} {predicted - real:+.4f}")
-        for limit_mb, real, predicted in rows:
-            assert abs(predicted - real) <= TOLERANCE, (limit_mb, real, predicted)
-        assert rows[0][1] - rows[-1][1] > 0.05
+        check_prediction(f"rocksdb readrandom ({db_size >> 20} MiB of SST): limit MiB, real, "
+                         f"predicted, error (non-file offset {prof.nonfile_peak_bytes >> 20} MiB)",
+                         rows)
