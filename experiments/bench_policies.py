@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-import libcachesim
 from cachepilot.models import runtime
+from cachepilot.models.libcachesim_oracle import miss_ratios
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_TRACE = HERE.parents[1] / "shared" / "traces" / "cloudphysics.txt"
@@ -30,21 +30,6 @@ RESULTS = HERE / "results"
 SIZES = [500, 1000, 2500, 5000, 10000]
 TWINS = {"lru": "LRU", "s3fifo": "S3FIFO", "lfu": "LFU", "lhd": "LHD",
          "hyperbolic": "Hyperbolic"}
-
-
-def libcachesim_curve(name, keys, sizes):
-    out = []
-    for size in sizes:
-        cache = getattr(libcachesim, name)(size)
-        req = libcachesim.Request()
-        req.obj_size = 1
-        misses = 0
-        for key in keys.tolist():
-            req.obj_id = key
-            if not cache.get(req):
-                misses += 1
-        out.append(misses / len(keys))
-    return np.array(out)
 
 
 def main():
@@ -65,7 +50,7 @@ def main():
         line = f"{ours:>12}: " + " ".join(f"{m:.4f}" for m in curve)
         if ours in TWINS:
             t0 = time.process_time()
-            theirs = libcachesim_curve(TWINS[ours], keys, SIZES)
+            theirs = miss_ratios(keys, TWINS[ours], SIZES)
             t_theirs = time.process_time() - t0
             diff = curve - theirs
             entry.update(libcachesim=TWINS[ours],

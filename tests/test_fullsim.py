@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from cachepilot.models import runtime as rt
-from cachepilot.models.traces import read_keys, write_oracle_general
+from cachepilot.models.libcachesim_oracle import miss_ratios
+from cachepilot.models.traces import read_keys
 
 lcs = pytest.importorskip("libcachesim")
 
@@ -18,30 +19,19 @@ pytestmark = pytest.mark.skipif(not TRACES.is_dir(),
 FRACTIONS = (0.005, 0.02, 0.08, 0.25, 0.5, 0.9)   # of the unique pages
 
 
-def libcachesim_miss_ratios(keys, algo, sizes, tmp_path):
-    trace = tmp_path / "trace.oracleGeneral"
-    write_oracle_general(trace, keys, obj_size=1)
-    out = []
-    for size in sizes:
-        cache = getattr(lcs, algo)(cache_size=int(size))
-        reader = lcs.TraceReader(str(trace), lcs.TraceType.ORACLE_GENERAL_TRACE)
-        out.append(cache.process_trace(reader)[0])
-    return np.array(out)
-
-
 @pytest.fixture(scope="module", params=["cloudphysics.txt", "OLTP.lis.zst"])
 def trace_keys(request):
     return request.param, read_keys(TRACES / request.param)
 
 
 @pytest.mark.parametrize("policy,algo", [("fifo", "FIFO"), ("lru", "LRU")])
-def test_full_simulation_equals_libcachesim(trace_keys, policy, algo, tmp_path):
+def test_full_simulation_equals_libcachesim(trace_keys, policy, algo):
     name, keys = trace_keys
     unique = len(np.unique(keys))
     sizes = np.array(sorted({max(1, int(unique * f)) for f in FRACTIONS}))
     assert len(sizes) >= 5
     mine = rt.full_mrc(keys, policy, sizes)
-    ref = libcachesim_miss_ratios(keys, algo, sizes, tmp_path)
+    ref = miss_ratios(keys, algo, sizes)
     assert mine.method == "full" and mine.policy == policy
     np.testing.assert_allclose(mine.miss_ratio, ref, rtol=0, atol=1e-9,
                                err_msg=f"{policy} on {name}")

@@ -10,6 +10,7 @@ import pytest
 libcachesim = pytest.importorskip("libcachesim")
 
 from cachepilot.models import runtime  # noqa: E402
+from cachepilot.models.libcachesim_oracle import miss_ratios  # noqa: E402
 
 SIZES = [500, 1000, 2500, 5000, 10000]
 TOLERANCE = 0.03
@@ -27,17 +28,8 @@ _ORACLE = {}
 
 
 def libcachesim_miss_ratio(algorithm: str, size: int, keys) -> float:
-    if (algorithm, size) in _ORACLE:
-        return _ORACLE[algorithm, size]
-    cache = getattr(libcachesim, algorithm)(size)
-    req = libcachesim.Request()
-    req.obj_size = 1
-    misses = 0
-    for key in keys.tolist():
-        req.obj_id = key
-        if not cache.get(req):
-            misses += 1
-    _ORACLE[algorithm, size] = misses / len(keys)
+    if (algorithm, size) not in _ORACLE:
+        _ORACLE[algorithm, size] = float(miss_ratios(keys, algorithm, [size])[0])
     return _ORACLE[algorithm, size]
 
 
