@@ -131,13 +131,10 @@ def in_cgroup(cgroup: Path, argv: list[str]) -> list[str]:
             + " ".join(shlex.quote(a) for a in argv)]
 
 
-def fio_randread(cgroup: Path, filename: Path, ios: int, *, distribution: str = "random",
-                 seed: int = 1, jobs: int = 1, size: int | None = None,
-                 extra: list[str] = ()) -> dict:
-    """Buffered 4 KiB random reads (psync, fadvise random, the cache kept
-    across runs); returns {'ios': issued reads, 'json': fio's report}."""
+def _fio_randread_argv(filename: Path, ios: int, distribution: str, seed: int, jobs: int,
+                       size: int | None, extra) -> list[str]:
     size = size or filename.stat().st_size
-    argv = ["fio", "--name=cp", f"--filename={filename}", f"--size={size}",
+    return ["fio", "--name=cp", f"--filename={filename}", f"--size={size}",
             "--rw=randread", "--bs=4k", "--ioengine=psync", "--fadvise_hint=random",
             "--invalidate=0", "--norandommap", f"--random_distribution={distribution}",
             # fio ignores randseed while randrepeat is on (its default): every
@@ -145,12 +142,62 @@ def fio_randread(cgroup: Path, filename: Path, ios: int, *, distribution: str = 
             "--randrepeat=0", f"--randseed={seed}",
             f"--io_size={ios * 4096}", f"--numjobs={jobs}",
             "--thread", "--group_reporting", "--output-format=json", *extra]
-    res = subprocess.run(in_cgroup(cgroup, argv), capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"fio failed: {res.stderr.strip()[-500:]}")
-    out = json.loads(res.stdout[res.stdout.index("{"):])
+
+
+def _fio_result(returncode: int, stdout: str, stderr: str) -> dict:
+    if returncode != 0:
+        raise RuntimeError(f"fio failed: {stderr.strip()[-500:]}")
+    out = json.loads(stdout[stdout.index("{"):])
     job = out["jobs"][0]
     return {"ios": int(job["read"]["total_ios"]), "json": out}
+
+
+def fio_randread(cgroup: Path, filename: Path, ios: int, *, distribution: str = "random",
+                 seed: int = 1, jobs: int = 1, size: int | None = None,
+                 extra: list[str] = ()) -> dict:
+    """Buffered 4 KiB random reads (psync, fadvise random, the cache kept
+    across runs); returns {'ios': issued reads, 'json': fio's report}."""
+    argv = _fio_randread_argv(filename, ios, distribution, seed, jobs, size, extra)
+    res = subprocess.run(in_cgroup(cgroup, argv), capture_output=True, text=True)
+    return _fio_result(res.returncode, res.stdout, res.stderr)
+
+
+def fio_randread_with_mark(cgroup: Path, filename: Path, ios: int, mark_at: int, mark,
+                           *, distribution: str = "random", seed: int = 1,
+                           poll_s: float = 0.002) -> dict:
+    """fio_randread of `ios` reads by one job that calls mark() once fio has
+    issued `mark_at` of them (read syscalls of the fio process, polled), so a
+    caller can measure the second part of one run.  Splitting a run in two
+    fio runs instead would not do: fio draws a new zipf hot set per seed, so
+    two runs are a phase change.  Returns fio_randread's dict plus
+    'reads_at_mark' (the reads issued when mark() was called)."""
+    argv = _fio_randread_argv(filename, ios, distribution, seed, 1, None, ())
+    proc = subprocess.Popen(in_cgroup(cgroup, argv), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    io_file = Path(f"/proc/{proc.pid}/io")
+    at_mark = None
+    try:
+        while at_mark is None and proc.poll() is None:
+            try:
+                syscr = int(next(line for line in io_file.read_text().splitlines()
+                                 if line.startswith("syscr:")).split()[1])
+            except (OSError, StopIteration, ValueError):
+                syscr = 0           # not yet exec'd into fio, or just exited
+            if syscr >= mark_at:
+                mark()
+                at_mark = syscr
+            else:
+                time.sleep(poll_s)
+        stdout, stderr = proc.communicate()
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if at_mark is None:
+        raise RuntimeError(f"fio ended before issuing {mark_at} reads")
+    res = _fio_result(proc.returncode, stdout, stderr)
+    res["reads_at_mark"] = at_mark
+    return res
 
 
 def have(tool: str) -> bool:

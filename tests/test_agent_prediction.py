@@ -17,7 +17,8 @@ import pytest
 from cachepilot.agent import cgroups
 from cachepilot.agent.profile import profile_cgroup
 from cachepilot.agent.sampler import Sampler, why_unavailable
-from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, exclusive, fio_randread, have,
+from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, exclusive,
+                                      fio_randread_with_mark, have,
                                       in_cgroup, make_file, scratch_cgroup,
                                       v1_memory_available)
 
@@ -47,7 +48,9 @@ def data_file():
 
 
 def profile_during(cg, phases, rate=RATE):
-    """Profile `cg` while phases[0]() warms up and phases[1]() is measured."""
+    """Profile `cg` while phases[0]() warms up and phases[1]() is measured.
+    A single phase is one run that calls its argument (the end of the
+    warm-up) itself."""
     warm, done, out = threading.Event(), threading.Event(), {}
     with Sampler() as sampler:
         t = threading.Thread(target=lambda: out.setdefault("p", profile_cgroup(
@@ -56,23 +59,19 @@ def profile_during(cg, phases, rate=RATE):
         t.start()
         time.sleep(0.5)
         try:
-            phases[0]()
-            time.sleep(0.3)
-            warm.set()
-            phases[1]()
+            if len(phases) == 1:
+                phases[0](warm.set)
+            else:
+                phases[0]()
+                time.sleep(0.3)
+                warm.set()
+                phases[1]()
             time.sleep(0.3)
         finally:
             warm.set()
             done.set()
             t.join()
     return out["p"]
-
-
-def charges_during(cg, run) -> int:
-    """Pages charged to the cgroup (memory.stat pgpgin) while run() runs."""
-    before = cgroups.read_stats(cg).pgpgin
-    run()
-    return cgroups.read_stats(cg).pgpgin - before
 
 
 def check_prediction(title, rows):
@@ -89,21 +88,17 @@ def check_prediction(title, rows):
 
 
 def measure_real(cg, data_file, distribution, limit_mb, rep):
-    """Real miss ratio under the cgroup's current limit: WARM reads from an
-    empty cache, then MEASURED reads whose page-cache insertions (memory.stat
-    pgpgin) are counted."""
+    """Real miss ratio under the cgroup's current limit: one fio run of
+    WARM + MEASURED reads from an empty cache; the page-cache insertions
+    (memory.stat pgpgin) of its last MEASURED reads over those reads."""
     drop_file_cache(data_file)
-    fio_randread(cg, data_file, WARM, distribution=distribution,
-                 seed=10 + limit_mb + 1000 * rep)
-    # fio's own start-up charges memory too (~2000 pages of buffers
-    # and the like): a one-read run under the same limit measures it
-    base = sorted(charges_during(cg, lambda: fio_randread(cg, data_file, 1, seed=1))
-                  for _ in range(3))[1]
-    before = cgroups.read_stats(cg)
-    run = fio_randread(cg, data_file, MEASURED, distribution=distribution,
-                       seed=100 + limit_mb + 1000 * rep)
-    after = cgroups.read_stats(cg)
-    return (after.pgpgin - before.pgpgin - base) / run["ios"]
+    at_mark = {}
+    run = fio_randread_with_mark(
+        cg, data_file, WARM + MEASURED, WARM,
+        lambda: at_mark.setdefault("pgpgin", cgroups.read_stats(cg).pgpgin),
+        distribution=distribution, seed=10 + limit_mb + 1000 * rep)
+    charged = cgroups.read_stats(cg).pgpgin - at_mark["pgpgin"]
+    return charged / (run["ios"] - run["reads_at_mark"])
 
 
 @pytest.mark.parametrize("distribution", ["zipf:1.1", "random"])
@@ -113,13 +108,16 @@ def test_fio_curve_predicts_kernel_miss_ratio_at_four_limits(data_file, distribu
     with exclusive(SCRATCH / "fio-256m.run.lock"), \
             scratch_cgroup(f"cp_pred_{distribution.split(':')[0]}") as cg:
         drop_file_cache(data_file)
-        # The profile and every measurement see the same history: WARM reads
-        # from an empty cache, then MEASURED reads.  (With a heavy-tailed
-        # distribution, first touches keep coming for a long time, so the
-        # length of the history matters as much as the cache size.)
+        # The profile and every measurement see the same history: one fio
+        # run of WARM reads from an empty cache, then MEASURED reads, which
+        # are what counts.  (With a heavy-tailed distribution, first touches
+        # keep coming for a long time, so the length of the history matters
+        # as much as the cache size.  It must be one run: each fio run draws
+        # its own zipf hot set, and the kernel's active list holds on to the
+        # previous run's hot pages for a while, which LRU would not.)
         prof = profile_during(cg, [
-            lambda: fio_randread(cg, data_file, WARM, distribution=distribution, seed=1),
-            lambda: fio_randread(cg, data_file, MEASURED, distribution=distribution, seed=2)])
+            lambda warmed: fio_randread_with_mark(cg, data_file, WARM + MEASURED, WARM, warmed,
+                                                  distribution=distribution, seed=1)])
         curve = next(c for c in prof.limit_curves if c.policy == "lru")
         rows = []
         for limit_mb in LIMITS_MB:
