@@ -225,6 +225,18 @@ def write_plots(cfg, result, folder: Path):
 
 
 # -- the command ----------------------------------------------------------------------
+def _check_writable(folder: Path, option: str, given) -> None:
+    """Create `folder` if needed and prove a file can be written in it."""
+    import tempfile
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".cachepilot-probe-"):
+            pass
+    except OSError as err:
+        raise UserError(f"{option} {given}: cannot write there: "
+                        f"{err.strerror or err}") from None
+
+
 def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, live=True,
                 seed=None, console=None) -> dict:
     from rich.console import Console
@@ -234,6 +246,13 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
         console = Console(width=120)
     if intervals < 1:
         raise UserError("run: --intervals must be at least 1")
+    # find out now, not after minutes of simulation, that an output is unwritable
+    if json_out:
+        _check_writable(Path(json_out).parent, "--json", json_out)
+        if Path(json_out).is_dir():
+            raise UserError(f"--json {json_out}: is a directory; give a file name")
+    if plots:
+        _check_writable(Path(plots), "--plots", plots)
     if cfg.controller.insecure:
         console.print("[yellow]note:[/] the embedded controller serves plaintext gRPC on "
                       "127.0.0.1 only (config says insecure: true)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -226,6 +227,23 @@ def test_bad_run_arguments_get_one_line_errors(tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_an_unwritable_output_is_refused_before_the_run(tmp_path):
+    """--json / --plots under a regular file (unwritable even for root) get
+    a one-line error at once, not after the whole simulation."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for args in (["--json", str(blocker / "out.json"), "--no-plots"],
+                 ["--plots", str(blocker / "plots")]):
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "cachepilot", "run", "--no-live",
+                               "--config", str(DEMO), *args],
+                              capture_output=True, text=True, timeout=300)
+        elapsed = time.monotonic() - started
+        assert proc.returncode == 2 and "cannot write there" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert elapsed < 20, f"refused only after {elapsed:.0f} s"
 
 
 def test_same_seed_gives_the_same_run(tmp_path):
