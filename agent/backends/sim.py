@@ -11,8 +11,11 @@ ratio into throughput:
     throughput         = concurrency / time per operation
 
 The same accesses feed an MRCBuilder (SHARDS for LRU, miniature simulations
-for the other policies), so the reports carry curves exactly as a real
-agent's would.  Limits and policy swaps take effect at the next interval;
+for the other policies), so the reports carry curves built as a real
+agent's are.  Its sampling rate (`curve_rate`) is 1.0 by default, unlike a
+real agent's 0.01: a tenant's accesses per interval are already a small
+sample of its operations, and sampling them again would only add noise;
+a lower rate shows what SHARDS' sampling does to the decisions.  Limits and policy swaps take effect at the next interval;
 the cache keeps its contents across a swap (`Cache.swap_policy`).
 """
 from __future__ import annotations
