@@ -107,11 +107,14 @@ def why_unavailable(loader: Path = LOADER) -> str | None:
 class Sampler:
     """A running sampler child process."""
 
-    def __init__(self, loader: Path = LOADER, ring_bytes: int = 1 << 22):
+    def __init__(self, loader: Path = LOADER, ring_bytes: int = 1 << 22,
+                 empty: bool = False):
+        """empty=True attaches empty programs instead (nothing is counted):
+        the overhead benchmark's floor."""
         if not Path(loader).exists():
             raise SamplerUnavailable(f"the sampler is not built ({loader} is missing)")
         self._proc = subprocess.Popen(
-            [str(loader), "--ring-bytes", str(ring_bytes)],
+            [str(loader), "--ring-bytes", str(ring_bytes), *(["--empty"] if empty else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             bufsize=0)
         self._lock = threading.Condition()

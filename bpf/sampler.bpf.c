@@ -22,10 +22,13 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
+
 /* Longest access range sampled page by page; longer ranges are counted. */
 #define CP_MAX_RANGE (1 << 20)
 /* Ranges up to this many pages are sampled inline, longer ones in bpf_loop. */
 #define CP_INLINE_RANGE 4
+/* cp_cpu.slot of a memory cgroup nobody watches */
+#define CP_SLOT_NONE 0xffffffffU
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -54,6 +57,95 @@ struct {
 } records SEC(".maps");
 
 /*
+ * Bumped by the loader after every change of the watch maps: a CPU's
+ * cached lookup (struct cp_cpu) is only trusted while its generation is
+ * the current one.  It starts at 1, so a zeroed cp_cpu never matches.
+ */
+volatile __u64 watch_gen = 1;
+
+/*
+ * What one CPU remembers between events.  A page-cache read costs little
+ * more than the tracepoint's own dispatch only if it makes no helper call
+ * (each one is a call and a return, which the host's return-thunk
+ * mitigations make cost about as much as the rest of the program) and does
+ * not redo work the last event on this CPU already did: find the memcg's
+ * watch entry, and hash the file's identity.
+ */
+struct cp_cpu {
+	__u64 current_task;	/* the task last seen running here; 0 = none */
+	__u64 ctx_addr;		/* scratch: ctx's address as a number */
+	/* the last memory cgroup seen here, and what the watch maps say of it */
+	__u64 css_serial;	/* its css serial_nr (never reused); 0 = none */
+	__u64 gen;		/* watch_gen when it was looked up */
+	__u64 cgroup_id;
+	__u64 threshold;
+	__u32 slot;		/* counters slot, CP_SLOT_NONE when not watched */
+	__u32 pad;
+	/* the last file read here */
+	__u64 sb;		/* its struct super_block * */
+	__u64 ino;
+	__u64 file_id;		/* 0 = not computed */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);	/* lookups are inlined */
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cp_cpu);
+} cpu_state SEC(".maps");
+
+/* verifier-inlined: no call at run time */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
+static __always_inline struct cp_cpu *this_cpu_state(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&cpu_state, &zero);
+}
+
+/*
+ * The running task, without a helper call when this CPU's last answer still
+ * holds.  The tracepoint's argument array (ctx) lives on the running task's
+ * kernel stack, and stacks are THREAD_SIZE-aligned, so a remembered task is
+ * the running one exactly when its stack is the one ctx lies in.  (A task's
+ * stack pointer is cleared when its stack is freed, and two live tasks never
+ * share one.)  When the check fails (another task, or ctx on an interrupt
+ * stack) the helper answers and the answer is remembered.  x86-64 and arm64
+ * stacks are at least 16 KiB; larger ones only make the check fail more.
+ */
+#define CP_STACK_ALIGN (16UL << 10)
+
+static __always_inline struct task_struct *running_task(struct cp_cpu *cpu, void *ctx)
+{
+	struct task_struct *task;
+	__u64 stack;
+
+	/* a pointer stored and read back is a plain number */
+	*(volatile __u64 *)&cpu->ctx_addr = (__u64)ctx;
+	stack = *(volatile __u64 *)&cpu->ctx_addr & ~(CP_STACK_ALIGN - 1);
+	if (cpu->current_task) {
+		task = bpf_rdonly_cast((void *)cpu->current_task,
+				       bpf_core_type_id_kernel(struct task_struct));
+		if ((__u64)task->stack == stack)
+			return task;
+	}
+	task = bpf_get_current_task_btf();
+	cpu->current_task = (__u64)task;
+	return task;
+}
+
+/* The memory cgroup's css of a task (v1 and v2 alike). */
+static __always_inline struct cgroup_subsys_state *task_memcg_css(struct task_struct *task)
+{
+	int id = bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id);
+
+	if (id < 0 || id >= CGROUP_SUBSYS_COUNT)
+		return NULL;
+	return task->cgroups->subsys[id];
+}
+
+/*
  * memcg_data's low bits are flags (below __NR_MEMCG_DATA_FLAGS); the rest is
  * a struct mem_cgroup *.  Older kernels without the enum use the same bits.
  */
@@ -64,120 +156,27 @@ static __always_inline unsigned long memcg_data_flags_mask(void)
 	return 3UL;
 }
 
-static __always_inline __u64 css_cgroup_id(struct cgroup_subsys_state *css)
+/* The memory cgroup's css a folio is charged to (css is mem_cgroup's first member). */
+static __always_inline struct cgroup_subsys_state *folio_memcg_css(struct folio *folio)
 {
-	if (!css)
-		return 0;
-	return BPF_CORE_READ(css, cgroup, kn, id);
-}
-
-/*
- * The memory cgroup of the running task (v1 and v2 alike).  This runs on
- * every page-cache read of every task, watched or not, so it walks the
- * pointers with plain BTF loads (faulting loads are caught by the
- * verifier's exception table) instead of probe-read helper calls.
- */
-static __always_inline __u64 task_memcg_id(void)
-{
-	struct task_struct *task = bpf_get_current_task_btf();
-	int id = bpf_core_enum_value(enum cgroup_subsys_id, memory_cgrp_id);
-	struct cgroup_subsys_state *css;
-	struct css_set *cset;
-
-	if (id < 0 || id >= CGROUP_SUBSYS_COUNT)
-		return 0;
-	cset = task->cgroups;
-	if (!cset)
-		return 0;
-	css = cset->subsys[id];
-	if (!css || !css->cgroup || !css->cgroup->kn)
-		return 0;
-	return css->cgroup->kn->id;
-}
-
-/* The memory cgroup a folio is charged to. */
-static __always_inline __u64 folio_memcg_id(struct folio *folio)
-{
-	unsigned long data = BPF_CORE_READ(folio, memcg_data);
+	unsigned long data = folio->memcg_data & ~memcg_data_flags_mask();
 	struct mem_cgroup *memcg;
 
-	memcg = (struct mem_cgroup *)(data & ~memcg_data_flags_mask());
-	if (!memcg)
-		return 0;
-	return css_cgroup_id(&memcg->css);
+	if (!data)
+		return NULL;
+	memcg = bpf_rdonly_cast((void *)data, bpf_core_type_id_kernel(struct mem_cgroup));
+	return &memcg->css;
 }
 
 static __always_inline __u32 folio_order_of(struct folio *folio)
 {
 	int head = bpf_core_enum_value(enum pageflags, PG_head);
-	unsigned long flags = 0;
-
 	/* page flags are the first word of a folio in every layout */
-	bpf_probe_read_kernel(&flags, sizeof(flags), folio);
+	unsigned long flags = *(unsigned long *)folio;
+
 	if (!(flags & (1UL << head)))
 		return 0;
-	return BPF_CORE_READ(folio, _flags_1) & 0xff;
-}
-
-static __always_inline __u64 mapping_file_id(struct address_space *mapping)
-{
-	struct inode *host = mapping->host;
-	__u64 dev, ino;
-
-	if (!host)
-		return 0;
-	dev = host->i_sb ? host->i_sb->s_dev : 0;
-	ino = host->i_ino;
-	/* cp_page_key(dev, ino, index) == file id ^ index */
-	return cp_hash64(cp_hash64(dev) ^ ino);
-}
-
-struct sample_ctx {
-	__u64 file_id;
-	__u64 first;
-	__u64 threshold;
-	__u64 cgroup_id;
-	__u64 sampled;
-	__u64 drops;
-};
-
-static __always_inline void sample_page(struct sample_ctx *s, __u64 index)
-{
-	__u64 key = s->file_id ^ index;
-	struct cp_record *r;
-
-	if (!cp_sampled(key, s->threshold))
-		return;
-	r = bpf_ringbuf_reserve(&records, sizeof(*r), 0);
-	if (!r) {
-		s->drops++;
-		return;
-	}
-	r->key = key;
-	r->time_ns = bpf_ktime_get_ns();
-	r->cgroup_id = s->cgroup_id;
-	r->tid = (__u32)bpf_get_current_pid_tgid();
-	r->op = CP_OP_ACCESS;
-	r->folio_order = 0;
-	/*
-	 * Waking the reader for every record would cost more than the
-	 * sampling itself; the loader polls on a short timeout and is only
-	 * woken early, once the buffer is half full.
-	 */
-	if (bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) >
-	    bpf_ringbuf_query(&records, BPF_RB_RING_SIZE) / 2)
-		bpf_ringbuf_submit(r, BPF_RB_FORCE_WAKEUP);
-	else
-		bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
-	s->sampled++;
-}
-
-static long sample_page_cb(__u64 i, void *data)
-{
-	struct sample_ctx *s = data;
-
-	sample_page(s, s->first + i);
-	return 0;
+	return folio->_flags_1 & 0xff;
 }
 
 static __always_inline struct cp_watch *find_watch(__u64 cgid)
@@ -194,42 +193,149 @@ static __always_inline struct cp_watch *find_watch(__u64 cgid)
 	return bpf_map_lookup_elem(&watch_overflow, &cgid);
 }
 
-static __always_inline struct cp_counters *watched(__u64 cgid, struct cp_watch **w)
+/*
+ * The counters of a memory cgroup if it is watched, else NULL.  The CPU's
+ * cached answer for the same css and the same watch generation is reused;
+ * otherwise the watch maps are read and the answer cached.
+ */
+static __always_inline struct cp_counters *watched(struct cp_cpu *cpu,
+						   struct cgroup_subsys_state *css)
 {
+	struct cp_watch *w;
+	__u64 serial, gen;
 	__u32 slot;
 
-	*w = find_watch(cgid);
-	if (!*w)
+	if (!css)
 		return NULL;
-	slot = (*w)->slot;
+	serial = css->serial_nr;
+	/* read before the maps: a change after this read bumps it again */
+	gen = watch_gen;
+	if (serial != cpu->css_serial || gen != cpu->gen) {
+		__u64 cgid = css->cgroup->kn->id;
+
+		asm volatile("" ::: "memory");
+		w = find_watch(cgid);
+		cpu->css_serial = serial;
+		cpu->gen = gen;
+		cpu->cgroup_id = cgid;
+		cpu->slot = w ? w->slot : CP_SLOT_NONE;
+		cpu->threshold = w ? w->threshold : 0;
+	}
+	slot = cpu->slot;
+	if (slot == CP_SLOT_NONE)
+		return NULL;
 	return bpf_map_lookup_elem(&counters, &slot);
+}
+
+/*
+ * cp_page_key(dev, ino, index) == file id ^ index.  The id of the last file
+ * is cached per CPU under its (superblock, inode number): a superblock
+ * stands for its device for as long as it is mounted.
+ */
+static __always_inline __u64 file_id_of(struct cp_cpu *cpu, struct address_space *mapping)
+{
+	struct inode *host = mapping->host;
+	struct super_block *sb;
+	__u64 ino;
+
+	if (!host)
+		return 0;
+	sb = host->i_sb;
+	ino = host->i_ino;
+	if (ino != cpu->ino || (__u64)sb != cpu->sb || !cpu->file_id) {
+		cpu->sb = (__u64)sb;
+		cpu->ino = ino;
+		cpu->file_id = cp_hash64(cp_hash64(sb->s_dev) ^ ino);
+	}
+	return cpu->file_id;
+}
+
+struct sample_ctx {
+	__u64 file_id;
+	__u64 first;
+	__u64 threshold;
+	__u64 cgroup_id;
+	struct cp_counters *c;
+};
+
+/* Hand one sampled access to user space; 0 if the ring buffer is full. */
+static __always_inline int emit_access(__u64 key, __u64 cgroup_id)
+{
+	struct cp_record *r;
+
+	r = bpf_ringbuf_reserve(&records, sizeof(*r), 0);
+	if (!r)
+		return 0;
+	r->key = key;
+	r->time_ns = bpf_ktime_get_ns();
+	r->cgroup_id = cgroup_id;
+	r->tid = (__u32)bpf_get_current_pid_tgid();
+	r->op = CP_OP_ACCESS;
+	r->folio_order = 0;
+	/*
+	 * Waking the reader for every record would cost more than the
+	 * sampling itself; the loader polls on a short timeout and is only
+	 * woken early, once the buffer is half full.
+	 */
+	if (bpf_ringbuf_query(&records, BPF_RB_AVAIL_DATA) >
+	    bpf_ringbuf_query(&records, BPF_RB_RING_SIZE) / 2)
+		bpf_ringbuf_submit(r, BPF_RB_FORCE_WAKEUP);
+	else
+		bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+	return 1;
+}
+
+static __always_inline void sample_page(struct sample_ctx *s, __u64 index)
+{
+	__u64 key = s->file_id ^ index;
+
+	if (!cp_sampled(key, s->threshold))
+		return;
+	if (emit_access(key, s->cgroup_id))
+		s->c->sampled++;
+	else
+		s->c->drops++;
+}
+
+static long sample_page_cb(__u64 i, void *data)
+{
+	struct sample_ctx *s = data;
+
+	sample_page(s, s->first + i);
+	return 0;
 }
 
 SEC("tp_btf/mm_filemap_get_pages")
 int BPF_PROG(on_get_pages, struct address_space *mapping, unsigned long index,
 	     unsigned long last_index)
 {
-	struct sample_ctx s = {};
+	struct cp_cpu *cpu = this_cpu_state();
+	struct task_struct *task;
 	struct cp_counters *c;
-	struct cp_watch *w;
+	struct sample_ctx s;
 	__u64 n;
 
-	s.cgroup_id = task_memcg_id();
-	c = watched(s.cgroup_id, &w);
-	if (!c)
+	if (!cpu)
 		return 0;
-	if (last_index < index)
+	task = running_task(cpu, ctx);
+	c = watched(cpu, task_memcg_css(task));
+	if (!c || last_index < index)
 		return 0;
 	n = last_index - index + 1;
 	c->accesses += n;
 	c->access_events++;
-
-	s.threshold = w->threshold;
-	if (!s.threshold)
+	if (!cpu->threshold)
 		return 0;
-	s.file_id = mapping_file_id(mapping);
+
+	s.file_id = file_id_of(cpu, mapping);
 	s.first = index;
-	if (n <= CP_INLINE_RANGE) {
+	s.threshold = cpu->threshold;
+	s.cgroup_id = cpu->cgroup_id;
+	s.c = c;
+	if (n == 1) {
+		/* the common case, a single page: no loop at all */
+		sample_page(&s, index);
+	} else if (n <= CP_INLINE_RANGE) {
 		for (int i = 0; i < CP_INLINE_RANGE; i++) {
 			if (i >= n)
 				break;
@@ -240,18 +346,18 @@ int BPF_PROG(on_get_pages, struct address_space *mapping, unsigned long index,
 			n = CP_MAX_RANGE;
 		bpf_loop(n, sample_page_cb, &s, 0);
 	}
-	c->sampled += s.sampled;
-	c->drops += s.drops;
 	return 0;
 }
 
 SEC("tp_btf/mm_filemap_add_to_page_cache")
 int BPF_PROG(on_add_folio, struct folio *folio)
 {
+	struct cp_cpu *cpu = this_cpu_state();
 	struct cp_counters *c;
-	struct cp_watch *w;
 
-	c = watched(folio_memcg_id(folio), &w);
+	if (!cpu)
+		return 0;
+	c = watched(cpu, folio_memcg_css(folio));
 	if (!c)
 		return 0;
 	c->inserts += 1ULL << folio_order_of(folio);
@@ -262,13 +368,63 @@ int BPF_PROG(on_add_folio, struct folio *folio)
 SEC("tp_btf/mm_filemap_delete_from_page_cache")
 int BPF_PROG(on_delete_folio, struct folio *folio)
 {
+	struct cp_cpu *cpu = this_cpu_state();
 	struct cp_counters *c;
-	struct cp_watch *w;
 
-	c = watched(folio_memcg_id(folio), &w);
+	if (!cpu)
+		return 0;
+	c = watched(cpu, folio_memcg_css(folio));
 	if (!c)
 		return 0;
 	c->removals += 1ULL << folio_order_of(folio);
 	c->removal_events++;
+	return 0;
+}
+
+/*
+ * Points cp_cpu.current_task at the task being switched to, so that the
+ * access program's remembered task is usually right even when several
+ * tasks take turns reading on one CPU.  Only a hint: running_task() checks
+ * it (this host's kernel has switches this tracepoint does not report).
+ * It costs one short program per context switch, and saves a helper call
+ * per page-cache read whenever it turns a miss into a hit.
+ */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	struct cp_cpu *cpu = this_cpu_state();
+
+	if (cpu)
+		cpu->current_task = (__u64)next;
+	return 0;
+}
+
+/*
+ * Empty programs on the same tracepoints, loaded instead of the three above
+ * by `sampler --empty`: the overhead benchmark's floor, i.e. what attaching
+ * any tp_btf program at all costs (the tracepoint's dispatch into BPF).
+ * The "?" keeps them from loading by default.
+ */
+SEC("?tp_btf/mm_filemap_get_pages")
+int BPF_PROG(empty_get_pages)
+{
+	return 0;
+}
+
+SEC("?tp_btf/mm_filemap_add_to_page_cache")
+int BPF_PROG(empty_add_folio)
+{
+	return 0;
+}
+
+SEC("?tp_btf/mm_filemap_delete_from_page_cache")
+int BPF_PROG(empty_delete_folio)
+{
+	return 0;
+}
+
+SEC("?tp_btf/sched_switch")
+int BPF_PROG(empty_switch)
+{
 	return 0;
 }

@@ -283,6 +283,15 @@ static int cmd_counters(void)
 	return 0;
 }
 
+/*
+ * Tell every CPU that its cached watch lookup is stale.  Called after the
+ * maps changed: a CPU that read the old generation re-reads the maps.
+ */
+static void watch_maps_changed(void)
+{
+	__atomic_fetch_add(&skel->data->watch_gen, 1, __ATOMIC_SEQ_CST);
+}
+
 /* Returns 0 to go on, 1 to quit. */
 static int handle_command(char *line)
 {
@@ -294,12 +303,14 @@ static int handle_command(char *line)
 		return 0;
 	if (sscanf(line, "watch %llu %llu", &a, &b) == 2) {
 		err = cmd_watch(a, b);
+		watch_maps_changed();
 		if (err)
 			message("error watch %llu: %s", a, strerror(-err));
 		else
 			message("ok watch %llu", a);
 	} else if (sscanf(line, "unwatch %llu", &a) == 1) {
 		err = cmd_unwatch(a);
+		watch_maps_changed();
 		if (err)
 			message("error unwatch %llu: %s", a, strerror(-err));
 		else
@@ -331,7 +342,7 @@ static int libbpf_quiet(enum libbpf_print_level level, const char *fmt, va_list 
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: sampler [--ring-bytes N] [--check]\n");
+	fprintf(stderr, "usage: sampler [--ring-bytes N] [--check] [--empty]\n");
 	exit(2);
 }
 
@@ -341,6 +352,7 @@ int main(int argc, char **argv)
 	char line[256];
 	size_t have = 0;
 	int check = 0;
+	int empty = 0;
 	int err;
 
 	for (int i = 1; i < argc; i++) {
@@ -348,6 +360,8 @@ int main(int argc, char **argv)
 			ring_bytes = strtoul(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--check"))
 			check = 1;
+		else if (!strcmp(argv[i], "--empty"))
+			empty = 1;
 		else
 			usage();
 	}
@@ -370,10 +384,35 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	bpf_map__set_max_entries(skel->maps.records, ring_bytes);
+	if (empty) {
+		/* the benchmark's floor: empty programs, nothing counted */
+		bpf_program__set_autoload(skel->progs.on_get_pages, false);
+		bpf_program__set_autoload(skel->progs.on_add_folio, false);
+		bpf_program__set_autoload(skel->progs.on_delete_folio, false);
+		bpf_program__set_autoload(skel->progs.on_switch, false);
+		bpf_program__set_autoload(skel->progs.empty_get_pages, true);
+		bpf_program__set_autoload(skel->progs.empty_add_folio, true);
+		bpf_program__set_autoload(skel->progs.empty_delete_folio, true);
+		bpf_program__set_autoload(skel->progs.empty_switch, true);
+	}
 	err = sampler_bpf__load(skel);
 	if (err) {
 		fprintf(stderr, "sampler: cannot load the BPF programs: %s\n", strerror(-err));
 		return 1;
+	}
+	/*
+	 * The context-switch program first: the access programs trust the
+	 * running task it records, so it must not miss a switch they see.
+	 */
+	if (!empty) {
+		skel->links.on_switch = bpf_program__attach(skel->progs.on_switch);
+		err = libbpf_get_error(skel->links.on_switch);
+		if (err) {
+			skel->links.on_switch = NULL;
+			fprintf(stderr, "sampler: cannot attach to sched_switch: %s\n",
+				strerror(-err));
+			return 1;
+		}
 	}
 	err = sampler_bpf__attach(skel);
 	if (err) {
@@ -390,7 +429,7 @@ int main(int argc, char **argv)
 		printf("ok\n");
 		return 0;
 	}
-	message("ready cpus=%d ring_bytes=%lu", ncpus, ring_bytes);
+	message("ready cpus=%d ring_bytes=%lu%s", ncpus, ring_bytes, empty ? " empty" : "");
 
 	for (;;) {
 		struct pollfd fds[2] = {
