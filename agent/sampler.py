@@ -108,13 +108,15 @@ class Sampler:
     """A running sampler child process."""
 
     def __init__(self, loader: Path = LOADER, ring_bytes: int = 1 << 22,
-                 empty: bool = False):
+                 empty: bool = False, copies: int = 1):
         """empty=True attaches empty programs instead (nothing is counted):
-        the overhead benchmark's floor."""
+        the overhead benchmark's floor.  copies > 1 attaches the access
+        program that many times (benchmarks only: every copy counts)."""
         if not Path(loader).exists():
             raise SamplerUnavailable(f"the sampler is not built ({loader} is missing)")
         self._proc = subprocess.Popen(
-            [str(loader), "--ring-bytes", str(ring_bytes), *(["--empty"] if empty else [])],
+            [str(loader), "--ring-bytes", str(ring_bytes), *(["--empty"] if empty else []),
+             *(["--copies", str(copies)] if copies != 1 else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             bufsize=0)
         self._lock = threading.Condition()
@@ -137,7 +139,10 @@ class Sampler:
         buf = bytearray()
         out = self._proc.stdout
         while len(buf) < n:
-            chunk = out.read(n - len(buf))
+            try:
+                chunk = out.read(n - len(buf))
+            except ValueError:      # closed by close() while we waited
+                return None
             if not chunk:
                 return None
             buf += chunk
@@ -276,12 +281,13 @@ class Sampler:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        # the loader is gone: its stdout ends and the reader stops by itself
+        self._reader.join(timeout=5)
         for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
             try:
                 stream.close()
             except OSError:
                 pass
-        self._reader.join(timeout=5)
 
     def __enter__(self):
         return self
