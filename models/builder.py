@@ -47,6 +47,9 @@ class _Window:
     rate: float = 1.0              # SHARDS rate the histogram is counted at
     accesses: float = 0.0          # unsampled accesses represented
     mini: dict = field(default_factory=dict)   # policy -> (misses, accesses) arrays
+    # SHARDS per-key statistics (keys, references, sum of squares) for the
+    # "split" estimator; None when the estimator keeps none
+    key_stats: tuple | None = None
 
     def scaled_to(self, rate: float, bin_pages: int) -> np.ndarray:
         hist = coarsen(self.hist, bin_pages // self.bin_pages)
@@ -65,7 +68,7 @@ class MRCBuilder:
                  max_samples: int | None = None, sizes=None,
                  max_pages: int | None = None, window: int | None = None,
                  half_life: float | None = None, minisim_rate: float | None = None,
-                 adj: bool = True):
+                 adj: bool | None = None, estimator: str | None = None):
         if isinstance(policies, str):
             policies = [policies]
         self.policies = list(dict.fromkeys(p.strip().lower() for p in policies))
@@ -77,8 +80,9 @@ class MRCBuilder:
             raise ValueError("half_life must be positive")
         if rate is None and max_samples is None:
             max_samples = DEFAULT_MAX_SAMPLES
-        self.shards = Shards(rate, max_samples, adj)
-        self.adj = adj
+        self.shards = Shards(rate, max_samples, adj, estimator=estimator)
+        self.adj = self.shards.adj
+        self.estimator = self.shards.estimator
         self.window = None if window is None else int(window)
         self.half_life = half_life
         self.max_pages = None if max_pages is None else int(max_pages)
@@ -176,6 +180,7 @@ class MRCBuilder:
         self.windows += 1
 
     def _current(self, reset: bool) -> _Window:
+        key_stats = self.shards.key_stats()
         hist, bin_pages, rate, accesses = self.shards.take_histogram(reset=reset)
         mini = {}
         if self.minisim is not None:
@@ -187,7 +192,7 @@ class MRCBuilder:
                 mini[curve.policy] = (misses, np.full(len(misses), accesses))
             if reset:
                 self.minisim.reset_counts()
-        return _Window(hist, bin_pages, rate, float(accesses), mini)
+        return _Window(hist, bin_pages, rate, float(accesses), mini, key_stats)
 
     def _merge(self, cur: _Window, past: _Window, weight: float) -> _Window:
         bin_pages = max(cur.bin_pages, past.bin_pages)
@@ -199,8 +204,14 @@ class MRCBuilder:
             cm, ca = cur.mini.get(p, zero)
             pm, pa = past.mini.get(p, zero)
             mini[p] = (cm + weight * pm, ca + weight * pa)
+        key_stats = cur.key_stats
+        if key_stats is not None and past.key_stats is not None and weight > 0:
+            # weighted like the histograms; a key in both windows counts
+            # twice, an approximation that only shades the estimator's
+            # spread-of-frequencies figure
+            key_stats = tuple(a + weight * b for a, b in zip(cur.key_stats, past.key_stats))
         return _Window(hist, bin_pages, cur.rate,
-                       cur.accesses + weight * past.accesses, mini)
+                       cur.accesses + weight * past.accesses, mini, key_stats)
 
     # -- output ---------------------------------------------------------------
     def snapshot(self) -> list[MRC]:
@@ -222,7 +233,8 @@ class MRCBuilder:
             if policy == "lru":
                 curve = curve_from_histogram(
                     both.hist, both.bin_pages, both.rate, both.accesses, sizes,
-                    adj=self.adj, unique=self.shards.unique_estimate,
+                    estimator=self.estimator, key_stats=both.key_stats,
+                    unique=self.shards.unique_estimate,
                     max_samples=self.shards.max_samples)
             else:
                 misses, acc = both.mini[policy]

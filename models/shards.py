@@ -10,12 +10,32 @@ sampled keys, divided by R, estimate the full distances (Waldspurger et al.,
 - fixed size:  at most S keys are tracked; a new key beyond S evicts the key
   with the largest hash, the threshold drops to that hash and the counts so
   far are rescaled by R_new / R_old.
-- SHARDS_adj:  the sampled reference count should be N * R; the difference
-  is added to the first histogram bin, which corrects the bias that a few
-  hot sampled (or missed) keys cause.  With rescaling, N * R_current stays
-  the right expectation in fixed-size mode too.
+
+The sample holds n references where N * R were expected.  How the curve
+treats that difference is the estimator (the `estimator` keyword):
+
+- "adj" (SHARDS_adj, the paper's): the difference joins the first
+  histogram bin, i.e. it is booked as hits at every size.  Right when the
+  sample caught more (or fewer) hot keys than its share: the extra
+  references are mostly hits.
+- "ratio": divide by n instead of N * R.  Right when the sample simply holds
+  more (or fewer) keys than R * M, each as busy as the average key.
+- "split" (the default): the difference has two causes with known shapes.
+  The key count is binomial, so log(k / (R*M)) has variance ~(1-R)/k; the
+  composition (how busy the sampled keys are) varies like the mean of k
+  per-key counts, variance ~CV^2/k, CV^2 estimated from the sampled keys'
+  own counts.  The posterior mean of the key-count part, with a Gaussian
+  prior for it and a Student-t (3 degrees of freedom, the heaviest tail that
+  still has the variance we estimate) for the composition, is booked like
+  "ratio"; the rest like "adj".  The heavy tail matters: a sample that
+  missed the few hottest keys underestimates CV^2, and a Gaussian would then
+  blame the large deficit on the key count, which cannot plausibly be that
+  far off.  The estimator was chosen on synthetic workloads only
+  (experiments/study_shards_estimators.py).
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -25,6 +45,9 @@ from cachepilot.models.exact import (as_keys, auto_sizes, check_sizes,
 from cachepilot.models.mrc import MRC
 
 THRESHOLD_ALL = (1 << 64) - 1
+ESTIMATORS = ("split", "adj", "ratio")
+DEFAULT_ESTIMATOR = "split"
+COMPOSITION_DOF = 3        # Student-t degrees of freedom of the composition part
 
 
 def rate_threshold(rate: float) -> int:
@@ -56,20 +79,114 @@ def sample_mask_index(keys, threshold: int) -> np.ndarray:
     return np.frombuffer(_mrc.sample_index(as_keys(keys), int(threshold)), np.uint64)
 
 
+def pick_estimator(estimator: str | None = None, adj: bool | None = None) -> str:
+    """The estimator's name: `estimator` if given, else adj=True -> "adj",
+    adj=False -> "ratio", neither -> the default."""
+    if estimator is None:
+        if adj is None:
+            return DEFAULT_ESTIMATOR
+        return "adj" if adj else "ratio"
+    name = str(estimator).strip().lower()
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown SHARDS estimator {estimator!r}; accepted: "
+                         + ", ".join(ESTIMATORS))
+    return name
+
+
+class KeyCounts:
+    """References per sampled key (sampled keys are few, so this is cheap):
+    what the "split" estimator needs to tell a key-count deviation from a
+    composition one.  Only keys under the current threshold are kept; a key
+    under it now was under every earlier (higher) threshold, so its count
+    covers all its references."""
+
+    def __init__(self):
+        self._counts: dict[int, int] = {}
+
+    def add(self, sampled_keys: np.ndarray) -> None:
+        if len(sampled_keys) == 0:
+            return
+        uniq, counts = np.unique(sampled_keys, return_counts=True)
+        table = self._counts
+        for key, c in zip(uniq.tolist(), counts.tolist()):
+            table[key] = table.get(key, 0) + c
+
+    def drop_at_or_above(self, threshold: int) -> None:
+        """Forget keys the (lowered) threshold no longer samples."""
+        if not self._counts:
+            return
+        keys = np.fromiter(self._counts.keys(), np.uint64, len(self._counts))
+        keep = set(keys[sample_mask_index(keys, threshold)].tolist())
+        if len(keep) != len(self._counts):
+            self._counts = {k: v for k, v in self._counts.items() if k in keep}
+
+    def clear(self) -> None:
+        self._counts = {}
+
+    def stats(self) -> tuple[int, float, float]:
+        """(keys, references, sum of squared per-key references)."""
+        if not self._counts:
+            return 0, 0.0, 0.0
+        c = np.fromiter(self._counts.values(), np.float64, len(self._counts))
+        return len(c), float(c.sum()), float(np.dot(c, c))
+
+
+def frequency_cv2(key_stats) -> float:
+    """Squared coefficient of variation of the references per sampled key."""
+    keys, refs, sum_sq = key_stats
+    if keys <= 0 or refs <= 0:
+        return 0.0
+    return max(0.0, keys * sum_sq / (refs * refs) - 1.0)
+
+
+def key_count_factor(keys: int, cv2: float, sampled: float,
+                     accesses: float, rate: float) -> float:
+    """Estimated (sampled keys) / (rate * all keys): the part of the
+    sample's deviation sampled / (accesses*rate) that comes from how many
+    keys it holds (see the module docstring); `keys` and `cv2` describe the
+    sampled keys.  1 = no key-count deviation."""
+    if keys <= 0 or sampled <= 0 or accesses <= 0 or rate >= 1.0:
+        return 1.0
+    dev = math.log(sampled / (accesses * rate))
+    var_count = (1.0 - rate) / keys
+    var_comp = cv2 * var_count
+    sd_count = math.sqrt(var_count)
+    # Student-t scale whose variance is var_comp
+    dof = COMPOSITION_DOF
+    scale = math.sqrt(var_comp * (dof - 2) / dof)
+    if scale < 1e-3 * sd_count:
+        # every sampled key equally busy: the whole deviation is the count
+        return math.exp(dev)
+    # posterior mean by quadrature, on a grid fine both where the prior
+    # lives and where a narrow likelihood peaks
+    x = np.union1d(np.linspace(-8.0 * sd_count, 8.0 * sd_count, 2001),
+                   np.linspace(dev - 8.0 * scale, dev + 8.0 * scale, 2001))
+    log_post = (-0.5 * (x / sd_count) ** 2
+                - 0.5 * (dof + 1) * np.log1p((dev - x) ** 2 / (dof * scale * scale)))
+    w = np.exp(log_post - log_post.max())
+    return math.exp(float(np.trapezoid(w * x, x) / np.trapezoid(w, x)))
+
+
 class Shards:
     """Streaming SHARDS.  Give `rate` (fixed rate), `max_samples` (fixed
-    size, starting at rate 1 or at `rate` when both are given), or both."""
+    size, starting at rate 1 or at `rate` when both are given), or both.
+    `estimator` names how the curve treats the sample's deviation from
+    N * R (ESTIMATORS); the older `adj` keyword still works: True is
+    "adj" (SHARDS_adj), False is "ratio"."""
 
     def __init__(self, rate: float | None = None, max_samples: int | None = None,
-                 adj: bool = True):
+                 adj: bool | None = None, *, estimator: str | None = None):
         if rate is None and max_samples is None:
             raise ValueError("SHARDS needs a rate or a max_samples bound")
         if max_samples is not None and int(max_samples) < 1:
             raise ValueError("max_samples must be at least 1")
         threshold = THRESHOLD_ALL if rate is None else rate_threshold(rate)
         self.max_samples = None if max_samples is None else int(max_samples)
-        self.adj = adj
+        self.estimator = pick_estimator(estimator, adj)
+        self.adj = self.estimator == "adj"
         self._sd = _mrc.StackDist(threshold=threshold, max_keys=self.max_samples or 0)
+        # per-key counts cost a little per batch: kept only when used
+        self._keys = KeyCounts() if self.estimator == "split" else None
         self.accesses = 0          # unsampled references represented
 
     @property
@@ -93,34 +210,67 @@ class Shards:
         re-filtered).  total_accesses = the unsampled references the batch
         stands for; None = len(keys)."""
         keys = as_keys(keys)
+        before = self._sd.threshold
         self._sd.feed(keys)
+        if self._keys is not None:
+            after = self._sd.threshold
+            if after < before:
+                self._keys.drop_at_or_above(after)
+            self._keys.add(keys[sample_mask_index(keys, after)])
         self.accesses += len(keys) if total_accesses is None else total_accesses
+
+    def key_stats(self) -> tuple[int, float, float] | None:
+        """(sampled keys, their references, sum of squared per-key
+        references) in the current window; None unless the estimator
+        keeps them."""
+        return None if self._keys is None else self._keys.stats()
 
     def take_histogram(self, reset: bool = False):
         """(histogram at the current rate, bin width in pages, rate, accesses);
-        reset=True starts a new window (tracked keys stay)."""
+        reset=True starts a new window (tracked keys stay, their counts restart)."""
         out = (hist_array(self._sd.hist(reset=reset)), self._sd.bin_pages,
                self.rate, self.accesses)
         if reset:
             self.accesses = 0
+            if self._keys is not None:
+                self._keys.clear()
         return out
 
     def mrc(self, sizes=None) -> MRC:
+        key_stats = self.key_stats()
         hist, bin_pages, rate, accesses = self.take_histogram()
         return curve_from_histogram(hist, bin_pages, rate, accesses, sizes,
-                                    adj=self.adj, unique=self.unique_estimate,
+                                    estimator=self.estimator, key_stats=key_stats,
+                                    unique=self.unique_estimate,
                                     max_samples=self.max_samples)
 
 
 def curve_from_histogram(hist, bin_pages, rate, accesses, sizes=None, *,
-                         adj=True, unique=None, max_samples=None) -> MRC:
+                         adj=True, unique=None, max_samples=None,
+                         estimator: str | None = None, key_stats=None) -> MRC:
+    """The curve from a SHARDS histogram.  `estimator` (else `adj`) picks
+    the estimator; "split" needs `key_stats` (Shards.key_stats())."""
+    name = pick_estimator(estimator, adj)
     sizes = auto_sizes(unique or 1) if sizes is None else check_sizes(sizes)
+    sampled = float(np.sum(hist))
     extra = 0.0
-    if adj and accesses:
-        extra = accesses * rate - float(np.sum(hist))
+    factor = 1.0
+    if accesses and name == "adj":
+        extra = accesses * rate - sampled
+    elif accesses and name == "split":
+        if key_stats is None:
+            raise ValueError('the "split" estimator needs per-key counts (key_stats)')
+        factor = key_count_factor(key_stats[0], frequency_cv2(key_stats),
+                                  sampled, accesses, rate)
+        # the key-count part scales the whole sample; what is left of the
+        # deviation is composition and is booked as hits, as SHARDS_adj does
+        extra = accesses * rate * factor - sampled
     ratios = miss_ratios(hist, bin_pages, sizes, extra)
-    meta = {"accesses": int(accesses), "sampled": float(np.sum(hist)),
+    meta = {"accesses": int(accesses), "sampled": sampled, "estimator": name,
             "adj": float(extra), "bin_pages": int(bin_pages)}
+    if name == "split":
+        meta["key_count_factor"] = float(factor)
+        meta["frequency_cv2"] = frequency_cv2(key_stats) if key_stats else 0.0
     if unique is not None:
         meta["unique_estimate"] = float(unique)
     if max_samples:
@@ -128,9 +278,10 @@ def curve_from_histogram(hist, bin_pages, rate, accesses, sizes=None, *,
     return MRC(sizes, ratios, "lru", "shards", float(rate), meta)
 
 
-def shards_mrc(source, rate=None, max_samples=None, sizes=None, adj=True) -> MRC:
+def shards_mrc(source, rate=None, max_samples=None, sizes=None, adj=None, *,
+               estimator=None) -> MRC:
     """SHARDS LRU MRC of an array, a trace or an iterable of key chunks."""
-    engine = Shards(rate, max_samples, adj)
+    engine = Shards(rate, max_samples, adj, estimator=estimator)
     for chunk in iter_chunks(source):
         engine.feed(chunk)
     return engine.mrc(sizes)

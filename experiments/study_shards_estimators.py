@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Which SHARDS estimator?  adj (SHARDS_adj) vs ratio vs split, chosen on
+synthetic workloads only, then measured on the two reference traces.
+
+Protocol (issue 2; the order is what keeps the choice honest):
+1. Synthetic workloads from models/generators.py, small (50k keys, 100k
+   references: the size of the cloudphysics sample) and large (300k keys,
+   1.5M references): zipf of several skews, uniform, a one-shot scan, loops,
+   get-scan, a phase mix.  Each is sampled under SALTS different hash salts:
+   the keys are xored with a random 64-bit constant before hashing, which
+   draws a new sample without changing the LRU behaviour (xor is a
+   bijection).  For each (workload, mode, estimator) we report the mean and
+   the 90th percentile over salts of the MAE against exact LRU at 50
+   log-spaced sizes from 1 % to 100 % of the unique pages.
+   Modes: fixed rate R = 0.01 and fixed size S = 8192.
+2. The default estimator is the one with the lowest mean MAE over the
+   synthetic table (both modes).
+3. Only then the two reference traces (../shared/traces), unsalted (the
+   shipped hash), are measured and reported; they play no part in the choice.
+
+Every estimator reads the same histogram of the same run (the shipped
+Shards class, then curve_from_histogram), so differences are the
+estimators' alone.  Prints the table, writes
+experiments/results/study_shards_estimators.json and .png.
+
+    nice -n 15 .venv/bin/python experiments/study_shards_estimators.py [--salts N] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cachepilot.models import generators as gen
+from cachepilot.models.exact import exact_lru_mrc
+from cachepilot.models.shards import ESTIMATORS, Shards, curve_from_histogram
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+TRACES = HERE.parents[1] / "shared" / "traces"
+RATE = 0.01
+MAX_SAMPLES = 8192
+SALT_SEED = 20260401
+MODES = {"rate=0.01": {"rate": RATE}, "size=8192": {"max_samples": MAX_SAMPLES}}
+
+SMALL = (50_000, 100_000)
+LARGE = (300_000, 1_500_000)
+
+
+def _phases(keys, refs, seed):
+    third = refs // 3
+    return gen.phases([(gen.zipf(keys // 3, 1.0, seed=seed), third),
+                       (gen.loop(keys * 2 // 5, base=1 << 40), third),
+                       (gen.uniform(keys * 2 // 3, seed=seed, base=1 << 41), refs - 2 * third)]
+                      ).next(refs)
+
+
+def _get_scan(keys, refs, seed):
+    return gen.get_scan(keys, 0.9, scan_fraction=0.2, scan_pages=512, seed=seed).next(refs)[0]
+
+
+# name -> keys; the seeds are fixed, the salts vary the sample
+WORKLOADS = {
+    "zipf0.6-small": lambda: gen.zipf(SMALL[0], 0.6, seed=1).next(SMALL[1]),
+    "zipf0.9-small": lambda: gen.zipf(SMALL[0], 0.9, seed=2).next(SMALL[1]),
+    "zipf1.2-small": lambda: gen.zipf(SMALL[0], 1.2, seed=3).next(SMALL[1]),
+    "uniform-small": lambda: gen.uniform(SMALL[0], seed=4).next(SMALL[1]),
+    "scan-small": lambda: gen.scan(SMALL[0]).next(SMALL[1]),
+    "loop-small": lambda: gen.loop(SMALL[0] * 4 // 5).next(SMALL[1]),
+    "getscan-small": lambda: _get_scan(SMALL[0], SMALL[1], 5),
+    "phases-small": lambda: _phases(SMALL[0], SMALL[1], 6),
+    "zipf0.8-large": lambda: gen.zipf(LARGE[0], 0.8, seed=7).next(LARGE[1]),
+    "zipf1.1-large": lambda: gen.zipf(LARGE[0], 1.1, seed=8).next(LARGE[1]),
+    "uniform-large": lambda: gen.uniform(LARGE[0], seed=9).next(LARGE[1]),
+    "loop-large": lambda: gen.loop(LARGE[0] * 5 // 6).next(LARGE[1]),
+    "getscan-large": lambda: _get_scan(LARGE[0], LARGE[1], 10),
+    "phases-large": lambda: _phases(LARGE[0], LARGE[1], 11),
+}
+QUICK = ["zipf0.9-small", "uniform-small", "loop-small", "phases-small"]
+
+
+def eval_sizes(unique: int) -> np.ndarray:
+    return np.unique(np.geomspace(unique / 100, unique, 50).astype(np.int64))
+
+
+def salts(n: int) -> list[int]:
+    rng = np.random.default_rng(SALT_SEED)
+    return [int(s) for s in rng.integers(1, 2**63, n, dtype=np.uint64) * 2 + 1]
+
+
+def errors_by_estimator(keys, exact, mode_kw, salt=0) -> dict[str, float]:
+    """MAE of every estimator on one sample (keys xor salt)."""
+    sizes = eval_sizes(exact.meta["unique"])
+    truth = exact.at(sizes)
+    salted = keys ^ np.uint64(salt) if salt else keys
+    engine = Shards(**mode_kw, estimator="split")   # keeps the per-key counts
+    engine.feed(salted)
+    stats = engine.key_stats()
+    hist, bin_pages, rate, accesses = engine.take_histogram()
+    out = {}
+    for name in ESTIMATORS:
+        curve = curve_from_histogram(hist, bin_pages, rate, accesses, sizes,
+                                     estimator=name, key_stats=stats)
+        out[name] = float(np.mean(np.abs(curve.miss_ratio - truth)))
+    return out
+
+
+def study(names, n_salts):
+    rows = {}
+    for name in names:
+        t0 = time.perf_counter()
+        keys = WORKLOADS[name]()
+        exact = exact_lru_mrc(keys)
+        for mode, kw in MODES.items():
+            errs = {e: [] for e in ESTIMATORS}
+            for salt in salts(n_salts):
+                for e, v in errors_by_estimator(keys, exact, kw, salt).items():
+                    errs[e].append(v)
+            rows[(name, mode)] = {e: {"mean": float(np.mean(v)),
+                                      "p90": float(np.percentile(v, 90)),
+                                      "all": v} for e, v in errs.items()}
+        print(f"  {name}: {len(keys):,} refs, {exact.meta['unique']:,} keys "
+              f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+    return rows
+
+
+def print_table(rows, names):
+    head = f"{'workload':15s} {'mode':10s} " + " ".join(f"{e + ' mean/p90':>17s}" for e in ESTIMATORS)
+    print(head)
+    print("-" * len(head))
+    for mode in MODES:
+        for name in names:
+            r = rows[(name, mode)]
+            best = min(ESTIMATORS, key=lambda e: r[e]["mean"])
+            cells = " ".join(f"{r[e]['mean']:.4f}/{r[e]['p90']:.4f}{'*' if e == best else ' '}"
+                             .rjust(17) for e in ESTIMATORS)
+            print(f"{name:15s} {mode:10s} {cells}")
+    print("(* = lowest mean; MAE over 50 log-spaced sizes 1-100 % of unique pages)")
+
+
+def summarise(rows, names):
+    summary = {}
+    for mode in list(MODES) + ["both"]:
+        modes = list(MODES) if mode == "both" else [mode]
+        means = {e: float(np.mean([rows[(n, m)][e]["mean"] for n in names for m in modes]))
+                 for e in ESTIMATORS}
+        p90s = {e: float(np.mean([rows[(n, m)][e]["p90"] for n in names for m in modes]))
+                for e in ESTIMATORS}
+        wins = {e: sum(1 for n in names for m in modes
+                       if min(ESTIMATORS, key=lambda x: rows[(n, m)][x]["mean"]) == e)
+                for e in ESTIMATORS}
+        summary[mode] = {"mean_of_means": means, "mean_of_p90": p90s, "wins": wins}
+    return summary
+
+
+def real_traces():
+    from cachepilot.models.traces import read_keys
+    out = {}
+    for fname in ("cloudphysics.txt", "OLTP.lis.zst"):
+        path = TRACES / fname
+        if not path.is_file():
+            print(f"  {path} absent: real-trace measurement skipped", file=sys.stderr)
+            continue
+        keys = read_keys(path)
+        exact = exact_lru_mrc(keys)
+        out[fname] = {mode: errors_by_estimator(keys, exact, kw) for mode, kw in MODES.items()}
+    return out
+
+
+def plot(rows, names, real, chosen, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(MODES) + 1, 1, figsize=(13, 11))
+    width = 0.8 / len(ESTIMATORS)
+    for ax, mode in zip(axes, MODES):
+        x = np.arange(len(names))
+        for i, e in enumerate(ESTIMATORS):
+            means = [rows[(n, mode)][e]["mean"] for n in names]
+            p90 = [rows[(n, mode)][e]["p90"] for n in names]
+            ax.bar(x + i * width, means, width, label=f"{e} (mean)")
+            ax.scatter(x + i * width, p90, marker="_", color="k", s=60,
+                       label="p90" if i == 0 else None)
+        ax.set_xticks(x + width * (len(ESTIMATORS) - 1) / 2)
+        ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("MAE vs exact LRU")
+        ax.set_title(f"synthetic, {mode}: MAE over salts (bars mean, ticks p90)")
+        ax.legend(fontsize=8)
+    ax = axes[-1]
+    labels = [f"{t}\n{m}" for t in real for m in MODES]
+    x = np.arange(len(labels))
+    for i, e in enumerate(ESTIMATORS):
+        ax.bar(x + i * width, [real[t][m][e] for t in real for m in MODES], width, label=e)
+    ax.axhline(0.01, color="r", ls="--", lw=1, label="issue target 0.01")
+    ax.set_xticks(x + width * (len(ESTIMATORS) - 1) / 2)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylabel("MAE")
+    ax.set_title(f"reference traces, unsalted, measured after choosing '{chosen}'")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--salts", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="four small workloads only")
+    ap.add_argument("--out", default=str(RESULTS / "study_shards_estimators"))
+    args = ap.parse_args(argv)
+    if args.salts < 1:
+        print("error: --salts must be at least 1", file=sys.stderr)
+        return 2
+    names = QUICK if args.quick else list(WORKLOADS)
+    t0 = time.perf_counter()
+    print(f"synthetic study: {len(names)} workloads x {len(MODES)} modes x "
+          f"{args.salts} salts", file=sys.stderr)
+    rows = study(names, args.salts)
+    print_table(rows, names)
+    summary = summarise(rows, names)
+    print()
+    for mode, s in summary.items():
+        print(f"{mode:10s} mean of means: " +
+              "  ".join(f"{e} {s['mean_of_means'][e]:.4f}" for e in ESTIMATORS) +
+              "   wins: " + " ".join(f"{e} {s['wins'][e]}" for e in ESTIMATORS))
+    chosen = min(ESTIMATORS, key=lambda e: summary["both"]["mean_of_means"][e])
+    for e in ESTIMATORS:
+        if e != chosen:
+            s = summary["both"]["mean_of_means"]
+            print(f"ratio {e}/{chosen} (mean of means, both modes): {s[e] / s[chosen]:.2f}")
+    print(f"chosen on synthetic data: {chosen}")
+
+    print("\nreference traces (unsalted, measured after the choice):")
+    real = real_traces()
+    for t, by_mode in real.items():
+        for mode, errs in by_mode.items():
+            print(f"  {t:17s} {mode:10s} " +
+                  "  ".join(f"{e} {errs[e]:.4f}" for e in ESTIMATORS))
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "protocol": "estimators chosen on synthetic workloads over hash salts; "
+                    "reference traces measured unsalted afterwards",
+        "rate": RATE, "max_samples": MAX_SAMPLES, "salts": args.salts,
+        "salt_seed": SALT_SEED, "sizes": "50 log-spaced, 1-100 % of unique pages",
+        "estimators": list(ESTIMATORS),
+        "synthetic": [{"workload": n, "mode": m,
+                       **{e: rows[(n, m)][e] for e in ESTIMATORS}}
+                      for (n, m) in rows],
+        "summary": summary, "chosen": chosen, "reference_traces": real,
+        "seconds": time.perf_counter() - t0,
+    }
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+    plot(rows, names, real, chosen, out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('.json')} and .png ({doc['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
