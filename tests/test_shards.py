@@ -1,11 +1,19 @@
 """SHARDS against exact LRU.  Accuracy is judged as the mean absolute error
-over 50 log-spaced sizes from 1 % to 100 % of the unique pages."""
+over 50 log-spaced sizes from 1 % to 100 % of the unique pages.
+
+The default estimator ("split", models/shards.py) was chosen on synthetic
+workloads over many hash salts (experiments/study_shards_estimators.py);
+the reference-trace tests below only measure it."""
+import math
+
 import numpy as np
 import pytest
 
 from cachepilot.models import generators as gen
 from cachepilot.models.exact import exact_lru_mrc
-from cachepilot.models.shards import Shards, rate_threshold, sample_mask_index, shards_mrc
+from cachepilot.models.shards import (DEFAULT_ESTIMATOR, ESTIMATORS, Shards,
+                                      curve_from_histogram, key_count_factor,
+                                      rate_threshold, sample_mask_index, shards_mrc)
 from cachepilot.models.traces import read_keys
 
 
@@ -43,6 +51,7 @@ def test_rate_one_is_exact():
 def test_fixed_size_8192_within_001(name, reference, request):
     keys, exact = reference(request.getfixturevalue(name))
     err, approx = mae(keys, exact, max_samples=8192)
+    assert approx.meta["estimator"] == DEFAULT_ESTIMATOR
     assert err <= 0.01
     assert approx.meta["unique_estimate"] == pytest.approx(exact.meta["unique"], rel=0.1)
 
@@ -54,12 +63,16 @@ def test_fixed_rate_001_within_001_on_oltp(oltp_lis, reference):
 
 
 def test_fixed_rate_001_on_cloudphysics_is_sampling_noise_bound(cloudphysics_txt, reference):
-    # 48,974 unique pages at R = 0.01 leave ~490 sampled keys and ~1,140
-    # sampled references; the standard error of one miss ratio is then
-    # ~0.02-0.03 (re-salting the keys over 20 draws gives a mean MAE of 0.029
-    # at this rate), so the 0.01 target is out of reach for any honest
-    # sampler on a trace this small.  We hold it to the noise bound instead
-    # and meet 0.01 with the fixed-size variant above.
+    # Issue 2 asks 0.01 here; it is not met (0.0287 with the shipped hash)
+    # and no estimator studied meets it other than by luck.  48,974 unique
+    # pages at R = 0.01 leave ~490 sampled keys and ~1,140 sampled
+    # references, so one miss ratio has a standard error of ~0.02-0.03.
+    # Re-salting the hash over 20 draws gives a mean MAE of 0.038 (split),
+    # 0.035 (SHARDS_adj) and 0.084 (ratio): the ratio estimator's 0.009 on
+    # the unsalted sample is one lucky draw (its sampled keys happen to
+    # have the population's mean frequency), not a better estimator.  We
+    # hold it to the noise bound instead and meet 0.01 with the fixed-size
+    # variant above.
     keys, exact = reference(cloudphysics_txt)
     err, _ = mae(keys, exact, rate=0.01)
     assert err <= 0.05
@@ -145,3 +158,107 @@ def test_needs_a_rate_or_a_size():
         Shards(rate=0)
     with pytest.raises(ValueError):
         Shards(rate=1.5)
+
+
+# -- the "split" estimator --------------------------------------------------
+
+def salted(keys, salt):
+    """The same workload with another sample: xor is a bijection, so the
+    LRU behaviour is unchanged while the hash picks other keys."""
+    return keys ^ np.uint64(salt)
+
+
+def mae_by_estimator(keys, exact, **kw):
+    """MAE of every estimator on one run (they share its histogram)."""
+    sizes = sizes_for(exact.meta["unique"])
+    truth = exact.at(sizes)
+    engine = Shards(**kw, estimator="split")
+    engine.feed(keys)
+    stats = engine.key_stats()
+    hist, bin_pages, rate, accesses = engine.take_histogram()
+    return {e: float(np.mean(np.abs(curve_from_histogram(
+        hist, bin_pages, rate, accesses, sizes, estimator=e,
+        key_stats=stats).miss_ratio - truth))) for e in ESTIMATORS}
+
+
+def test_split_is_no_worse_than_adj_and_ratio_on_average_over_salts():
+    # Small traces, the regime where the estimators differ; workloads and
+    # salts other than the study's.  Skewed workloads favour SHARDS_adj,
+    # flat ones the ratio estimator; split must match the better of them
+    # on average, in both modes.
+    workloads = [gen.zipf(50_000, 0.9, seed=31).next(100_000),
+                 gen.uniform(50_000, seed=32).next(100_000),
+                 gen.loop(30_000).next(100_000),
+                 gen.get_scan(40_000, 0.9, scan_fraction=0.2, scan_pages=512,
+                              seed=33).next(100_000)[0]]
+    rng = np.random.default_rng(2024)
+    salts = [int(s) | 1 for s in rng.integers(1, 2**63, 10, dtype=np.uint64)]
+    for mode in ({"rate": 0.01}, {"max_samples": 8192}):
+        errs = {e: [] for e in ESTIMATORS}
+        for keys in workloads:
+            exact = exact_lru_mrc(keys)
+            for salt in salts:
+                for e, v in mae_by_estimator(salted(keys, salt), exact, **mode).items():
+                    errs[e].append(v)
+        means = {e: float(np.mean(v)) for e, v in errs.items()}
+        print(mode, means)
+        assert means["split"] <= means["adj"] and means["split"] <= means["ratio"], means
+
+
+def test_key_count_factor_takes_the_whole_deviation_when_keys_are_alike():
+    # every sampled key equally busy: the sample's excess can only be keys
+    assert key_count_factor(500, 0.0, 1100.0, 100_000, 0.01) == pytest.approx(1.1)
+    # and then split is the ratio estimator: three whole passes of a loop
+    # reference every key equally often and give the same curve both ways
+    keys = gen.loop(40_000).next(120_000)
+    split = shards_mrc(keys, rate=0.01, estimator="split")
+    ratio = shards_mrc(keys, rate=0.01, estimator="ratio")
+    assert np.allclose(split.miss_ratio, ratio.miss_ratio, atol=1e-9)
+
+
+def test_key_count_factor_blames_a_large_excess_on_hot_keys():
+    keys, rate, accesses = 500, 0.01, 100_000
+    sd_count = math.sqrt((1 - rate) / keys)
+    excess = math.exp(6 * sd_count)          # 6 sd: implausible as a key count
+    flat = key_count_factor(keys, 0.3, accesses * rate * excess, accesses, rate)
+    skewed = key_count_factor(keys, 50.0, accesses * rate * excess, accesses, rate)
+    # both lie between "all keys" (excess) and "all composition" (1) ...
+    assert 1.0 < skewed < flat < excess
+    # ... and with a heavy-tailed spread of frequencies, the count part
+    # stays within what a binomial key count plausibly does
+    assert math.log(skewed) < 2 * sd_count
+    # a deficit is treated symmetrically
+    low = key_count_factor(keys, 50.0, accesses * rate / excess, accesses, rate)
+    assert 1.0 / excess < low < 1.0
+    # rate 1 samples every key: nothing to correct
+    assert key_count_factor(keys, 50.0, 1234.0, 1000, 1.0) == 1.0
+
+
+@pytest.mark.parametrize("mode", [{"rate": 0.05}, {"max_samples": 2000}])
+def test_per_key_counts_follow_the_sample(mode):
+    engine = Shards(**mode)
+    stream = gen.zipf(40_000, 0.8, seed=9)
+    for _ in range(6):
+        engine.feed(stream.next(30_000))
+        keys, refs, sum_sq = engine.key_stats()
+        assert keys == engine.sampled_keys
+        assert sum_sq >= refs >= keys
+    if "rate" in mode:
+        # fixed rate: the counts are exactly the histogram's references
+        hist = engine.take_histogram()[0]
+        assert refs == pytest.approx(float(np.sum(hist)))
+    engine.take_histogram(reset=True)
+    assert engine.key_stats() == (0, 0.0, 0.0)
+
+
+def test_estimator_names_and_the_adj_keyword():
+    keys = gen.zipf(20_000, 0.9, seed=5).next(60_000)
+    assert shards_mrc(keys, rate=0.05).meta["estimator"] == DEFAULT_ESTIMATOR == "split"
+    assert shards_mrc(keys, rate=0.05, adj=True).meta["estimator"] == "adj"
+    assert shards_mrc(keys, rate=0.05, adj=False).meta["estimator"] == "ratio"
+    assert shards_mrc(keys, rate=0.05, adj=True, estimator="split").meta["estimator"] == "split"
+    with pytest.raises(ValueError, match="unknown SHARDS estimator"):
+        Shards(rate=0.05, estimator="magic")
+    hist, bin_pages, rate, accesses = Shards(rate=0.05, adj=True).take_histogram()
+    with pytest.raises(ValueError, match="per-key counts"):
+        curve_from_histogram(np.array([1.0, 2.0]), 1, 0.05, 100, [1, 2], estimator="split")
