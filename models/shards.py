@@ -96,12 +96,15 @@ def pick_estimator(estimator: str | None = None, adj: bool | None = None) -> str
 class KeyCounts:
     """References per sampled key (sampled keys are few, so this is cheap):
     what the "split" estimator needs to tell a key-count deviation from a
-    composition one.  Only keys under the current threshold are kept; a key
-    under it now was under every earlier (higher) threshold, so its count
-    covers all its references."""
+    composition one.  A key under the current threshold was under every
+    earlier (higher) one, so its count covers all its references.  Keys a
+    lowered threshold no longer samples are dropped lazily (when the table
+    has doubled, and when stats are read): pruning on every drop of the
+    threshold would cost O(keys) per batch in fixed-size mode."""
 
     def __init__(self):
         self._counts: dict[int, int] = {}
+        self._pruned_len = 0
 
     def add(self, sampled_keys: np.ndarray) -> None:
         if len(sampled_keys) == 0:
@@ -111,20 +114,28 @@ class KeyCounts:
         for key, c in zip(uniq.tolist(), counts.tolist()):
             table[key] = table.get(key, 0) + c
 
-    def drop_at_or_above(self, threshold: int) -> None:
-        """Forget keys the (lowered) threshold no longer samples."""
-        if not self._counts:
-            return
-        keys = np.fromiter(self._counts.keys(), np.uint64, len(self._counts))
-        keep = set(keys[sample_mask_index(keys, threshold)].tolist())
-        if len(keep) != len(self._counts):
-            self._counts = {k: v for k, v in self._counts.items() if k in keep}
+    def prune_if_grown(self, threshold: int) -> None:
+        if len(self._counts) > 2 * self._pruned_len + 1024:
+            self.prune(threshold)
+
+    def prune(self, threshold: int) -> None:
+        """Forget keys at or above the threshold."""
+        if self._counts:
+            keys = np.fromiter(self._counts.keys(), np.uint64, len(self._counts))
+            keep = keys[sample_mask_index(keys, threshold)]
+            if len(keep) != len(keys):
+                table = self._counts
+                self._counts = {k: table[k] for k in keep.tolist()}
+        self._pruned_len = len(self._counts)
 
     def clear(self) -> None:
         self._counts = {}
+        self._pruned_len = 0
 
-    def stats(self) -> tuple[int, float, float]:
-        """(keys, references, sum of squared per-key references)."""
+    def stats(self, threshold: int) -> tuple[int, float, float]:
+        """(keys, references, sum of squared per-key references) of the keys
+        under `threshold`."""
+        self.prune(threshold)
         if not self._counts:
             return 0, 0.0, 0.0
         c = np.fromiter(self._counts.values(), np.float64, len(self._counts))
@@ -210,20 +221,18 @@ class Shards:
         re-filtered).  total_accesses = the unsampled references the batch
         stands for; None = len(keys)."""
         keys = as_keys(keys)
-        before = self._sd.threshold
         self._sd.feed(keys)
         if self._keys is not None:
-            after = self._sd.threshold
-            if after < before:
-                self._keys.drop_at_or_above(after)
-            self._keys.add(keys[sample_mask_index(keys, after)])
+            threshold = self._sd.threshold
+            self._keys.add(keys[sample_mask_index(keys, threshold)])
+            self._keys.prune_if_grown(threshold)
         self.accesses += len(keys) if total_accesses is None else total_accesses
 
     def key_stats(self) -> tuple[int, float, float] | None:
         """(sampled keys, their references, sum of squared per-key
         references) in the current window; None unless the estimator
         keeps them."""
-        return None if self._keys is None else self._keys.stats()
+        return None if self._keys is None else self._keys.stats(self._sd.threshold)
 
     def take_histogram(self, reset: bool = False):
         """(histogram at the current rate, bin width in pages, rate, accesses);
