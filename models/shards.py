@@ -175,7 +175,10 @@ def key_count_factor(keys: int, cv2: float, sampled: float,
     log_post = (-0.5 * (x / sd_count) ** 2
                 - 0.5 * (dof + 1) * np.log1p((dev - x) ** 2 / (dof * scale * scale)))
     w = np.exp(log_post - log_post.max())
-    return math.exp(float(np.trapezoid(w * x, x) / np.trapezoid(w, x)))
+    mean = float(np.trapezoid(w * x, x) / np.trapezoid(w, x))
+    # the posterior mean lies between the prior's centre and the deviation;
+    # keep quadrature error from stepping outside
+    return math.exp(min(max(mean, min(0.0, dev)), max(0.0, dev)))
 
 
 class Shards:

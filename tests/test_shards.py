@@ -234,6 +234,22 @@ def test_key_count_factor_blames_a_large_excess_on_hot_keys():
     assert key_count_factor(keys, 50.0, 1234.0, 1000, 1.0) == 1.0
 
 
+def test_key_count_part_lies_between_nothing_and_everything():
+    # whatever the inputs, the key-count part of a deviation is a shrunk
+    # share of it: same sign, no larger, finite
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        keys = int(rng.integers(1, 100_000))
+        rate = float(10 ** rng.uniform(-5, -0.01))
+        accesses = float(10 ** rng.uniform(0, 9))
+        cv2 = 0.0 if rng.random() < 0.1 else float(10 ** rng.uniform(-6, 4))
+        dev = float(rng.normal(0, 10 ** rng.uniform(-3, 1)))
+        x = math.log(key_count_factor(keys, cv2, accesses * rate * math.exp(dev),
+                                      accesses, rate))
+        # (1e-12: exp then log is not an exact round trip)
+        assert math.isfinite(x) and min(0.0, dev) - 1e-12 <= x <= max(0.0, dev) + 1e-12
+
+
 @pytest.mark.parametrize("mode", [{"rate": 0.05}, {"max_samples": 2000}])
 def test_per_key_counts_follow_the_sample(mode):
     engine = Shards(**mode)
