@@ -9,8 +9,13 @@
  *
  * A cgroup is named by its memcg's kernfs id, which is the inode number of
  * the cgroup directory in both cgroup v1 and v2; user space fills the
- * watch maps with those ids.  An event from a cgroup nobody watches costs
- * one array lookup (see sampler.h).
+ * watch maps with those ids (see sampler.h).
+ *
+ * Every page-cache read runs the access program, so its common path makes
+ * no helper call and no hash-map lookup: one per-CPU array entry (struct
+ * cp_cpu, an inlined lookup) remembers the running task, the watch entry of
+ * the last memcg and the id of the last file.  An event from a cgroup
+ * nobody watches then costs that one lookup and a few loads.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -66,10 +71,11 @@ volatile __u64 watch_gen = 1;
 /*
  * What one CPU remembers between events.  A page-cache read costs little
  * more than the tracepoint's own dispatch only if it makes no helper call
- * (each one is a call and a return, which the host's return-thunk
- * mitigations make cost about as much as the rest of the program) and does
- * not redo work the last event on this CPU already did: find the memcg's
- * watch entry, and hash the file's identity.
+ * (each one is a call and a return, ~20 ns on a host whose return thunks
+ * mitigate SRSO: as much as the rest of the program) and does not redo work
+ * the last event on this CPU already did: find the running task, its
+ * memcg's watch entry, and hash the file's identity.  Tracepoint programs
+ * run with preemption off, so nothing else uses the entry meanwhile.
  */
 struct cp_cpu {
 	__u64 current_task;	/* the task last seen running here; 0 = none */
@@ -382,24 +388,6 @@ int BPF_PROG(on_delete_folio, struct folio *folio)
 }
 
 /*
- * Points cp_cpu.current_task at the task being switched to, so that the
- * access program's remembered task is usually right even when several
- * tasks take turns reading on one CPU.  Only a hint: running_task() checks
- * it (this host's kernel has switches this tracepoint does not report).
- * It costs one short program per context switch, and saves a helper call
- * per page-cache read whenever it turns a miss into a hit.
- */
-SEC("tp_btf/sched_switch")
-int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
-{
-	struct cp_cpu *cpu = this_cpu_state();
-
-	if (cpu)
-		cpu->current_task = (__u64)next;
-	return 0;
-}
-
-/*
  * Empty programs on the same tracepoints, loaded instead of the three above
  * by `sampler --empty`: the overhead benchmark's floor, i.e. what attaching
  * any tp_btf program at all costs (the tracepoint's dispatch into BPF).
@@ -423,8 +411,3 @@ int BPF_PROG(empty_delete_folio)
 	return 0;
 }
 
-SEC("?tp_btf/sched_switch")
-int BPF_PROG(empty_switch)
-{
-	return 0;
-}

@@ -396,30 +396,14 @@ int main(int argc, char **argv)
 		bpf_program__set_autoload(skel->progs.on_get_pages, false);
 		bpf_program__set_autoload(skel->progs.on_add_folio, false);
 		bpf_program__set_autoload(skel->progs.on_delete_folio, false);
-		bpf_program__set_autoload(skel->progs.on_switch, false);
 		bpf_program__set_autoload(skel->progs.empty_get_pages, true);
 		bpf_program__set_autoload(skel->progs.empty_add_folio, true);
 		bpf_program__set_autoload(skel->progs.empty_delete_folio, true);
-		bpf_program__set_autoload(skel->progs.empty_switch, true);
 	}
 	err = sampler_bpf__load(skel);
 	if (err) {
 		fprintf(stderr, "sampler: cannot load the BPF programs: %s\n", strerror(-err));
 		return 1;
-	}
-	/*
-	 * The context-switch program first: the access programs trust the
-	 * running task it records, so it must not miss a switch they see.
-	 */
-	if (!empty) {
-		skel->links.on_switch = bpf_program__attach(skel->progs.on_switch);
-		err = libbpf_get_error(skel->links.on_switch);
-		if (err) {
-			skel->links.on_switch = NULL;
-			fprintf(stderr, "sampler: cannot attach to sched_switch: %s\n",
-				strerror(-err));
-			return 1;
-		}
 	}
 	err = sampler_bpf__attach(skel);
 	if (err) {
