@@ -39,7 +39,9 @@ import numpy as np
 
 from cachepilot.models import generators as gen
 from cachepilot.models.exact import exact_lru_mrc
-from cachepilot.models.shards import ESTIMATORS, Shards, curve_from_histogram
+from cachepilot.models.exact import miss_ratios
+from cachepilot.models.shards import (ESTIMATORS, Shards, curve_from_histogram,
+                                      frequency_cv2, key_count_factor)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -48,6 +50,10 @@ RATE = 0.01
 MAX_SAMPLES = 8192
 SALT_SEED = 20260401
 MODES = {"rate=0.01": {"rate": RATE}, "size=8192": {"max_samples": MAX_SAMPLES}}
+# Ablation, not a shipped estimator: split with a Gaussian composition part,
+# to show what the Student-t's heavy tail buys.
+ABLATION = "split-gauss"
+COLUMNS = ESTIMATORS + (ABLATION,)
 
 SMALL = (50_000, 100_000)
 LARGE = (300_000, 1_500_000)
@@ -108,6 +114,11 @@ def errors_by_estimator(keys, exact, mode_kw, salt=0) -> dict[str, float]:
         curve = curve_from_histogram(hist, bin_pages, rate, accesses, sizes,
                                      estimator=name, key_stats=stats)
         out[name] = float(np.mean(np.abs(curve.miss_ratio - truth)))
+    sampled = float(np.sum(hist))
+    factor = key_count_factor(stats[0], frequency_cv2(stats), sampled, accesses,
+                              rate, dof=float("inf"))
+    gauss = miss_ratios(hist, bin_pages, sizes, accesses * rate * factor - sampled)
+    out[ABLATION] = float(np.mean(np.abs(gauss - truth)))
     return out
 
 
@@ -118,7 +129,7 @@ def study(names, n_salts):
         keys = WORKLOADS[name]()
         exact = exact_lru_mrc(keys)
         for mode, kw in MODES.items():
-            errs = {e: [] for e in ESTIMATORS}
+            errs = {e: [] for e in COLUMNS}
             for salt in salts(n_salts):
                 for e, v in errors_by_estimator(keys, exact, kw, salt).items():
                     errs[e].append(v)
@@ -131,7 +142,7 @@ def study(names, n_salts):
 
 
 def print_table(rows, names):
-    head = f"{'workload':15s} {'mode':10s} " + " ".join(f"{e + ' mean/p90':>17s}" for e in ESTIMATORS)
+    head = f"{'workload':15s} {'mode':10s} " + " ".join(f"{e + ' mean/p90':>20s}" for e in COLUMNS)
     print(head)
     print("-" * len(head))
     for mode in MODES:
@@ -139,9 +150,10 @@ def print_table(rows, names):
             r = rows[(name, mode)]
             best = min(ESTIMATORS, key=lambda e: r[e]["mean"])
             cells = " ".join(f"{r[e]['mean']:.4f}/{r[e]['p90']:.4f}{'*' if e == best else ' '}"
-                             .rjust(17) for e in ESTIMATORS)
+                             .rjust(20) for e in COLUMNS)
             print(f"{name:15s} {mode:10s} {cells}")
-    print("(* = lowest mean; MAE over 50 log-spaced sizes 1-100 % of unique pages)")
+    print("(* = lowest mean among the estimators; MAE over 50 log-spaced sizes "
+          f"1-100 % of unique pages; {ABLATION} is an ablation)")
 
 
 def summarise(rows, names):
@@ -149,9 +161,9 @@ def summarise(rows, names):
     for mode in list(MODES) + ["both"]:
         modes = list(MODES) if mode == "both" else [mode]
         means = {e: float(np.mean([rows[(n, m)][e]["mean"] for n in names for m in modes]))
-                 for e in ESTIMATORS}
+                 for e in COLUMNS}
         p90s = {e: float(np.mean([rows[(n, m)][e]["p90"] for n in names for m in modes]))
-                for e in ESTIMATORS}
+                for e in COLUMNS}
         wins = {e: sum(1 for n in names for m in modes
                        if min(ESTIMATORS, key=lambda x: rows[(n, m)][x]["mean"]) == e)
                 for e in ESTIMATORS}
@@ -178,7 +190,7 @@ def real_traces(n_salts):
             over_salts[fname][mode] = {
                 e: {"mean": float(np.mean([r[e] for r in runs])),
                     "p90": float(np.percentile([r[e] for r in runs], 90))}
-                for e in ESTIMATORS}
+                for e in COLUMNS}
     return out, over_salts
 
 
@@ -187,16 +199,16 @@ def plot(rows, names, real, chosen, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(len(MODES) + 1, 1, figsize=(13, 11))
-    width = 0.8 / len(ESTIMATORS)
+    width = 0.8 / len(COLUMNS)
     for ax, mode in zip(axes, MODES):
         x = np.arange(len(names))
-        for i, e in enumerate(ESTIMATORS):
+        for i, e in enumerate(COLUMNS):
             means = [rows[(n, mode)][e]["mean"] for n in names]
             p90 = [rows[(n, mode)][e]["p90"] for n in names]
             ax.bar(x + i * width, means, width, label=f"{e} (mean)")
             ax.scatter(x + i * width, p90, marker="_", color="k", s=60,
                        label="p90" if i == 0 else None)
-        ax.set_xticks(x + width * (len(ESTIMATORS) - 1) / 2)
+        ax.set_xticks(x + width * (len(COLUMNS) - 1) / 2)
         ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
         ax.set_ylabel("MAE vs exact LRU")
         ax.set_title(f"synthetic, {mode}: MAE over salts (bars mean, ticks p90)")
@@ -204,10 +216,10 @@ def plot(rows, names, real, chosen, path):
     ax = axes[-1]
     labels = [f"{t}\n{m}" for t in real for m in MODES]
     x = np.arange(len(labels))
-    for i, e in enumerate(ESTIMATORS):
+    for i, e in enumerate(COLUMNS):
         ax.bar(x + i * width, [real[t][m][e] for t in real for m in MODES], width, label=e)
     ax.axhline(0.01, color="r", ls="--", lw=1, label="issue target 0.01")
-    ax.set_xticks(x + width * (len(ESTIMATORS) - 1) / 2)
+    ax.set_xticks(x + width * (len(COLUMNS) - 1) / 2)
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("MAE")
     ax.set_title(f"reference traces, unsalted, measured after choosing '{chosen}'")
@@ -235,10 +247,10 @@ def main(argv=None):
     print()
     for mode, s in summary.items():
         print(f"{mode:10s} mean of means: " +
-              "  ".join(f"{e} {s['mean_of_means'][e]:.4f}" for e in ESTIMATORS) +
+              "  ".join(f"{e} {s['mean_of_means'][e]:.4f}" for e in COLUMNS) +
               "   wins: " + " ".join(f"{e} {s['wins'][e]}" for e in ESTIMATORS))
     chosen = min(ESTIMATORS, key=lambda e: summary["both"]["mean_of_means"][e])
-    for e in ESTIMATORS:
+    for e in COLUMNS:
         if e != chosen:
             s = summary["both"]["mean_of_means"]
             print(f"ratio {e}/{chosen} (mean of means, both modes): {s[e] / s[chosen]:.2f}")
@@ -249,13 +261,13 @@ def main(argv=None):
     for t, by_mode in real.items():
         for mode, errs in by_mode.items():
             print(f"  {t:17s} {mode:10s} " +
-                  "  ".join(f"{e} {errs[e]:.4f}" for e in ESTIMATORS))
+                  "  ".join(f"{e} {errs[e]:.4f}" for e in COLUMNS))
     print(f"reference traces over {args.salts} salts (mean/p90; the unsalted "
           "figure above is one of many equally likely samples):")
     for t, by_mode in real_salted.items():
         for mode, errs in by_mode.items():
             print(f"  {t:17s} {mode:10s} " + "  ".join(
-                f"{e} {errs[e]['mean']:.4f}/{errs[e]['p90']:.4f}" for e in ESTIMATORS))
+                f"{e} {errs[e]['mean']:.4f}/{errs[e]['p90']:.4f}" for e in COLUMNS))
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -264,9 +276,9 @@ def main(argv=None):
                     "reference traces measured unsalted afterwards",
         "rate": RATE, "max_samples": MAX_SAMPLES, "salts": args.salts,
         "salt_seed": SALT_SEED, "sizes": "50 log-spaced, 1-100 % of unique pages",
-        "estimators": list(ESTIMATORS),
+        "estimators": list(ESTIMATORS), "ablation": ABLATION,
         "synthetic": [{"workload": n, "mode": m,
-                       **{e: rows[(n, m)][e] for e in ESTIMATORS}}
+                       **{e: rows[(n, m)][e] for e in COLUMNS}}
                       for (n, m) in rows],
         "summary": summary, "chosen": chosen, "reference_traces": real,
         "reference_traces_over_salts": real_salted,
