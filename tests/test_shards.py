@@ -278,3 +278,19 @@ def test_estimator_names_and_the_adj_keyword():
     hist, bin_pages, rate, accesses = Shards(rate=0.05, adj=True).take_histogram()
     with pytest.raises(ValueError, match="per-key counts"):
         curve_from_histogram(np.array([1.0, 2.0]), 1, 0.05, 100, [1, 2], estimator="split")
+
+
+def test_builder_uses_the_same_estimators():
+    # the agent's MRCBuilder builds its LRU curve with the same default,
+    # and still honours adj=True for SHARDS_adj
+    from cachepilot.models.builder import MRCBuilder
+    keys = gen.zipf(20_000, 0.9, seed=6).next(80_000)
+    for kw, name in (({}, DEFAULT_ESTIMATOR), ({"adj": True}, "adj"),
+                     ({"estimator": "ratio"}, "ratio")):
+        b = MRCBuilder(("lru",), rate=0.05, **kw)
+        b.feed(keys[:40_000])
+        b.end_window()
+        b.feed(keys[40_000:])
+        (curve,) = b.snapshot()
+        assert curve.meta["estimator"] == name
+        assert np.all(np.diff(curve.miss_ratio) <= 1e-12)
