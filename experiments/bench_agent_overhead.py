@@ -122,7 +122,7 @@ def measure_program_costs(cg, path, rate, ios, jobs, reps):
     empty access program and of the sampler's programs, interleaved."""
     knob = Path("/proc/sys/kernel/bpf_stats_enabled")
     old = knob.read_text().strip()
-    rows = {"empty": [], "sampler": [], "sampler_switch": []}
+    rows = {"empty": [], "sampler": []}
     try:
         for rep in range(reps):
             for cond in (("empty", "sampler") if rep % 2 == 0 else ("sampler", "empty")):
@@ -138,7 +138,6 @@ def measure_program_costs(cg, path, rate, ios, jobs, reps):
                     rows["empty"].append(per_run(a, b, "empty_get_pages"))
                 else:
                     rows["sampler"].append(per_run(a, b, "on_get_pages"))
-                    rows["sampler_switch"].append(per_run(a, b, "on_switch"))
     finally:
         knob.write_text(old)
     med = {k: statistics.median(r["ns_per_run"] for r in v) for k, v in rows.items()}
@@ -375,8 +374,7 @@ def main():
     med = prog["median_ns_per_run"]
     print(f"access program, bpf_stats (includes its two clock reads): empty "
           f"{med['empty']:.1f} ns, sampler {med['sampler']:.1f} ns per run "
-          f"-> {prog['sampler_above_empty_ns']:.1f} ns above the empty program; "
-          f"sched_switch program {med['sampler_switch']:.1f} ns per switch")
+          f"-> {prog['sampler_above_empty_ns']:.1f} ns above the empty program")
     pm = pread["median_ns_per_read"]
     print(f"one pread loop, thread CPU per read (median of {args.pread_reps}): none "
           f"{pm['none']:.0f} ns, empty x{args.copies} {pm['empty']:.0f} ns, "

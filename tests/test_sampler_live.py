@@ -346,3 +346,21 @@ def test_readers_taking_turns_on_one_cpu_are_told_apart(files):
     assert 0 <= cb.accesses - runs["b"]["ios"] <= 300
     # each cgroup keeps its own threshold: b (0) counts without sampling
     assert ca.sampled > 0 and cb.sampled == 0
+
+
+def test_the_benchmark_modes_attach_what_they_say(files):
+    # bench_agent_overhead divides by these: `empty` must attach programs
+    # that count nothing, `copies` must run the access program that often
+    small, _ = files
+    with scratch_cgroup("cp_modes") as cg:
+        cgid = os.stat(cg).st_ino
+        with Sampler(copies=3) as sampler:
+            sampler.watch(cgid, 0)
+            run = fio_randread(cg, small, 10_000)
+            tripled = counters_of(sampler, cgid).accesses
+        with Sampler(empty=True) as sampler:
+            sampler.watch(cgid, 0)
+            fio_randread(cg, small, 10_000)
+            nothing = counters_of(sampler, cgid).accesses
+    assert 3 * run["ios"] <= tripled <= 3 * (run["ios"] + 300)
+    assert nothing == 0
