@@ -280,6 +280,21 @@ def run_condition(cond, cg, path, args, workdir, seed):
     return r
 
 
+def first_quartile(values):
+    return sorted(values)[len(values) // 4]
+
+
+def ratio_interval(num, den, draws=2000, seed=1):
+    """95 % bootstrap interval of median(num) / median(den): how far this
+    host's run-to-run noise lets the ratio be trusted."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    num, den = np.asarray(num), np.asarray(den)
+    r = [np.median(rng.choice(num, num.size)) / np.median(rng.choice(den, den.size))
+         for _ in range(draws)]
+    return [float(np.percentile(r, 2.5)), float(np.percentile(r, 97.5))]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=12)
@@ -343,6 +358,10 @@ def main():
         "cpu_us_per_io": cpu,
         "median_cpu_us_per_io": {c: statistics.median(v) for c, v in cpu.items()},
         "ratio_of_medians": ratios,
+        "ratio_of_medians_95ci": {c: ratio_interval(cpu[c], cpu["none"]) for c in ratios},
+        # the least disturbed quarter of the runs: interference only adds time
+        "ratio_of_first_quartiles": {c: first_quartile(cpu[c]) / first_quartile(cpu["none"])
+                                     for c in ratios},
         "paired_ratios": paired,
         "paired_ratio_median": {c: statistics.median(v) for c, v in paired.items()},
         "agent_own_cpu_us_per_io": agent_cpu,
@@ -365,8 +384,11 @@ def main():
     print(f"\nfio job threads' CPU per I/O (median of {args.reps}): " + ", ".join(
         f"{c} {statistics.median(cpu[c]):.4f} us" for c in CONDITIONS))
     for c in CONDITIONS[1:]:
-        print(f"ratio {c:7s}/ none: median of runs {ratios[c]:.4f}, "
-              f"median of paired reps {statistics.median(paired[c]):.4f}")
+        lo, hi = result["ratio_of_medians_95ci"][c]
+        print(f"ratio {c:7s}/ none: median of runs {ratios[c]:.4f} "
+              f"(95 % bootstrap {lo:.3f}-{hi:.3f}), "
+              f"median of paired reps {statistics.median(paired[c]):.4f}, "
+              f"of first quartiles {result['ratio_of_first_quartiles'][c]:.4f}")
     print(f"target for the agent: <= 1.02 -> "
           f"{'met' if ratios['agent'] <= 1.02 else 'NOT met'} (ratio of medians)")
     print(f"agent's own CPU (and its sampler's) per watched I/O while fio ran: "
