@@ -105,7 +105,7 @@ def summarise(cfg, history, warmup: int):
     tenants, total = [], 0.0
     for t in cfg.tenants:
         rows = history[t.name]
-        counted = rows[warmup:] or rows
+        counted = rows[warmup:]
         tput = sum(r["throughput"] for r in counted) / max(1, len(counted))
         total += tput
         slo = t.slo.min_throughput if t.slo else None
@@ -124,7 +124,8 @@ def summarise(cfg, history, warmup: int):
 
 
 def build_result(cfg, intervals, seed, auto_hist, base_hist, decisions=(), latencies=()):
-    warmup = cfg.control.warmup_intervals
+    # a run no longer than the warm-up is summarised over all its intervals
+    warmup = cfg.control.warmup_intervals if intervals > cfg.control.warmup_intervals else 0
     auto, auto_total = summarise(cfg, auto_hist, warmup)
     base, base_total = summarise(cfg, base_hist, warmup)
     return {
@@ -172,8 +173,9 @@ def tenant_table(cfg, history, title):
 
 def summary_table(result):
     from rich.table import Table
-    table = Table(title=f"autopilot vs static equal split ({BASELINE_POLICY}), "
-                        f"intervals after warm-up ({result['warmup_intervals']})")
+    warmup = result["warmup_intervals"]
+    counted = f"intervals after warm-up ({warmup})" if warmup else "all intervals"
+    table = Table(title=f"autopilot vs static equal split ({BASELINE_POLICY}), {counted}")
     for col in ("tenant", "SLO ops/s", "met (auto)", "met (equal)", "ops/s (auto)",
                 "ops/s (equal)", "limit", "policy"):
         table.add_column(col, justify="left" if col in ("tenant", "policy") else "right")
@@ -272,6 +274,7 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
     finally:
         if live_ctx is not None:
             live_ctx.stop()
+            console.print()     # the summary starts on a line of its own
     base_hist = run_static_equal(cfg, intervals, seed)
     result = build_result(cfg, intervals, seed, auto_hist, base_hist, decisions,
                           list(controller.latencies))
