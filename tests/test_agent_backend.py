@@ -14,7 +14,7 @@ import pytest
 
 from cachepilot.agent.backends.linux import LinuxBackend, kernel_has_cache_ext
 from cachepilot.agent.config import config_from_dict, load_config
-from cachepilot.agent.curves import LruShards, shift_by_anon
+from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.profile import subtract_window
 from cachepilot.agent.throughput import PrometheusSource, ThroughputError, scrape
 from cachepilot.agent.types import Directive
@@ -208,7 +208,7 @@ def test_window_subtraction_gives_the_later_accesses_curve():
     rng = np.random.default_rng(3)
     first = rng.integers(0, 1000, 20_000).astype(np.uint64)     # cold start included
     later = rng.integers(0, 1000, 30_000).astype(np.uint64)
-    b = LruShards(1.0, points=200)
+    b = make_builder(rate=1.0)
     b.feed(first)
     early = b.snapshot()
     b.feed(later)
@@ -221,16 +221,20 @@ def test_window_subtraction_gives_the_later_accesses_curve():
     assert only_later.at(1000) < 0.01 < total[0].at(1000)
 
 
-def test_fallback_builder_matches_an_exact_lru_simulation():
+def test_agent_builder_matches_an_exact_lru_simulation():
     from lru_oracle import naive_lru_miss_ratio
     rng = np.random.default_rng(7)
     keys = (rng.zipf(1.3, 30_000) % 3000).astype(np.uint64)
-    b = LruShards(1.0, points=3000)
-    b.feed(keys)
+    b = make_builder(rate=1.0)
+    b.feed(keys, total_accesses=len(keys))
     curve = b.snapshot()[0]
-    for size in (10, 100, 1000):
+    # at the curve's own points (between them it interpolates)
+    sizes = [int(s) for s in curve.sizes
+             if 8 <= s <= 12 or 90 <= s <= 110 or 900 <= s <= 1100]
+    assert len(sizes) >= 3
+    for size in sizes:
         assert curve.at(size) == pytest.approx(naive_lru_miss_ratio(keys.tolist(), size),
-                                               abs=1e-3)
+                                               abs=1e-9), size
 
 
 def run_cli(*args, user=None):
