@@ -27,7 +27,7 @@ import numpy as np
 from cachepilot.errors import UserError
 from cachepilot.models.exact import ExactLRU, auto_sizes
 from cachepilot.models.mrc import MRC
-from cachepilot.models.shards import Shards, rate_threshold, sample_mask_index
+from cachepilot.models.shards import Shards, pick_estimator, rate_threshold, sample_mask_index
 from cachepilot.models.traces import open_trace
 from cachepilot.models.traces.readers import formats_help, normalise_format
 
@@ -63,6 +63,9 @@ def register_mrc(subparsers):
     g.add_argument("--rate", type=str, help="sampling rate in (0, 1]")
     g.add_argument("--max-samples", type=str,
                    help="fixed-size SHARDS: at most S sampled pages")
+    p.add_argument("--estimator", default=None,
+                   help="how SHARDS treats a sample whose reference count is not "
+                        "N x rate: split (default), adj (SHARDS_adj) or ratio")
     p.add_argument("--sizes", default="auto",
                    help="comma-separated sizes in pages, or 'auto' "
                         "(~50 log-spaced from 1%% to 100%% of the unique pages)")
@@ -151,6 +154,15 @@ class Plan:
         if self.methods.get("lru") == "shards" and not sampled:
             self.max_samples = DEFAULT_MAX_SAMPLES
         self.minisim_rate = self.rate or DEFAULT_MINISIM_RATE
+        self.estimator = None
+        if args.estimator is not None:
+            try:
+                self.estimator = pick_estimator(args.estimator)
+            except ValueError as err:
+                raise UserError(str(err)) from None
+            if self.methods.get("lru") != "shards":
+                raise UserError("--estimator goes with SHARDS (--method shards, "
+                                "--rate or --max-samples for lru)")
         self.sizes = parse_sizes(args.sizes)
 
     def uses(self, method):
@@ -225,7 +237,7 @@ def compute(trace, plan: Plan, progress: bool = True) -> dict:
 
     shards = None
     if plan.uses("shards"):
-        shards = Shards(plan.rate, plan.max_samples)
+        shards = Shards(plan.rate, plan.max_samples, estimator=plan.estimator)
     sizes = plan.sizes
     if sizes is None and unique is not None:
         sizes = auto_sizes(unique)

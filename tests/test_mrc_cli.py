@@ -111,6 +111,20 @@ def test_sampled_cpaccess_file_is_scaled(tmp_path, capsys):
     assert np.mean(np.abs(np.array(curve["miss_ratio"]) - exact.miss_ratio)) < 0.02
 
 
+def test_estimator_option_picks_the_shards_estimator(small_trace, tmp_path, capsys):
+    from cachepilot.models.shards import shards_mrc
+    path, keys = small_trace
+    sizes = [300, 1000, 3000]
+    for name in ("split", "adj", "ratio"):
+        out_json = tmp_path / f"{name}.json"
+        code, _, _ = run([path, "--rate", "0.05", "--estimator", name, "--sizes",
+                          ",".join(map(str, sizes)), "--json", out_json], capsys)
+        assert code == 0
+        (curve,) = json.loads(out_json.read_text())["curves"]
+        library = shards_mrc(keys, rate=0.05, sizes=sizes, estimator=name)
+        np.testing.assert_allclose(curve["miss_ratio"], library.miss_ratio, atol=1e-12)
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--policy", "bogus"], "unknown policy 'bogus'; accepted: lru, "),
     (["--format", "nope"], "unknown trace format 'nope'; accepted: txt, csv, lis"),
@@ -118,6 +132,8 @@ def test_sampled_cpaccess_file_is_scaled(tmp_path, capsys):
     (["--rate", "0"], "--rate must be within"),
     (["--sizes", "10,x"], "--sizes takes 'auto' or comma-separated page counts"),
     (["--method", "full", "--rate", "0.1"], "takes no --rate"),
+    (["--rate", "0.1", "--estimator", "guess"], "unknown SHARDS estimator 'guess'; accepted: "),
+    (["--estimator", "adj"], "--estimator goes with SHARDS"),
 ])
 def test_bad_options_one_line_and_nonzero(small_trace, capsys, argv, message):
     path, _ = small_trace
