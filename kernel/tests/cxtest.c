@@ -8,14 +8,21 @@
  *   cxtest detach PIN                  detach the link and remove the pin
  *   cxtest load OBJ                    load only (exit 0 iff the verifier
  *                                      accepts every program)
- *   cxtest mkfile PATH MIB             write a file of MIB MiB
+ *   cxtest mkfile PATH MIB             write a file of MIB MiB whose every
+ *                                      8-byte word holds its own offset
  *   cxtest read PATH [CGROUP_DIR]      join the cgroup, then read PATH once
  *                                      front to back, page by page, with
  *                                      readahead off
- *   cxtest randread PATH SECONDS [CGROUP_DIR]
- *                                      4 KiB reads at random page offsets
- *                                      (psync, readahead off) for SECONDS;
- *                                      prints "ios N cpu_us C wall_us W"
+ *   cxtest verify PATH [CGROUP_DIR]    like read, and check every word
+ *                                      against the mkfile pattern
+ *   cxtest bypass OBJ CGROUP_DIR PIN PATH
+ *                                      attach OBJ (a policy with an af_tids
+ *                                      map, such as admit_filter) like
+ *                                      attach, register this thread in
+ *                                      af_tids, then verify PATH in the
+ *                                      cgroup
+ *   cxtest dontneed PATH               posix_fadvise(POSIX_FADV_DONTNEED)
+ *                                      on all of PATH
  *   cxtest res PATH                    residency (percent) of the first
  *                                      eighth, the last eighth and all of
  *                                      PATH, from mincore(): "H T A"
@@ -30,9 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <time.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <bpf/bpf.h>
@@ -95,7 +101,8 @@ static struct bpf_link *attach_with_fd0(struct bpf_map *map, int fd0)
 	return link;
 }
 
-static int cmd_attach(const char *objpath, const char *cgpath, const char *pin)
+static struct bpf_object *attach_policy(const char *objpath,
+					const char *cgpath, const char *pin)
 {
 	struct bpf_object *obj;
 	struct bpf_link *link;
@@ -112,6 +119,12 @@ static int cmd_attach(const char *objpath, const char *cgpath, const char *pin)
 		die("link_create on %s: %s", cgpath, strerror(errno));
 	if (bpf_link__pin(link, pin))
 		die("pin %s: %s", pin, strerror(errno));
+	return obj;
+}
+
+static int cmd_attach(const char *objpath, const char *cgpath, const char *pin)
+{
+	attach_policy(objpath, cgpath, pin);
 	return 0;
 }
 
@@ -170,17 +183,21 @@ static int cmd_load(const char *objpath)
 	return 0;
 }
 
+/* Every 8-byte word of a test file holds its offset: a misplaced page shows. */
+#define WORDS_PER_CHUNK 8192
+
 static int cmd_mkfile(const char *path, long mib)
 {
-	static char buf[1 << 16];
-	long i, n = mib * (1 << 20) / (long)sizeof(buf);
+	static unsigned long long buf[WORDS_PER_CHUNK];
+	long i, j, n = mib * (1 << 20) / (long)sizeof(buf);
 	int fd;
 
 	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
 	if (fd < 0)
 		die("create %s: %s", path, strerror(errno));
 	for (i = 0; i < n; i++) {
-		memset(buf, (int)(i & 0xff), sizeof(buf));
+		for (j = 0; j < WORDS_PER_CHUNK; j++)
+			buf[j] = (unsigned long long)(i * WORDS_PER_CHUNK + j) * 8;
 		if (write(fd, buf, sizeof(buf)) != (ssize_t)sizeof(buf))
 			die("write %s: %s", path, strerror(errno));
 	}
@@ -222,51 +239,60 @@ static int cmd_read(const char *path, const char *cgpath)
 	return 0;
 }
 
-static double now_us(void)
+/* Read PATH page by page, checking every word against the mkfile pattern. */
+static int cmd_verify(const char *path, const char *cgpath)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
-
-static int cmd_randread(const char *path, double seconds, const char *cgpath)
-{
-	unsigned long long x = 0x9e3779b97f4a7c15ULL, ios = 0;
-	double t0, t1, cpu;
-	struct rusage ru;
-	char buf[PAGE];
-	struct stat st;
-	long pages;
+	unsigned long long buf[PAGE / 8];
+	off_t off = 0;
+	ssize_t n, i;
 	int fd;
 
 	if (cgpath)
 		join_cgroup(cgpath);
 	fd = open(path, O_RDONLY);
-	if (fd < 0 || fstat(fd, &st))
+	if (fd < 0)
 		die("open %s: %s", path, strerror(errno));
-	pages = st.st_size / PAGE;
-	if (pages < 1)
-		die("%s is empty", path);
 	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
-	t0 = now_us();
-	do {
-		int i;
+	while ((n = pread(fd, buf, sizeof(buf), off)) > 0) {
+		for (i = 0; i < n / 8; i++)
+			if (buf[i] != (unsigned long long)(off + i * 8))
+				die("%s: the word at %lld holds %llu", path,
+				    (long long)(off + i * 8), buf[i]);
+		off += n;
+	}
+	if (n < 0)
+		die("read %s: %s", path, strerror(errno));
+	close(fd);
+	printf("verified %lld bytes\n", (long long)off);
+	return 0;
+}
 
-		for (i = 0; i < 64; i++) {
-			x ^= x << 13;
-			x ^= x >> 7;
-			x ^= x << 17;
-			if (pread(fd, buf, PAGE, (off_t)(x % pages) * PAGE) != PAGE)
-				die("read %s: %s", path, strerror(errno));
-			ios++;
-		}
-		t1 = now_us();
-	} while (t1 - t0 < seconds * 1e6);
-	getrusage(RUSAGE_SELF, &ru);
-	cpu = ru.ru_utime.tv_sec * 1e6 + ru.ru_utime.tv_usec +
-	      ru.ru_stime.tv_sec * 1e6 + ru.ru_stime.tv_usec;
-	printf("ios %llu cpu_us %.0f wall_us %.0f\n", ios, cpu, t1 - t0);
+static int cmd_bypass(const char *objpath, const char *cgpath,
+		      const char *pin, const char *path)
+{
+	struct bpf_object *obj = attach_policy(objpath, cgpath, pin);
+	__u32 tid = (__u32)syscall(SYS_gettid);
+	struct bpf_map *tids;
+	__u8 one = 1;
+
+	tids = bpf_object__find_map_by_name(obj, "af_tids");
+	if (!tids)
+		die("%s has no af_tids map", objpath);
+	if (bpf_map__update_elem(tids, &tid, sizeof(tid), &one, sizeof(one), 0))
+		die("register tid %u: %s", tid, strerror(errno));
+	return cmd_verify(path, cgpath);
+}
+
+static int cmd_dontneed(const char *path)
+{
+	int fd = open(path, O_RDONLY), err;
+
+	if (fd < 0)
+		die("open %s: %s", path, strerror(errno));
+	err = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	if (err)
+		die("fadvise %s: %s", path, strerror(err));
+	close(fd);
 	return 0;
 }
 
@@ -331,13 +357,18 @@ int main(int argc, char **argv)
 		return cmd_mkfile(argv[2], atol(argv[3]));
 	if (!strcmp(cmd, "read") && (argc == 3 || argc == 4))
 		return cmd_read(argv[2], argc == 4 ? argv[3] : NULL);
-	if (!strcmp(cmd, "randread") && (argc == 4 || argc == 5))
-		return cmd_randread(argv[2], atof(argv[3]), argc == 5 ? argv[4] : NULL);
+	if (!strcmp(cmd, "verify") && (argc == 3 || argc == 4))
+		return cmd_verify(argv[2], argc == 4 ? argv[3] : NULL);
+	if (!strcmp(cmd, "bypass") && argc == 6)
+		return cmd_bypass(argv[2], argv[3], argv[4], argv[5]);
+	if (!strcmp(cmd, "dontneed") && argc == 3)
+		return cmd_dontneed(argv[2]);
 	if (!strcmp(cmd, "res") && argc == 3)
 		return cmd_res(argv[2]);
 	fprintf(stderr,
 		"usage: cxtest attach OBJ CGROUP PIN | update PIN OBJ | detach PIN |\n"
 		"       load OBJ | mkfile PATH MIB | read PATH [CGROUP] |\n"
-		"       randread PATH SECONDS [CGROUP] | res PATH\n");
+		"       verify PATH [CGROUP] |\n"
+		"       bypass OBJ CGROUP PIN PATH | dontneed PATH | res PATH\n");
 	return 2;
 }

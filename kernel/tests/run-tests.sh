@@ -79,7 +79,32 @@ setup() {
 		mkdir -p "$CG/$c"
 		echo $LIMIT >"$CG/$c/memory.max"
 	done
-	cxtest mkfile /data/f1 $FILE_MB && cxtest mkfile /data/f2 $FILE_MB
+	cxtest mkfile /data/f1 $FILE_MB && cxtest mkfile /data/f2 $FILE_MB &&
+		cxtest mkfile /data/s1 2 && cxtest mkfile /data/s2 2 &&
+		cxtest mkfile /data/s3 4 && cxtest mkfile /data/s4 4
+}
+
+# Page cache pages charged to a cgroup, from memory.stat.
+file_pages() {
+	echo $(($(sed -n 's/^file //p' "$CG/$1/memory.stat") / 4096))
+}
+
+# consistent CGROUP WHAT: the registry holds a node for every page cache
+# page of the cgroup (none are left from before the policy), within a few
+# pages of memory.stat's count.
+consistent() {
+	tr=$(stat_of "$1" tracked) by=$(stat_of "$1" bypass)
+	fp=$(file_pages "$1")
+	d=$((fp - tr - by))
+	if [ $d -ge -16 ] && [ $d -le 16 ]; then
+		pass "$2: registry consistent (tracked=$tr bypass=$by, memory.stat file pages=$fp)"
+	else
+		fail "$2" "tracked=$tr bypass=$by but memory.stat has $fp file pages"
+	fi
+}
+
+nodes_all() {
+	stat_of a nodes_all_cgroups
 }
 
 test_default() {
@@ -182,6 +207,166 @@ test_attach_errors() {
 		pass "a target that is not a cgroup is refused"
 }
 
+# Admission: admit_filter refuses the pages a registered thread brings in.
+# They must not stay cached once read (the read bypasses the cache), the
+# data read must be right, and another reader's pages must stay.
+test_bypass() {
+	drop_caches
+	if ! cxtest bypass "$B/admit_filter.bpf.o" "$CG/a" "$PIN/a" /data/s3 >/tmp/bp.log; then
+		fail "bypass" "registered reader failed: $(cat /tmp/bp.log)"
+		detach a
+		return
+	fi
+	pass "bypass: registered reader read correct data ($(cat /tmp/bp.log))"
+	cxtest verify /data/s4 "$CG/a" >/dev/null || fail "bypass" "other reader failed"
+	set -- $(cxtest res /data/s3); bypassed=$3
+	set -- $(cxtest res /data/s4); kept=$3
+	ref=$(stat_of a admit_refused) drop=$(stat_of a bypass_dropped)
+	if [ "$bypassed" = 0 ] && [ "$kept" -ge 90 ] && [ "$ref" -ge 1000 ] &&
+	   [ "$drop" -ge 1000 ]; then
+		pass "bypass: registered reader's file ${bypassed}% resident, other reader's ${kept}% (refused=$ref dropped=$drop)"
+	else
+		fail "bypass" "registered reader's file ${bypassed}% resident, other ${kept}%, refused=$ref dropped=$drop"
+	fi
+	cxtest verify /data/s3 "$CG/a" >/dev/null &&
+		pass "bypass: the file reads correctly again from disk" ||
+		fail "bypass" "re-read of the bypassed file failed"
+	consistent a "bypass"
+	detach a
+}
+
+# Folios cached before the policy came have no node: reclaim must still
+# get rid of the cold ones (the LRU is scanned too while more than a
+# batch, 32 pages, is left: at most 6 % of the cold 2 MiB file may stay)
+# and the ones accessed again are adopted by the policy.
+test_preexisting() {
+	drop_caches
+	cxtest read /data/s1 "$CG/a" && cxtest read /data/s2 "$CG/a"
+	attach a fifo || { fail "pre-existing" "attach failed"; return; }
+	un0=$(stat_of a untracked_pages)
+	cxtest read /data/s1 "$CG/a"	# hits: adopted
+	ad=$(stat_of a adopted)
+	read_pass a /data/f1 && expect "pre-existing: fifo on the pass after attach" newest
+	set -- $(cxtest res /data/s2); cold=$3
+	un1=$(stat_of a untracked_pages) fb=$(stat_of a fallbacks)
+	cur=$(cat $CG/a/memory.current) max=$(cat $CG/a/memory.max)
+	if [ "$un0" -ge 900 ] && [ "$ad" -ge 450 ] && [ "$un1" -le 32 ] &&
+	   [ "$cold" -le 10 ] && [ "$fb" -gt 0 ] && [ "$cur" -le "$max" ]; then
+		pass "pre-existing: untracked at attach=$un0, adopted=$ad, left=$un1, cold file ${cold}% resident, fallbacks=$fb"
+	else
+		fail "pre-existing" "untracked at attach=$un0 adopted=$ad left=$un1 cold file ${cold}% fallbacks=$fb current=$cur max=$max"
+	fi
+	detach a
+}
+
+# Removal on every path takes the folio out of the registry.
+test_removal() {
+	drop_caches
+	attach a fifo || { fail "removal" "attach failed"; return; }
+	cxtest read /data/s3 "$CG/a"
+	t0=$(stat_of a tracked)
+	truncate -s 1M /data/s3
+	t1=$(stat_of a tracked)
+	[ "$t0" -ge 1000 ] && [ $((t0 - t1)) -ge 760 ] &&
+		pass "truncate to a quarter: tracked $t0 -> $t1" ||
+		fail "truncate" "tracked $t0 -> $t1"
+	consistent a "after truncate"
+	cxtest read /data/s4 "$CG/a"
+	t2=$(stat_of a tracked)
+	cxtest dontneed /data/s4
+	t3=$(stat_of a tracked)
+	[ $((t2 - t3)) -ge 1000 ] &&
+		pass "POSIX_FADV_DONTNEED: tracked $t2 -> $t3" ||
+		fail "fadvise" "tracked $t2 -> $t3"
+	consistent a "after POSIX_FADV_DONTNEED"
+	cxtest read /data/s4 "$CG/a"
+	t4=$(stat_of a tracked)
+	drop_caches
+	t5=$(stat_of a tracked)
+	[ "$t4" -ge 1000 ] && [ "$t5" -le 16 ] &&
+		pass "drop_caches: tracked $t4 -> $t5" ||
+		fail "drop_caches" "tracked $t4 -> $t5"
+	consistent a "after drop_caches"
+	detach a
+	n=$(nodes_all)
+	[ "$n" = 0 ] && pass "removal: no registry node left after detach" ||
+		fail "removal" "$n registry nodes left after detach"
+	cxtest mkfile /data/s3 4
+}
+
+# Detach while a reader works under the limit: the folios were never off
+# the kernel LRU, so reclaim and drop_caches handle all of them afterwards,
+# and no registry node is left.
+test_detach_under_pressure() {
+	drop_caches
+	attach a fifo || { fail "detach under pressure" "attach failed"; return; }
+	(cxtest read /data/f1 "$CG/a" && cxtest read /data/f2 "$CG/a" &&
+	 cxtest read /data/f1 "$CG/a" && cxtest read /data/f2 "$CG/a") &
+	rd=$!
+	sleep 1
+	tr=$(stat_of a tracked)
+	kill -0 $rd 2>/dev/null && running=yes || running=no
+	detach a
+	wait $rd && rc=0 || rc=$?
+	n=$(nodes_all)
+	cur=$(cat $CG/a/memory.current) max=$(cat $CG/a/memory.max)
+	if [ $running = yes ] && [ $rc = 0 ] && [ "$tr" -gt 0 ] && [ "$n" = 0 ] &&
+	   [ "$cur" -le "$max" ]; then
+		pass "detach under pressure: tracked=$tr at detach, reader finished, $n nodes left, within the limit"
+	else
+		fail "detach under pressure" "reader running at detach: $running, rc=$rc, tracked=$tr, nodes left=$n, current=$cur max=$max"
+	fi
+	read_pass a /data/f2 && expect "after detach under pressure: kernel LRU" newest
+	drop_caches
+	set -- $(cxtest res /data/f1); r1=$3
+	set -- $(cxtest res /data/f2); r2=$3
+	[ "$r1" = 0 ] && [ "$r2" = 0 ] &&
+		pass "after detach under pressure: drop_caches frees every folio" ||
+		fail "after detach" "f1 ${r1}% and f2 ${r2}% still resident after drop_caches"
+}
+
+# Compaction migrates page cache folios: their nodes follow them, so the
+# policy's candidates stay valid (nothing rejected) and no node goes stale.
+# Which folios compaction moves depends on where they sit, so: fill most
+# free memory (tmpfs), cache the files in what is left, free the filler and
+# compact; up to four times until some tracked folio has moved.
+test_migration() {
+	attach a fifo || { fail "migration" "attach failed"; return; }
+	mig=0 try=0
+	while [ "$mig" = 0 ] && [ $try -lt 4 ]; do
+		drop_caches
+		avail=$(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo)
+		dd if=/dev/zero of=/tmp/fill bs=1M count=$((avail * 85 / 100 / 1024)) 2>/dev/null
+		cxtest read /data/s3 "$CG/a" && cxtest read /data/s4 "$CG/a"
+		rm -f /tmp/fill
+		t0=$(stat_of a tracked)
+		echo 1 >/proc/sys/vm/compact_memory
+		mig=$(stat_of a migrated) t1=$(stat_of a tracked)
+		try=$((try + 1))
+	done
+	[ "$mig" -gt 0 ] && [ "$t1" = "$t0" ] &&
+		pass "compaction migrated $mig tracked folios (attempt $try); tracked $t0 -> $t1" ||
+		fail "migration" "migrated=$mig after $try attempts, tracked $t0 -> $t1"
+	consistent a "after compaction"
+	cxtest verify /data/s3 "$CG/a" >/dev/null && cxtest verify /data/s4 "$CG/a" >/dev/null &&
+		pass "migration: data read correctly from migrated folios" ||
+		fail "migration" "verify after compaction failed"
+	read_pass a /data/f1 && expect "migration: fifo after compaction" newest
+	rej=$(stat_of a rejected) acc=$(stat_of a accepted)
+	[ "$rej" = 0 ] && [ "$acc" -gt 0 ] &&
+		pass "migration: no candidate rejected (accepted=$acc)" ||
+		fail "migration" "rejected=$rej accepted=$acc"
+	drop_caches
+	tr=$(stat_of a tracked) fp=$(file_pages a)
+	[ "$tr" -le "$fp" ] &&
+		pass "migration: no stale node after drop_caches (tracked=$tr, file pages=$fp)" ||
+		fail "migration" "tracked=$tr after drop_caches, only $fp file pages"
+	detach a
+	n=$(nodes_all)
+	[ "$n" = 0 ] && pass "migration: no registry node left after detach" ||
+		fail "migration" "$n registry nodes left after detach"
+}
+
 # Informational: does every policy of the library (bpf/policies) load here?
 # fifo, lru and mru are tested above; the others belong to the policy
 # library issue, so a refusal is reported, not counted.
@@ -206,6 +391,11 @@ test_two_cgroups
 test_bad_policies
 test_verifier
 test_attach_errors
+test_bypass
+test_preexisting
+test_removal
+test_detach_under_pressure
+test_migration
 report_library
 echo "in-VM: $passes passed, $fails failed"
 [ $fails = 0 ]
