@@ -24,7 +24,7 @@ run() {	# run CONFIG ROUND
 	# fio (and the job it forks) runs inside the cgroup
 	sh -c "echo \$\$ >$CG/bench/cgroup.procs && exec fio --name=rr \
 		--filename=$FILE --rw=randread --bs=4k --ioengine=psync \
-		--fadvise_hint=random --time_based --runtime=$RUNTIME \
+		--fadvise_hint=random --time_based --runtime=$RUNTIME --eta=never \
 		--output-format=json --output=/tmp/fio.json" || return 1
 	echo "FIO-BEGIN $1 $2"
 	cat /tmp/fio.json
