@@ -27,7 +27,6 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-
 /* Longest access range sampled page by page; longer ranges are counted. */
 #define CP_MAX_RANGE (1 << 20)
 /* Ranges up to this many pages are sampled inline, longer ones in bpf_loop. */
@@ -88,7 +87,7 @@ struct cp_cpu {
 	__u32 slot;		/* counters slot, CP_SLOT_NONE when not watched */
 	__u32 pad;
 	/* the last file read here */
-	__u64 sb;		/* its struct super_block * */
+	__u64 dev;		/* its super_block's s_dev */
 	__u64 ino;
 	__u64 file_id;		/* 0 = not computed */
 };
@@ -235,23 +234,22 @@ static __always_inline struct cp_counters *watched(struct cp_cpu *cpu,
 
 /*
  * cp_page_key(dev, ino, index) == file id ^ index.  The id of the last file
- * is cached per CPU under its (superblock, inode number): a superblock
- * stands for its device for as long as it is mounted.
+ * is cached per CPU under the very (dev, ino) it is made of, so it can never
+ * be stale; only its two hash rounds are saved.
  */
 static __always_inline __u64 file_id_of(struct cp_cpu *cpu, struct address_space *mapping)
 {
 	struct inode *host = mapping->host;
-	struct super_block *sb;
-	__u64 ino;
+	__u64 dev, ino;
 
 	if (!host)
 		return 0;
-	sb = host->i_sb;
+	dev = host->i_sb->s_dev;
 	ino = host->i_ino;
-	if (ino != cpu->ino || (__u64)sb != cpu->sb || !cpu->file_id) {
-		cpu->sb = (__u64)sb;
+	if (ino != cpu->ino || dev != cpu->dev || !cpu->file_id) {
+		cpu->dev = dev;
 		cpu->ino = ino;
-		cpu->file_id = cp_hash64(cp_hash64(sb->s_dev) ^ ino);
+		cpu->file_id = cp_hash64(cp_hash64(dev) ^ ino);
 	}
 	return cpu->file_id;
 }
