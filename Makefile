@@ -44,7 +44,8 @@ bench: build
 kernel:
 	kernel/build
 
-kernel-test: kernel
+# bpf: the agent's sampler is loaded in the VM too
+kernel-test: kernel bpf
 	kernel/test
 
 clean:

@@ -382,6 +382,20 @@ report_library() {
 	done
 }
 
+# The agent's access sampler (bpf/sampler.bpf.c, built for the host's
+# kernel) passes the verifier and attaches on this kernel as well.
+test_sampler() {
+	if [ ! -x /cachepilot/sampler ]; then
+		fail sampler "not in the initramfs (build bpf/ first: make bpf)"
+		return
+	fi
+	if /cachepilot/sampler --check 2>/tmp/sampler.log; then
+		pass "sampler: loads and attaches its tp_btf programs"
+	else
+		fail sampler "$(tail -3 /tmp/sampler.log | tr '\n' ' ')"
+	fi
+}
+
 echo "cache_ext in-VM tests on $(uname -r)"
 setup || { echo "FAIL setup"; exit 1; }
 test_default
@@ -396,6 +410,7 @@ test_preexisting
 test_removal
 test_detach_under_pressure
 test_migration
+test_sampler
 report_library
 echo "in-VM: $passes passed, $fails failed"
 [ $fails = 0 ]
