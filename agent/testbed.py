@@ -115,7 +115,13 @@ def exclusive(lock_path: Path):
 
 
 def drop_file_cache(*paths):
-    """Evict the files' pages (write back first so every page can go)."""
+    """Evict the files' pages (write back first so every page can go), and
+    their history: the kernel keeps a shadow entry for each page reclaim
+    evicted, which decides whether the page is activated when it comes
+    back, and fadvise(DONTNEED) leaves many of them in place.  Evicting the
+    inodes themselves (drop_caches=2, which frees only unused inodes and
+    dentries: system-wide, but cheap) forgets them, so every measurement
+    starts from the same state."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
@@ -123,6 +129,11 @@ def drop_file_cache(*paths):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as fh:
+            fh.write("2\n")
+    except OSError:
+        pass            # not root: the pages are gone, their history stays
 
 
 def in_cgroup(cgroup: Path, argv: list[str]) -> list[str]:
