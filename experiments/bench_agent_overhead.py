@@ -15,8 +15,8 @@ interleaved in one run (several repetitions, the order rotating):
 The figure is fio's CPU time per I/O (user + system of its job threads
 as fio accounts them; the tracepoint programs run in their system time)
 over `none`; target <= 1.02 for the agent.  The same ratio over the whole
-fio process's rusage (start-up included) is reported beside.  The agent's own CPU time per I/O is reported beside.  The
-kernel-measured time per run of the access program (bpf_stats, in a
+fio process's rusage (start-up included) is reported beside, and so is the
+agent's own CPU time per I/O.  The kernel-measured time per run of the access program (bpf_stats, in a
 separate run since it adds two clock reads per run) is reported for the
 empty program and the sampler, with the host's load average.
 

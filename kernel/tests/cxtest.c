@@ -217,11 +217,12 @@ static void join_cgroup(const char *cgpath)
 		die("cannot join %s: %s", cgpath, strerror(errno));
 }
 
-static int cmd_read(const char *path, const char *cgpath)
+/*
+ * Join CGPATH (when given) and open PATH for reading one page per read
+ * with readahead off, so that the policy sees every page.
+ */
+static int open_pagewise(const char *path, const char *cgpath)
 {
-	char buf[PAGE];
-	off_t off = 0;
-	ssize_t n;
 	int fd;
 
 	if (cgpath)
@@ -229,8 +230,17 @@ static int cmd_read(const char *path, const char *cgpath)
 	fd = open(path, O_RDONLY);
 	if (fd < 0)
 		die("open %s: %s", path, strerror(errno));
-	/* One page per read and no readahead: the policy sees every page. */
 	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
+	return fd;
+}
+
+static int cmd_read(const char *path, const char *cgpath)
+{
+	char buf[PAGE];
+	off_t off = 0;
+	ssize_t n;
+	int fd = open_pagewise(path, cgpath);
+
 	while ((n = pread(fd, buf, sizeof(buf), off)) > 0)
 		off += n;
 	if (n < 0)
@@ -245,14 +255,8 @@ static int cmd_verify(const char *path, const char *cgpath)
 	unsigned long long buf[PAGE / 8];
 	off_t off = 0;
 	ssize_t n, i;
-	int fd;
+	int fd = open_pagewise(path, cgpath);
 
-	if (cgpath)
-		join_cgroup(cgpath);
-	fd = open(path, O_RDONLY);
-	if (fd < 0)
-		die("open %s: %s", path, strerror(errno));
-	posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
 	while ((n = pread(fd, buf, sizeof(buf), off)) > 0) {
 		for (i = 0; i < n / 8; i++)
 			if (buf[i] != (unsigned long long)(off + i * 8))
