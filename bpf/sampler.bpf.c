@@ -33,6 +33,8 @@ char LICENSE[] SEC("license") = "GPL";
 #define CP_INLINE_RANGE 4
 /* cp_cpu.slot of a memory cgroup nobody watches */
 #define CP_SLOT_NONE 0xffffffffU
+/* Slots of last_read (a power of two), chosen by thread id. */
+#define CP_READ_SLOTS 4096
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -98,6 +100,38 @@ struct {
 	__type(key, __u32);
 	__type(value, struct cp_cpu);
 } cpu_state SEC(".maps");
+
+/*
+ * The last range a thread was seen reading, to tell a new read from the
+ * rest of the same one.  mm_filemap_get_pages reports the whole range a
+ * read still wants, [index, last], even when only its first folios were
+ * found cached; the kernel then calls again for the remainder from the
+ * first missing page (or past the 31 folios one call hands back), and that
+ * call reports [later index, same last] again.  Counted as they come, the
+ * pages after a gap would be accessed twice by one read, and a long read
+ * over small folios many times.  A thread's next event with the same file,
+ * the same last page and a first page inside the previous range, during
+ * the same read system call (the thread's read-syscall count has not
+ * moved), is that remainder and adds nothing.
+ *
+ * The slot is chosen by thread id and shared by threads whose ids collide;
+ * an entry that is not the thread's own means a new read, which is what
+ * every event was before.  An array lookup is inlined by the verifier.
+ */
+struct cp_read {
+	__u64 task;		/* the thread's task_struct, as a number */
+	__u64 syscr;		/* its read-syscall count at that event */
+	__u64 mapping;
+	__u64 index;
+	__u64 last;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CP_READ_SLOTS);
+	__type(key, __u32);
+	__type(value, struct cp_read);
+} last_read SEC(".maps");
 
 /* verifier-inlined: no call at run time */
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
@@ -203,6 +237,39 @@ static __always_inline struct cp_watch *find_watch(__u64 cgid)
  * cached answer for the same css and the same watch generation is reused;
  * otherwise the watch maps are read and the answer cached.
  */
+/* The read system calls a task has made (0 without task I/O accounting). */
+static __always_inline __u64 task_syscr(struct task_struct *task)
+{
+	if (!bpf_core_field_exists(task->ioac))
+		return 0;
+	return task->ioac.syscr;
+}
+
+/*
+ * True if [index, last] is the remainder of the read this task's previous
+ * event reported (see struct cp_read); remembers the event either way.
+ */
+static __always_inline bool rest_of_read(struct task_struct *task, struct address_space *mapping,
+					 __u64 index, __u64 last)
+{
+	__u32 slot = task->pid & (CP_READ_SLOTS - 1);
+	struct cp_read *r = bpf_map_lookup_elem(&last_read, &slot);
+	__u64 syscr = task_syscr(task);
+	bool rest;
+
+	if (!r)
+		return false;
+	rest = r->task == (__u64)task && r->syscr == syscr &&
+	       r->mapping == (__u64)mapping && r->last == last &&
+	       index > r->index && index <= last;
+	r->task = (__u64)task;
+	r->syscr = syscr;
+	r->mapping = (__u64)mapping;
+	r->index = index;
+	r->last = last;
+	return rest;
+}
+
 static __always_inline struct cp_counters *watched(struct cp_cpu *cpu,
 						   struct cgroup_subsys_state *css)
 {
@@ -324,6 +391,8 @@ int BPF_PROG(on_get_pages, struct address_space *mapping, unsigned long index,
 	task = running_task(cpu, ctx);
 	c = watched(cpu, task_memcg_css(task));
 	if (!c || last_index < index)
+		return 0;
+	if (rest_of_read(task, mapping, index, last_index))
 		return 0;
 	n = last_index - index + 1;
 	c->accesses += n;

@@ -364,3 +364,32 @@ def test_the_benchmark_modes_attach_what_they_say(files):
             nothing = counters_of(sampler, cgid).accesses
     assert 3 * run["ios"] <= tripled <= 3 * (run["ios"] + 300)
     assert nothing == 0
+
+
+def test_a_read_counts_each_page_once_however_the_kernel_splits_it(files):
+    # The read tracepoint reports the whole range a read still wants; when
+    # the cached pages run out part-way (a page missing, or more folios
+    # than one batch), the kernel calls again for the rest and reports the
+    # rest again.  Each page a read covers is still one access.
+    import subprocess
+    from cachepilot.agent.testbed import in_cgroup
+
+    small, _ = files
+    pages = (8 << 20) // 4096
+    with scratch_cgroup("cp_split") as cg, Sampler() as sampler:
+        cgid = os.stat(cg).st_ino
+        sampler.watch(cgid, threshold_for_rate(0.01))
+        drop_file_cache(small)
+        # every other page of the first 8 MiB cached, as single pages
+        subprocess.run(in_cgroup(cg, [
+            "fio", "--name=holes", f"--filename={small}", "--rw=read:4k", "--bs=4k",
+            "--size=8m", "--ioengine=psync", "--fadvise_hint=random", "--invalidate=0"]),
+            check=True, capture_output=True)
+        for bs, what in (("64K", "gaps every other page"), ("1M", "256 cached pages a read")):
+            before = counters_of(sampler, cgid)
+            subprocess.run(in_cgroup(cg, ["dd", f"if={small}", "of=/dev/null", f"bs={bs}",
+                                          f"count={(8 << 20) // (64 << 10 if bs == '64K' else 1 << 20)}"]),
+                           check=True, capture_output=True)
+            got = counters_of(sampler, cgid).accesses - before.accesses
+            print(f"\n{bs} reads over {what}: {got} page accesses counted for {pages} pages")
+            assert pages <= got <= pages + 64, (bs, got)
