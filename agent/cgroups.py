@@ -100,13 +100,20 @@ class CgroupStats:
     anon_bytes: int
     refaults: int               # workingset_refault_file (cumulative)
     pgpgin: int                 # v1: charge events; v2: 0 (not exported)
+    shmem_bytes: int = 0        # tmpfs / shared memory, counted in file_bytes
+    mapped_file_bytes: int = 0  # page cache mapped into processes, in file_bytes
 
     @property
     def nonfile_bytes(self) -> int:
-        """Memory charged to the cgroup that is not page cache: anonymous
-        memory plus kernel memory (v1 and v2 both count it in usage).  A
-        limit leaves this much less room for the cache."""
-        return max(self.anon_bytes, self.usage_bytes - self.file_bytes)
+        """Memory charged to the cgroup outside the page cache that the
+        sampler sees (pages read through read(2)): anonymous and kernel
+        memory (both in usage), shared memory (which v1 and v2 count as
+        cache but no reclaim of the file cache frees without swap) and
+        mapped file pages (executables, libraries, mmap'ed files: faults do
+        not pass the read-path tracepoints, and reclaim protects pages in
+        use).  A limit leaves this much less room for the sampled cache."""
+        sampled_cache = max(0, self.file_bytes - self.shmem_bytes - self.mapped_file_bytes)
+        return max(self.anon_bytes, self.usage_bytes - sampled_cache)
 
     @property
     def effective_limit_bytes(self) -> int:
@@ -130,7 +137,9 @@ def read_stats(path) -> CgroupStats:
             file_bytes=get("cache"),
             anon_bytes=get("rss"),
             refaults=get("workingset_refault_file") or get("workingset_refault"),
-            pgpgin=get("pgpgin"))
+            pgpgin=get("pgpgin"),
+            shmem_bytes=get("shmem"),
+            mapped_file_bytes=get("mapped_file"))
     return CgroupStats(
         version=2,
         limit_bytes=_read_limit(p / "memory.max"),
@@ -139,7 +148,9 @@ def read_stats(path) -> CgroupStats:
         file_bytes=stat.get("file", 0),
         anon_bytes=stat.get("anon", 0),
         refaults=stat.get("workingset_refault_file", stat.get("workingset_refault", 0)),
-        pgpgin=0)
+        pgpgin=0,
+        shmem_bytes=stat.get("shmem", 0),
+        mapped_file_bytes=stat.get("file_mapped", 0))
 
 
 def limit_file(path, knob: str = "max") -> Path:

@@ -13,7 +13,7 @@ MiB = 1 << 20
 
 
 def make_v2(path: Path, *, max_="max", high="max", current=300 * MiB,
-            file=200 * MiB, anon=90 * MiB, refaults=17) -> Path:
+            file=200 * MiB, anon=90 * MiB, refaults=17, shmem=0, file_mapped=0) -> Path:
     path.mkdir(parents=True)
     (path / "cgroup.controllers").write_text("memory\n")
     (path / "cgroup.procs").write_text("")
@@ -21,7 +21,7 @@ def make_v2(path: Path, *, max_="max", high="max", current=300 * MiB,
     (path / "memory.high").write_text(f"{high}\n")
     (path / "memory.current").write_text(f"{current}\n")
     (path / "memory.stat").write_text(
-        f"anon {anon}\nfile {file}\nkernel 1234\nshmem 0\n"
+        f"anon {anon}\nfile {file}\nkernel 1234\nshmem {shmem}\nfile_mapped {file_mapped}\n"
         f"workingset_refault_anon 3\nworkingset_refault_file {refaults}\n"
         "pgfault 99\n")
     return path
@@ -29,7 +29,7 @@ def make_v2(path: Path, *, max_="max", high="max", current=300 * MiB,
 
 def make_v1(path: Path, *, limit=9223372036854771712, usage=300 * MiB,
             cache=1, rss=2, total_cache=200 * MiB, total_rss=80 * MiB,
-            refaults=5, pgpgin=1000) -> Path:
+            refaults=5, pgpgin=1000, extra="") -> Path:
     path.mkdir(parents=True)
     (path / "cgroup.procs").write_text("")
     (path / "memory.limit_in_bytes").write_text(f"{limit}\n")
@@ -37,7 +37,7 @@ def make_v1(path: Path, *, limit=9223372036854771712, usage=300 * MiB,
     (path / "memory.stat").write_text(
         f"cache {cache}\nrss {rss}\nworkingset_refault_file 1\npgpgin 7\n"
         f"total_cache {total_cache}\ntotal_rss {total_rss}\n"
-        f"total_workingset_refault_file {refaults}\ntotal_pgpgin {pgpgin}\n")
+        f"total_workingset_refault_file {refaults}\ntotal_pgpgin {pgpgin}\n{extra}")
     return path
 
 
@@ -50,6 +50,20 @@ def test_v2_stats_from_the_kernel_files(tmp_path):
         (300 * MiB, 200 * MiB, 90 * MiB, 17)
     assert s.effective_limit_bytes == 512 * MiB
     assert s.nonfile_bytes == 100 * MiB      # usage - file beats anon alone
+
+
+def test_shared_memory_and_mapped_files_are_not_sampled_cache(tmp_path):
+    # v2: 200 MiB of "file" of which 30 MiB shmem and 20 MiB mapped: only
+    # 150 MiB is cache the read-path sampler sees
+    cg = make_v2(tmp_path / "web", shmem=30 * MiB, file_mapped=20 * MiB)
+    s = cgroups.read_stats(cg)
+    assert (s.shmem_bytes, s.mapped_file_bytes) == (30 * MiB, 20 * MiB)
+    assert s.nonfile_bytes == 150 * MiB
+    # v1 names them total_shmem and total_mapped_file
+    v1 = make_v1(tmp_path / "v1", extra="total_shmem 10485760\ntotal_mapped_file 5242880\n")
+    s1 = cgroups.read_stats(v1)
+    assert (s1.shmem_bytes, s1.mapped_file_bytes) == (10 * MiB, 5 * MiB)
+    assert s1.nonfile_bytes == 300 * MiB - (200 - 15) * MiB
 
 
 def test_v2_high_below_max_is_the_effective_limit(tmp_path):
