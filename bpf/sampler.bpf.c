@@ -112,7 +112,10 @@ struct {
  * over small folios many times.  A thread's next event with the same file,
  * the same last page and a first page inside the previous range, during
  * the same read system call (the thread's read-syscall count has not
- * moved), is that remainder and adds nothing.
+ * moved), is that remainder and adds nothing.  (The kernel also has a path
+ * that hands back a read's first folios without reporting them, when the
+ * last one found is still under read-ahead I/O; those pages cannot be
+ * seen here and go uncounted.)
  *
  * The slot is chosen by thread id and shared by threads whose ids collide;
  * an entry that is not the thread's own means a new read, which is what

@@ -370,7 +370,11 @@ def test_a_read_counts_each_page_once_however_the_kernel_splits_it(files):
     # The read tracepoint reports the whole range a read still wants; when
     # the cached pages run out part-way (a page missing, or more folios
     # than one batch), the kernel calls again for the rest and reports the
-    # rest again.  Each page a read covers is still one access.
+    # rest again.  Each page a read covers is still one access.  (Within a
+    # few per cent: when the first folios a read finds end in one still
+    # under read-ahead I/O, the kernel hands them back without reporting
+    # them, and those pages go uncounted; the old program counted 25 % too
+    # many in the first case.)
     import subprocess
     from cachepilot.agent.testbed import in_cgroup
 
@@ -392,4 +396,4 @@ def test_a_read_counts_each_page_once_however_the_kernel_splits_it(files):
                            check=True, capture_output=True)
             got = counters_of(sampler, cgid).accesses - before.accesses
             print(f"\n{bs} reads over {what}: {got} page accesses counted for {pages} pages")
-            assert pages <= got <= pages + 64, (bs, got)
+            assert abs(got - pages) <= 0.05 * pages, (bs, got)
