@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachepilot.agent.backends.linux import LinuxBackend, kernel_has_cache_ext
+from cachepilot.agent.backends.linux import (LinuxBackend, kernel_default_policy,
+                                             kernel_has_cache_ext)
 from cachepilot.agent.config import config_from_dict, load_config
 from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.profile import subtract_window
@@ -194,6 +195,15 @@ def test_cache_ext_detection_reads_btf_type_names(tmp_path):
     fake.write_bytes(b"\x9f\xeb\x01\x00" + b"\x00task_struct\x00cache_ext_opsx\x00")
     assert not kernel_has_cache_ext(fake)
     assert not kernel_has_cache_ext(tmp_path / "absent")
+
+
+def test_the_kernel_default_policy_follows_lru_gen(tmp_path):
+    f = tmp_path / "enabled"
+    for text, want in (("0x0007\n", "mglru"), ("0x0001\n", "mglru"), ("0x0000\n", "linux"),
+                       ("y\n", "linux")):
+        f.write_text(text)
+        assert kernel_default_policy(f) == want, text
+    assert kernel_default_policy(tmp_path / "absent") == "linux"     # no MGLRU in the kernel
 
 
 def test_curve_shift_by_non_file_memory():

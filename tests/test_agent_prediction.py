@@ -3,9 +3,9 @@ real workload in a memory cgroup predicts the miss ratio the kernel then
 shows under four different limits.
 
 The kernel here runs its default policy (no cache_ext policy attached), so
-the prediction is the agent's curve for `linux`, our model of that policy
-(a miniature simulation of the sampled accesses); the LRU curve is printed
-beside it.  The real miss ratio comes from the kernel's own counters
+the prediction is the agent's curve for our model of that policy (`linux`,
+or `mglru` where the multi-generational LRU is on): a miniature simulation
+of the sampled accesses.  The LRU curve is printed beside it.  The real miss ratio comes from the kernel's own counters
 (memory.stat pgpgin: pages charged = page-cache insertions, over fio's
 issued reads or the kernel's access count), never from the agent's curve.
 """
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cachepilot.agent import cgroups
+from cachepilot.agent.backends.linux import kernel_default_policy
 from cachepilot.agent.profile import profile_cgroup
 from cachepilot.agent.sampler import Sampler, why_unavailable
 from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, exclusive,
@@ -32,6 +33,7 @@ FILE_SIZE = 256 << 20
 LIMITS_MB = (32, 64, 128, 192)
 TOLERANCE = 0.05
 RATE = 0.1
+DEFAULT = kernel_default_policy()     # the model of what the kernel does here
 WARM, MEASURED = 250_000, 150_000     # fio reads before and during a measurement
 REPEATS = 3                           # measured runs per limit (median)
 
@@ -51,14 +53,14 @@ def data_file():
 
 
 def profile_during(cg, phases, max_pages, rate=RATE):
-    """Profile `cg` (LRU and `linux` curves up to max_pages) while phases[0]()
+    """Profile `cg` (LRU and DEFAULT curves up to max_pages) while phases[0]()
     warms up and phases[1]() is measured.  A single phase is one run that
     calls its argument (the end of the warm-up) itself."""
     warm, done, out = threading.Event(), threading.Event(), {}
     with Sampler() as sampler:
         t = threading.Thread(target=lambda: out.setdefault("p", profile_cgroup(
             str(cg), 0, rate=rate, warmup_until=warm.is_set, until=done.is_set,
-            poll_s=0.2, sampler=sampler, policies=("lru", "linux"),
+            poll_s=0.2, sampler=sampler, policies=("lru", DEFAULT),
             max_pages=max_pages)))
         t.start()
         time.sleep(0.5)
@@ -87,7 +89,8 @@ def check_prediction(title, rows):
     under `title`; every prediction within TOLERANCE, and the real miss
     ratio falls by more than 0.05 from the first limit to the last (the
     limits are different regimes, not a flat curve)."""
-    print(f"\n{title}\n  limit MiB   real   linux  (error)    lru  (error)  host during the run")
+    print(f"\n{title}\n  limit MiB   real  {DEFAULT:>6s}  (error)    lru  (error)  "
+          "host during the run")
     for limit_mb, real, predicted, lru, notes in rows:
         print(f"  {limit_mb:9d} {real:.4f} {predicted:.4f} ({predicted - real:+.4f}) "
               f"{lru:.4f} ({lru - real:+.4f})  {notes}")
@@ -174,7 +177,7 @@ def test_fio_curve_predicts_kernel_miss_ratio_at_four_limits(data_file, distribu
             real, notes = sorted(measure_real(cg, data_file, distribution, limit_mb, rep)
                                  for rep in range(REPEATS))[REPEATS // 2]
             size = (limit_mb << 20) // PAGE
-            rows.append((limit_mb, real, float(curves["linux"].at(size)),
+            rows.append((limit_mb, real, float(curves[DEFAULT].at(size)),
                          float(curves["lru"].at(size)), notes))
         check_prediction(f"fio {distribution} (rate {RATE}, non-file offset "
                          f"{prof.nonfile_peak_bytes >> 20} MiB)", rows)
@@ -267,7 +270,7 @@ def test_rocksdb_curve_predicts_kernel_miss_ratio_at_four_limits(rocksdb):
                     base[1] += sign * (c1[cgid][1].accesses - c0[cgid][1].accesses)
                 real = base[0] / base[1]
                 size = (limit_mb << 20) // PAGE
-                rows.append((limit_mb, real, float(curves["linux"].at(size)),
+                rows.append((limit_mb, real, float(curves[DEFAULT].at(size)),
                              float(curves["lru"].at(size)),
                              describe(host, sampled_cache_pages(cg))))
         check_prediction(f"rocksdb readrandom ({db_size >> 20} MiB of SST; non-file offset "

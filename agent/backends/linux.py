@@ -45,6 +45,21 @@ def kernel_has_cache_ext(btf: Path = BTF) -> bool:
     return b"\x00cache_ext_ops\x00" in data
 
 
+LRU_GEN = Path("/sys/kernel/mm/lru_gen/enabled")
+
+
+def kernel_default_policy(lru_gen: Path = LRU_GEN) -> str:
+    """The library policy that models what the kernel does with a cgroup
+    that has no cache_ext policy: `mglru` where the multi-generational LRU
+    is switched on (bit 0 of lru_gen/enabled), else `linux`, the classic
+    active/inactive lists."""
+    try:
+        value = int(lru_gen.read_text().strip(), 0)
+    except (OSError, ValueError):
+        return "linux"
+    return "mglru" if value & 1 else "linux"
+
+
 def mem_total_bytes() -> int:
     with open("/proc/meminfo") as fh:
         for line in fh:
@@ -75,6 +90,7 @@ class LinuxBackend:
         self.rules = SafetyRules(cfg.safety.floor, cfg.safety.anon_margin,
                                  cfg.safety.anon_margin_ratio, cfg.safety.max_step)
         self.has_cache_ext = kernel_has_cache_ext()
+        self.default_policy = kernel_default_policy()
         self.memory_bytes = cfg.memory or mem_total_bytes()
         self.policies = self._policies()
         self.watched: dict[str, Watched] = {}       # tenant -> Watched
@@ -150,7 +166,8 @@ class LinuxBackend:
             tp = None
             if spec is not None and spec.throughput.source == "prometheus":
                 tp = PrometheusSource(spec.throughput)
-            w = Watched(tenant, path, cgid, spec, builder, tp, time.monotonic())
+            w = Watched(tenant, path, cgid, spec, builder, tp, time.monotonic(),
+                        policy=self.default_policy)
             try:
                 w.last_stats = cgroups.read_stats(path)
             except CgroupError as err:
