@@ -41,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 from cachepilot.agent.sampler import (Sampler, threshold_for_rate,  # noqa: E402
                                       why_unavailable)
+from cachepilot.agent import damon  # noqa: E402
 from cachepilot.agent.testbed import (SCRATCH, fio_randread, have, in_cgroup,  # noqa: E402
                                       make_file, scratch_cgroup, v1_memory_available)
 
@@ -321,7 +322,10 @@ def main():
     path = make_file(SCRATCH / f"overhead-{args.file_mb}m.dat", args.file_mb << 20)
     runs = {c: [] for c in CONDITIONS}
     load = {"start": os.getloadavg()}
-    with scratch_cgroup("cp_overhead") as cg, tempfile.TemporaryDirectory() as tmp:
+    # the host's DAMON pageout, if any, would evict parts of the cached
+    # file mid-run and turn cache hits into disk reads
+    with damon.paused(), scratch_cgroup("cp_overhead") as cg, \
+            tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
         run_fio(cg, path, 200_000, args.jobs, seed=99)      # warm: all pages cached

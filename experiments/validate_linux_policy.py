@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.agent import cgroups
+from cachepilot.agent import cgroups, damon
 from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, exclusive, in_cgroup,
                                       make_file, scratch_cgroup, v1_memory_available)
 from cachepilot.models import runtime
@@ -158,7 +158,8 @@ def main() -> int:
     pages = FILE_SIZE // PAGE
     report = {"file_pages": pages, "warm": WARM, "measured": MEASURED,
               "zipf_skew": SKEW, "kernel": os.uname().release, "workloads": {}}
-    with tempfile.TemporaryDirectory() as tmp, \
+    # the host's DAMON pageout, if any, would reclaim below the limits
+    with tempfile.TemporaryDirectory() as tmp, damon.paused(), \
             exclusive(SCRATCH / "cp-validate-linux.lock"), \
             scratch_cgroup("cp_validate_linux") as cg:
         reader = build_reader(Path(tmp))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.agent import cgroups
+from cachepilot.agent import cgroups, damon
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
@@ -110,6 +110,11 @@ class LinuxBackend:
         if self.stats_only_reason:
             log.warning("stats-only mode (no access sampling, no curves): %s",
                         self.stats_only_reason)
+        reclaimers = damon.pageout_kdamonds()
+        if reclaimers:
+            log.warning("this host's DAMON pages out idle-looking page cache (%s): pages of "
+                        "any cgroup are reclaimed below its limit, so miss ratios can run "
+                        "above the curves", damon.describe(reclaimers))
         self.sampler_totals = {"events": 0, "samples": 0, "drops": 0}
         self._refresh()
 
