@@ -129,3 +129,47 @@ def exact_lru_mrc(source, sizes=None) -> MRC:
     for chunk in iter_chunks(source):
         engine.feed(chunk)
     return engine.mrc(sizes)
+
+
+COLD = np.iinfo(np.int64).max     # stack_distances' mark of a first reference
+
+
+def stack_distances(keys, progress=None) -> np.ndarray:
+    """Exact LRU stack distance of every reference (distinct other keys since
+    the key's previous reference; COLD for a first reference): a cache of C
+    pages hits a reference exactly when its distance is below C.  Plain
+    Python over a Fenwick tree of last-occurrence positions, about 1 us a
+    reference: a reference for studies, not the engine's fast path."""
+    keys = as_keys(keys)
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    _, ids = np.unique(keys, return_inverse=True)
+    last = np.full(int(ids.max()) + 1, -1, dtype=np.int64)
+    tree = [0] * (n + 1)                # Fenwick over positions 1..n
+    out = np.empty(n, dtype=np.int64)
+    live = 0                            # marked positions: one per key seen
+    for t, k in enumerate(ids.tolist()):
+        p = int(last[k])
+        if p < 0:
+            out[t] = COLD
+            live += 1
+        else:
+            # marked positions after p = keys referenced since p
+            i, before = p + 1, 0
+            while i > 0:
+                before += tree[i]
+                i -= i & -i
+            out[t] = live - before
+            i = p + 1
+            while i <= n:
+                tree[i] -= 1
+                i += i & -i
+        i = t + 1
+        while i <= n:
+            tree[i] += 1
+            i += i & -i
+        last[k] = t
+        if progress and t % 200_000 == 0:
+            progress(t, n)
+    return out

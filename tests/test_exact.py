@@ -13,7 +13,8 @@ How libCacheSim counts, so that the comparison is like for like:
 import numpy as np
 import pytest
 
-from cachepilot.models.exact import ExactLRU, auto_sizes, exact_lru_mrc
+from cachepilot.models.exact import (COLD, ExactLRU, auto_sizes, exact_lru_mrc,
+                                    stack_distances)
 from cachepilot.models.traces import open_trace, read_keys, write_oracle_general
 from lru_oracle import naive_lru_miss_ratio
 
@@ -98,3 +99,15 @@ def test_any_64_bit_key_works():
     kl = keys.tolist()
     for size in [1, 10, 100, 250, 304]:
         assert curve.at(size) == pytest.approx(naive_lru_miss_ratio(kl, size), abs=1e-12)
+
+
+def test_per_reference_stack_distances_agree_with_the_curve():
+    assert stack_distances([1, 2, 1, 3, 2, 2]).tolist() == [COLD, COLD, 1, COLD, 2, 0]
+    assert len(stack_distances([])) == 0
+    rng = np.random.default_rng(5)
+    keys = rng.zipf(1.3, 20_000).astype(np.uint64) % 3000
+    d = np.sort(stack_distances(keys))
+    exact = exact_lru_mrc(keys)
+    sizes = np.arange(1, 3001, 37)
+    misses = (len(d) - np.searchsorted(d, sizes, side="left")) / len(d)
+    assert np.max(np.abs(misses - exact.at(sizes))) < 1e-12

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""How close can any SHARDS estimator get at a fixed rate?  An oracle bound.
+
+SHARDS at rate R keeps the references of the keys whose hash falls under
+the threshold, and estimates each one's reuse distance from the sampled
+stream.  Give an estimator more than it can have -- the *exact* reuse
+distance of every sampled reference, measured on the full trace -- and
+its remaining error is only the luck of which keys were drawn.  No
+estimator that sees the sampled keys alone can expect to do better (the
+rest of its error, from estimating the distances, comes on top).
+
+For each reference trace this computes every reference's exact LRU stack
+distance (a Fenwick tree over last-occurrence positions), then, for the
+shipped hash and for SALTS hash salts (keys xored with a random constant,
+a fresh but equally likely sample), the MAE against the exact curve at 50
+log-spaced sizes from 1 % to 100 % of the unique pages (the sizes the
+issue's target is stated at) of two oracle estimates:
+
+  rate    misses of the sampled references / (R x all references)
+  ratio   misses of the sampled references / sampled references
+
+Writes experiments/results/study_shards_floor.json and .png.
+
+    .venv/bin/python experiments/study_shards_floor.py [--rate 0.01] [--salts 20] [--oltp]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cachepilot.models.exact import COLD, as_keys, stack_distances
+from cachepilot.models.shards import hash64, rate_threshold
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+TRACES = HERE.parents[1] / "shared" / "traces"
+SALT_SEED = 20260401        # the estimator study's salts
+
+
+def miss_curve(dist: np.ndarray, sizes: np.ndarray, denominator: float) -> np.ndarray:
+    """Misses at each cache size (a reference misses when its distance is at
+    least the size) over `denominator`."""
+    d = np.sort(dist)
+    hits = np.searchsorted(d, sizes, side="left")   # distances < size
+    return (len(d) - hits) / denominator
+
+
+def salts(n: int) -> list[int]:
+    rng = np.random.default_rng(SALT_SEED)
+    return [int(s) for s in rng.integers(1, 2**63, n, dtype=np.uint64) * 2 + 1]
+
+
+def study(keys: np.ndarray, rate: float, n_salts: int) -> dict:
+    dist = stack_distances(keys, lambda t, n: print(f"\r  distances {t:,}/{n:,}",
+                                                     end="", file=sys.stderr))
+    print(file=sys.stderr)
+    unique = int(np.count_nonzero(dist == COLD))
+    sizes = np.unique(np.geomspace(unique / 100, unique, 50).astype(np.int64))
+    exact = miss_curve(dist, sizes, len(dist))
+    threshold = rate_threshold(rate)
+    rows = []
+    for salt in [0] + salts(n_salts):
+        h = hash64(keys ^ np.uint64(salt) if salt else keys)
+        picked = h < np.uint64(threshold)
+        sampled = dist[picked]
+        keys_drawn = int(np.count_nonzero(sampled == COLD))
+        rows.append({
+            "salt": salt, "sampled_refs": int(picked.sum()), "sampled_keys": keys_drawn,
+            "rate": float(np.mean(np.abs(miss_curve(sampled, sizes, rate * len(dist)) - exact))),
+            "ratio": float(np.mean(np.abs(miss_curve(sampled, sizes, max(1, len(sampled)))
+                                          - exact)))})
+    salted = rows[1:] or rows
+    return {
+        "references": int(len(dist)), "unique": unique,
+        "shipped_hash": rows[0],
+        "over_salts": {e: {"mean": float(np.mean([r[e] for r in salted])),
+                           "p90": float(np.percentile([r[e] for r in salted], 90))}
+                       for e in ("rate", "ratio")},
+        "sampled_keys_over_salts": [r["sampled_keys"] for r in salted],
+        "rows": rows,
+    }
+
+
+def plot(results: dict, rate: float, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = list(results)
+    for i, name in enumerate(names):
+        for j, est in enumerate(("rate", "ratio")):
+            vals = [r[est] for r in results[name]["rows"][1:]] or \
+                [results[name]["rows"][0][est]]
+            x = i * 3 + j
+            ax.scatter([x] * len(vals), vals, s=12, alpha=0.6,
+                       label=f"oracle-{est}" if i == 0 else None,
+                       color=("tab:blue", "tab:orange")[j])
+            ax.scatter([x], [results[name]["shipped_hash"][est]], marker="x", s=60,
+                       color="black", label="shipped hash" if i == 0 and j == 0 else None)
+    ax.axhline(0.01, color="red", linestyle="--", label="target 0.01")
+    ax.set_xticks([i * 3 + 0.5 for i in range(len(names))], names)
+    ax.set_ylabel("MAE vs exact LRU (1-100 % of unique pages)")
+    ax.set_title(f"SHARDS at R = {rate} with exact distances (the sampling floor)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rate", type=float, default=0.01)
+    ap.add_argument("--salts", type=int, default=20)
+    ap.add_argument("--oltp", action="store_true",
+                    help="also OLTP (millions of page references: a few minutes)")
+    ap.add_argument("--out", default=str(RESULTS / "study_shards_floor"))
+    args = ap.parse_args(argv)
+    if not 0 < args.rate <= 1 or args.salts < 0:
+        print("error: --rate must be in (0, 1] and --salts at least 0", file=sys.stderr)
+        return 2
+    from cachepilot.models.traces import read_keys
+    names = ["cloudphysics.txt"] + (["OLTP.lis.zst"] if args.oltp else [])
+    results = {}
+    t0 = time.perf_counter()
+    for name in names:
+        path = TRACES / name
+        if not path.is_file():
+            print(f"{path} is absent: skipped", file=sys.stderr)
+            continue
+        print(f"{name}:", file=sys.stderr)
+        r = study(as_keys(read_keys(path)), args.rate, args.salts)
+        results[name] = r
+        s, o = r["shipped_hash"], r["over_salts"]
+        print(f"{name}: {r['references']:,} references, {r['unique']:,} unique pages; "
+              f"R = {args.rate} draws {s['sampled_keys']} keys with the shipped hash "
+              f"({min(r['sampled_keys_over_salts'] or [0])}-"
+              f"{max(r['sampled_keys_over_salts'] or [0])} over salts)")
+        print(f"  oracle MAE, shipped hash: rate {s['rate']:.4f}  ratio {s['ratio']:.4f}")
+        print(f"  oracle MAE over {args.salts} salts (mean/p90): "
+              f"rate {o['rate']['mean']:.4f}/{o['rate']['p90']:.4f}  "
+              f"ratio {o['ratio']['mean']:.4f}/{o['ratio']['p90']:.4f}")
+    if not results:
+        print("error: no reference trace found under " + str(TRACES), file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"rate": args.rate, "salts": args.salts, "salt_seed": SALT_SEED,
+           "sizes": "50 log-spaced, 1-100 % of unique pages", "traces": results,
+           "seconds": time.perf_counter() - t0}
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
+    plot(results, args.rate, out.with_suffix(".png"))
+    print(f"wrote {out.with_suffix('.json')} and .png ({doc['seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
