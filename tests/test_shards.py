@@ -113,3 +113,219 @@ def study_salts(n=20, seed=20260401):
 
 
 SALTS = study_salts()
+
+
+SYNTHETIC = {
+    "zipf": lambda s: gen.zipf(300_000, 0.8, seed=s).next(1_500_000),
+    "get-scan": lambda s: gen.get_scan(150_000, 0.9, scan_fraction=0.2,
+                                       scan_pages=512, seed=s).next(1_500_000)[0],
+    "phases": lambda s: gen.phases([(gen.zipf(100_000, 1.0, seed=s), 500_000),
+                                    (gen.loop(120_000), 500_000),
+                                    (gen.uniform(200_000, seed=s), 500_000)]).next(1_500_000),
+}
+
+
+# Mean / max MAE bounds for fixed rate R = 0.01.  "phases" contains a loop
+# over 120,000 pages: every reference then has the same true distance, and
+# the sample's estimate of it is off by +-3 % (1,200 +- 35 sampled keys), so
+# the curve's cliff moves and the sizes beside it take errors of ~0.3.  That
+# is SHARDS' known weak spot; the fixed-size variant holds 0.01 there.
+RATE_BOUNDS = {"zipf": (0.015, 0.03), "get-scan": (0.015, 0.03), "phases": (0.04, 0.05)}
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_synthetic_workloads_average_within_001(name):
+    # three seeds each; a seed changes both the workload and which keys the
+    # fixed hash samples, so this is not tuned to one lucky sample
+    errs_size, errs_rate = [], []
+    for seed in (11, 12, 13):
+        keys = SYNTHETIC[name](seed)
+        exact = exact_lru_mrc(keys)
+        errs_size.append(mae(keys, exact, max_samples=8192)[0])
+        errs_rate.append(mae(keys, exact, rate=0.01)[0])
+    print(name, "fixed size", errs_size, "fixed rate", errs_rate)
+    assert np.mean(errs_size) <= 0.01 and max(errs_size) <= 0.02, errs_size
+    mean_bound, max_bound = RATE_BOUNDS[name]
+    assert np.mean(errs_rate) <= mean_bound and max(errs_rate) <= max_bound, errs_rate
+
+
+def test_adj_correction_reduces_error_on_average():
+    gains = []
+    for seed in range(4):
+        keys = gen.zipf(200_000, 0.8, seed=seed).next(600_000)
+        exact = exact_lru_mrc(keys)
+        gains.append(mae(keys, exact, rate=0.01, adj=False)[0] -
+                     mae(keys, exact, rate=0.01, adj=True)[0])
+    assert np.mean(gains) > 0
+
+
+def test_fixed_size_bounds_the_sample_and_lowers_the_threshold():
+    engine = Shards(max_samples=1000)
+    thresholds = []
+    stream = gen.uniform(100_000, seed=4)
+    for _ in range(20):
+        engine.feed(stream.next(20_000))
+        assert engine.sampled_keys <= 1000
+        thresholds.append(engine.threshold)
+    assert all(a >= b for a, b in zip(thresholds, thresholds[1:]))
+    assert engine.rate == pytest.approx(1000 / 100_000, rel=0.15)
+
+
+def test_presampled_batches_give_the_same_curve():
+    keys = gen.zipf(50_000, 0.9, seed=8).next(400_000)
+    whole = Shards(rate=0.01)
+    whole.feed(keys)
+    pre = Shards(rate=0.01)
+    for part in np.array_split(keys, 8):
+        # the kernel sampled at a higher rate; we re-filter at ours
+        kept = part[sample_mask_index(part, rate_threshold(0.05))]
+        pre.feed(kept, total_accesses=len(part))
+    a, b = whole.mrc(), pre.mrc()
+    assert np.array_equal(a.sizes, b.sizes)
+    assert np.allclose(a.miss_ratio, b.miss_ratio, atol=1e-12)
+    assert pre.accesses == len(keys)
+
+
+def test_needs_a_rate_or_a_size():
+    with pytest.raises(ValueError):
+        Shards()
+    with pytest.raises(ValueError):
+        Shards(rate=0)
+    with pytest.raises(ValueError):
+        Shards(rate=1.5)
+
+
+# -- the "split" estimator --------------------------------------------------
+
+def salted(keys, salt):
+    """The same workload with another sample: xor is a bijection, so the
+    LRU behaviour is unchanged while the hash picks other keys."""
+    return keys ^ np.uint64(salt)
+
+
+def mae_by_estimator(keys, exact, **kw):
+    """MAE of every estimator on one run (they share its histogram)."""
+    sizes = sizes_for(exact.meta["unique"])
+    truth = exact.at(sizes)
+    engine = Shards(**kw, estimator="split")
+    engine.feed(keys)
+    stats = engine.key_stats()
+    hist, bin_pages, rate, accesses = engine.take_histogram()
+    return {e: float(np.mean(np.abs(curve_from_histogram(
+        hist, bin_pages, rate, accesses, sizes, estimator=e,
+        key_stats=stats).miss_ratio - truth))) for e in ESTIMATORS}
+
+
+def test_split_is_no_worse_than_adj_and_ratio_on_average_over_salts():
+    # Small traces, the regime where the estimators differ; workloads and
+    # salts other than the study's.  Skewed workloads favour SHARDS_adj,
+    # flat ones the ratio estimator; split must match the better of them
+    # on average, in both modes.
+    workloads = [gen.zipf(50_000, 0.9, seed=31).next(100_000),
+                 gen.uniform(50_000, seed=32).next(100_000),
+                 gen.loop(30_000).next(100_000),
+                 gen.get_scan(40_000, 0.9, scan_fraction=0.2, scan_pages=512,
+                              seed=33).next(100_000)[0]]
+    rng = np.random.default_rng(2024)
+    salts = [int(s) | 1 for s in rng.integers(1, 2**63, 10, dtype=np.uint64)]
+    for mode in ({"rate": 0.01}, {"max_samples": 8192}):
+        errs = {e: [] for e in ESTIMATORS}
+        for keys in workloads:
+            exact = exact_lru_mrc(keys)
+            for salt in salts:
+                for e, v in mae_by_estimator(salted(keys, salt), exact, **mode).items():
+                    errs[e].append(v)
+        means = {e: float(np.mean(v)) for e, v in errs.items()}
+        print(mode, means)
+        assert means["split"] <= means["adj"] and means["split"] <= means["ratio"], means
+
+
+def test_key_count_factor_takes_the_whole_deviation_when_keys_are_alike():
+    # every sampled key equally busy: the sample's excess can only be keys
+    assert key_count_factor(500, 0.0, 1100.0, 100_000, 0.01) == pytest.approx(1.1)
+    # and then split is the ratio estimator: three whole passes of a loop
+    # reference every key equally often and give the same curve both ways
+    keys = gen.loop(40_000).next(120_000)
+    split = shards_mrc(keys, rate=0.01, estimator="split")
+    ratio = shards_mrc(keys, rate=0.01, estimator="ratio")
+    assert np.allclose(split.miss_ratio, ratio.miss_ratio, atol=1e-9)
+
+
+def test_key_count_factor_blames_a_large_excess_on_hot_keys():
+    keys, rate, accesses = 500, 0.01, 100_000
+    sd_count = math.sqrt((1 - rate) / keys)
+    excess = math.exp(6 * sd_count)          # 6 sd: implausible as a key count
+    flat = key_count_factor(keys, 0.3, accesses * rate * excess, accesses, rate)
+    skewed = key_count_factor(keys, 50.0, accesses * rate * excess, accesses, rate)
+    # both lie between "all keys" (excess) and "all composition" (1) ...
+    assert 1.0 < skewed < flat < excess
+    # ... and with a heavy-tailed spread of frequencies, the count part
+    # stays within what a binomial key count plausibly does
+    assert math.log(skewed) < 2 * sd_count
+    # a deficit is treated symmetrically
+    low = key_count_factor(keys, 50.0, accesses * rate / excess, accesses, rate)
+    assert 1.0 / excess < low < 1.0
+    # rate 1 samples every key: nothing to correct
+    assert key_count_factor(keys, 50.0, 1234.0, 1000, 1.0) == 1.0
+
+
+def test_key_count_part_lies_between_nothing_and_everything():
+    # whatever the inputs, the key-count part of a deviation is a shrunk
+    # share of it: same sign, no larger, finite
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        keys = int(rng.integers(1, 100_000))
+        rate = float(10 ** rng.uniform(-5, -0.01))
+        accesses = float(10 ** rng.uniform(0, 9))
+        cv2 = 0.0 if rng.random() < 0.1 else float(10 ** rng.uniform(-6, 4))
+        dev = float(rng.normal(0, 10 ** rng.uniform(-3, 1)))
+        x = math.log(key_count_factor(keys, cv2, accesses * rate * math.exp(dev),
+                                      accesses, rate))
+        # (1e-12: exp then log is not an exact round trip)
+        assert math.isfinite(x) and min(0.0, dev) - 1e-12 <= x <= max(0.0, dev) + 1e-12
+
+
+@pytest.mark.parametrize("mode", [{"rate": 0.05}, {"max_samples": 2000}])
+def test_per_key_counts_follow_the_sample(mode):
+    engine = Shards(**mode)
+    stream = gen.zipf(40_000, 0.8, seed=9)
+    for _ in range(6):
+        engine.feed(stream.next(30_000))
+        keys, refs, sum_sq = engine.key_stats()
+        assert keys == engine.sampled_keys
+        assert sum_sq >= refs >= keys
+    if "rate" in mode:
+        # fixed rate: the counts are exactly the histogram's references
+        hist = engine.take_histogram()[0]
+        assert refs == pytest.approx(float(np.sum(hist)))
+    engine.take_histogram(reset=True)
+    assert engine.key_stats() == (0, 0.0, 0.0)
+
+
+def test_estimator_names_and_the_adj_keyword():
+    keys = gen.zipf(20_000, 0.9, seed=5).next(60_000)
+    assert shards_mrc(keys, rate=0.05).meta["estimator"] == DEFAULT_ESTIMATOR == "split"
+    assert shards_mrc(keys, rate=0.05, adj=True).meta["estimator"] == "adj"
+    assert shards_mrc(keys, rate=0.05, adj=False).meta["estimator"] == "ratio"
+    assert shards_mrc(keys, rate=0.05, adj=True, estimator="split").meta["estimator"] == "split"
+    with pytest.raises(ValueError, match="unknown SHARDS estimator"):
+        Shards(rate=0.05, estimator="magic")
+    hist, bin_pages, rate, accesses = Shards(rate=0.05, adj=True).take_histogram()
+    with pytest.raises(ValueError, match="per-key counts"):
+        curve_from_histogram(np.array([1.0, 2.0]), 1, 0.05, 100, [1, 2], estimator="split")
+
+
+def test_builder_uses_the_same_estimators():
+    # the agent's MRCBuilder builds its LRU curve with the same default,
+    # and still honours adj=True for SHARDS_adj
+    from cachepilot.models.builder import MRCBuilder
+    keys = gen.zipf(20_000, 0.9, seed=6).next(80_000)
+    for kw, name in (({}, DEFAULT_ESTIMATOR), ({"adj": True}, "adj"),
+                     ({"estimator": "ratio"}, "ratio")):
+        b = MRCBuilder(("lru",), rate=0.05, **kw)
+        b.feed(keys[:40_000])
+        b.end_window()
+        b.feed(keys[40_000:])
+        (curve,) = b.snapshot()
+        assert curve.meta["estimator"] == name
+        assert np.all(np.diff(curve.miss_ratio) <= 1e-12)
