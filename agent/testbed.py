@@ -115,11 +115,12 @@ def exclusive(lock_path: Path):
 
 
 def drop_file_cache(*paths):
-    """Evict the files' pages (written back first so every page can go).
-    Eviction by fadvise(DONTNEED) leaves no shadow entries of its own (only
-    reclaim does), so the files start cold.  Other files are untouched: in
-    particular the pages of the programs a test runs stay cached where
-    they were charged (see warm_program)."""
+    """Evict the files' pages (written back first so every page can go), so
+    the files start cold.  fadvise(DONTNEED) adds no shadow entries (only
+    reclaim does); those earlier reclaim left stay, as nothing short of
+    truncation clears them.  Other files are untouched: in particular the
+    pages of the programs a test runs stay cached where they were charged
+    (see warm_program)."""
     for p in paths:
         fd = os.open(p, os.O_RDONLY)
         try:
