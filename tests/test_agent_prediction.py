@@ -5,9 +5,10 @@ shows under four different limits.
 The kernel here runs its default policy (no cache_ext policy attached), so
 the prediction is the agent's curve for our model of that policy (`linux`,
 or `mglru` where the multi-generational LRU is on): a miniature simulation
-of the sampled accesses.  The LRU curve is printed beside it.  The real miss ratio comes from the kernel's own counters
-(memory.stat pgpgin: pages charged = page-cache insertions, over fio's
-issued reads or the kernel's access count), never from the agent's curve.
+of the sampled accesses.  The LRU curve is printed beside it.  The real
+miss ratio comes from the kernel's own counters (memory.stat pgpgin: pages
+charged = page-cache insertions, over fio's issued reads or the kernel's
+access count), never from the agent's curve.
 """
 import os
 import subprocess
