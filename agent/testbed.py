@@ -170,16 +170,13 @@ def _fio_result(returncode: int, stdout: str, stderr: str) -> dict:
     return {"ios": int(job["read"]["total_ios"]), "json": out}
 
 
-def fio_randread(cgroup: Path | None, filename: Path, ios: int, *,
-                 distribution: str = "random", seed: int = 1, jobs: int = 1,
-                 size: int | None = None, extra: list[str] = ()) -> dict:
+def fio_randread(cgroup: Path, filename: Path, ios: int, *, distribution: str = "random",
+                 seed: int = 1, jobs: int = 1, size: int | None = None,
+                 extra: list[str] = ()) -> dict:
     """Buffered 4 KiB random reads (psync, fadvise random, the cache kept
-    across runs) in `cgroup` (None: the caller's own); returns
-    {'ios': issued reads, 'json': fio's report}."""
+    across runs); returns {'ios': issued reads, 'json': fio's report}."""
     argv = _fio_randread_argv(filename, ios, distribution, seed, jobs, size, extra)
-    if cgroup is not None:
-        argv = in_cgroup(cgroup, argv)
-    res = subprocess.run(argv, capture_output=True, text=True)
+    res = subprocess.run(in_cgroup(cgroup, argv), capture_output=True, text=True)
     return _fio_result(res.returncode, res.stdout, res.stderr)
 
 

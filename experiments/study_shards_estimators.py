@@ -40,15 +40,14 @@ import numpy as np
 from cachepilot.models import generators as gen
 from cachepilot.models.exact import exact_lru_mrc
 from cachepilot.models.exact import miss_ratios
-from cachepilot.models.shards import (ESTIMATORS, Shards, curve_from_histogram,
-                                      frequency_cv2, key_count_factor)
+from cachepilot.models.shards import (ESTIMATORS, SALT_SEED, Shards, curve_from_histogram,
+                                      frequency_cv2, hash_salts, key_count_factor)
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 TRACES = HERE.parents[1] / "shared" / "traces"
 RATE = 0.01
 MAX_SAMPLES = 8192
-SALT_SEED = 20260401
 MODES = {"rate=0.01": {"rate": RATE}, "size=8192": {"max_samples": MAX_SAMPLES}}
 # Ablation, not a shipped estimator: split with a Gaussian composition part,
 # to show what the Student-t's heavy tail buys.
@@ -95,11 +94,6 @@ def eval_sizes(unique: int) -> np.ndarray:
     return np.unique(np.geomspace(unique / 100, unique, 50).astype(np.int64))
 
 
-def salts(n: int) -> list[int]:
-    rng = np.random.default_rng(SALT_SEED)
-    return [int(s) for s in rng.integers(1, 2**63, n, dtype=np.uint64) * 2 + 1]
-
-
 def errors_by_estimator(keys, exact, mode_kw, salt=0) -> dict[str, float]:
     """MAE of every estimator on one sample (keys xor salt)."""
     sizes = eval_sizes(exact.meta["unique"])
@@ -130,7 +124,7 @@ def study(names, n_salts):
         exact = exact_lru_mrc(keys)
         for mode, kw in MODES.items():
             errs = {e: [] for e in COLUMNS}
-            for salt in salts(n_salts):
+            for salt in hash_salts(n_salts):
                 for e, v in errors_by_estimator(keys, exact, kw, salt).items():
                     errs[e].append(v)
             rows[(name, mode)] = {e: {"mean": float(np.mean(v)),
@@ -186,7 +180,7 @@ def real_traces(n_salts):
         out[fname] = {mode: errors_by_estimator(keys, exact, kw) for mode, kw in MODES.items()}
         over_salts[fname] = {}
         for mode, kw in MODES.items():
-            runs = [errors_by_estimator(keys, exact, kw, salt) for salt in salts(n_salts)]
+            runs = [errors_by_estimator(keys, exact, kw, salt) for salt in hash_salts(n_salts)]
             over_salts[fname][mode] = {
                 e: {"mean": float(np.mean([r[e] for r in runs])),
                     "p90": float(np.percentile([r[e] for r in runs], 90))}

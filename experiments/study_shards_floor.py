@@ -33,26 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.models.exact import COLD, as_keys, stack_distances
-from cachepilot.models.shards import hash64, rate_threshold
+from cachepilot.models.exact import (COLD, as_keys, misses_from_distances,
+                                    stack_distances)
+from cachepilot.models.shards import SALT_SEED, hash64, hash_salts, rate_threshold
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 TRACES = HERE.parents[1] / "shared" / "traces"
-SALT_SEED = 20260401        # the estimator study's salts
-
-
-def miss_curve(dist: np.ndarray, sizes: np.ndarray, denominator: float) -> np.ndarray:
-    """Misses at each cache size (a reference misses when its distance is at
-    least the size) over `denominator`."""
-    d = np.sort(dist)
-    hits = np.searchsorted(d, sizes, side="left")   # distances < size
-    return (len(d) - hits) / denominator
-
-
-def salts(n: int) -> list[int]:
-    rng = np.random.default_rng(SALT_SEED)
-    return [int(s) for s in rng.integers(1, 2**63, n, dtype=np.uint64) * 2 + 1]
 
 
 def study(keys: np.ndarray, rate: float, n_salts: int) -> dict:
@@ -61,19 +48,20 @@ def study(keys: np.ndarray, rate: float, n_salts: int) -> dict:
     print(file=sys.stderr)
     unique = int(np.count_nonzero(dist == COLD))
     sizes = np.unique(np.geomspace(unique / 100, unique, 50).astype(np.int64))
-    exact = miss_curve(dist, sizes, len(dist))
+    exact = misses_from_distances(dist, sizes, len(dist))
     threshold = rate_threshold(rate)
     rows = []
-    for salt in [0] + salts(n_salts):
+    for salt in [0] + hash_salts(n_salts):
         h = hash64(keys ^ np.uint64(salt) if salt else keys)
         picked = h < np.uint64(threshold)
         sampled = dist[picked]
         keys_drawn = int(np.count_nonzero(sampled == COLD))
-        rows.append({
-            "salt": salt, "sampled_refs": int(picked.sum()), "sampled_keys": keys_drawn,
-            "rate": float(np.mean(np.abs(miss_curve(sampled, sizes, rate * len(dist)) - exact))),
-            "ratio": float(np.mean(np.abs(miss_curve(sampled, sizes, max(1, len(sampled)))
-                                          - exact)))})
+        def mae(denominator):
+            return float(np.mean(np.abs(misses_from_distances(sampled, sizes, denominator)
+                                        - exact)))
+        rows.append({"salt": salt, "sampled_refs": int(picked.sum()),
+                     "sampled_keys": keys_drawn, "rate": mae(rate * len(dist)),
+                     "ratio": mae(max(1, len(sampled)))})
     salted = rows[1:] or rows
     return {
         "references": int(len(dist)), "unique": unique,

@@ -173,3 +173,12 @@ def stack_distances(keys, progress=None) -> np.ndarray:
         if progress and t % 200_000 == 0:
             progress(t, n)
     return out
+
+
+def misses_from_distances(dist, sizes, denominator: float) -> np.ndarray:
+    """Misses at each cache size among references with these stack
+    distances (a reference misses when its distance is at least the size),
+    over `denominator`."""
+    d = np.sort(np.asarray(dist))
+    hits = np.searchsorted(d, np.asarray(sizes), side="left")    # distances < size
+    return (len(d) - hits) / denominator

@@ -71,6 +71,17 @@ def threshold_rate(threshold: int) -> float:
     return 1.0 if threshold >= THRESHOLD_ALL else threshold / 2.0**64
 
 
+SALT_SEED = 20260401        # the studies' and tests' salts
+
+
+def hash_salts(n: int, seed: int = SALT_SEED) -> list[int]:
+    """n odd 64-bit constants.  Keys xored with one draw a fresh, equally
+    likely SHARDS sample without changing the LRU behaviour (xor is a
+    bijection): how studies measure the luck of one sample."""
+    rng = np.random.default_rng(seed)
+    return [int(s) for s in rng.integers(1, 2**63, n, dtype=np.uint64) * 2 + 1]
+
+
 def hash64(keys):
     """cp_hash64 of an int or of every element of an array (native)."""
     if np.isscalar(keys) and not isinstance(keys, np.ndarray):

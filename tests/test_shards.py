@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from cachepilot.models import generators as gen
-from cachepilot.models.exact import exact_lru_mrc, stack_distances
+from cachepilot.models.exact import exact_lru_mrc, misses_from_distances, stack_distances
 from cachepilot.models.shards import (DEFAULT_ESTIMATOR, ESTIMATORS, Shards,
                                       curve_from_histogram, key_count_factor,
-                                      hash64, rate_threshold, sample_mask_index, shards_mrc)
+                                      hash64, hash_salts, rate_threshold, sample_mask_index,
+                                      shards_mrc)
 from cachepilot.models.traces import read_keys
 
 
@@ -96,8 +97,8 @@ def test_fixed_rate_001_on_cloudphysics_is_near_what_an_oracle_could_do(cloudphy
     for salt in SALTS:
         salted = keys ^ np.uint64(salt)          # a fresh sample, the same LRU behaviour
         ours.append(mae(salted, exact, rate=0.01)[0])
-        d = np.sort(dist[hash64(salted) < np.uint64(threshold)])
-        misses = (len(d) - np.searchsorted(d, sizes, side="left")) / (0.01 * len(keys))
+        misses = misses_from_distances(dist[hash64(salted) < np.uint64(threshold)], sizes,
+                                       0.01 * len(keys))
         oracle.append(float(np.mean(np.abs(misses - truth))))
     print(f"\nR = 0.01 over {len(SALTS)} salts: oracle MAE {np.mean(oracle):.4f}, "
           f"ours {np.mean(ours):.4f}")
@@ -105,14 +106,7 @@ def test_fixed_rate_001_on_cloudphysics_is_near_what_an_oracle_could_do(cloudphy
     assert np.mean(ours) <= 1.5 * np.mean(oracle)
 
 
-def study_salts(n=20, seed=20260401):
-    """The salts of experiments/study_shards_*.py: odd 64-bit constants;
-    keys xor salt re-draws the sample."""
-    rng = np.random.default_rng(seed)
-    return [int(x) for x in rng.integers(1, 2**63, n, dtype=np.uint64) * 2 + 1]
-
-
-SALTS = study_salts()
+SALTS = hash_salts(20)      # those of experiments/study_shards_*.py
 
 
 SYNTHETIC = {
