@@ -104,6 +104,12 @@ class CgroupStats:
     mapped_file_bytes: int = 0  # page cache mapped into processes, in file_bytes
 
     @property
+    def sampled_cache_bytes(self) -> int:
+        """The page cache the read-path sampler sees: file pages that are
+        neither shared memory nor mapped."""
+        return max(0, self.file_bytes - self.shmem_bytes - self.mapped_file_bytes)
+
+    @property
     def nonfile_bytes(self) -> int:
         """Memory charged to the cgroup outside the page cache that the
         sampler sees (pages read through read(2)): anonymous and kernel
@@ -112,8 +118,7 @@ class CgroupStats:
         mapped file pages (executables, libraries, mmap'ed files: faults do
         not pass the read-path tracepoints, and reclaim protects pages in
         use).  A limit leaves this much less room for the sampled cache."""
-        sampled_cache = max(0, self.file_bytes - self.shmem_bytes - self.mapped_file_bytes)
-        return max(self.anon_bytes, self.usage_bytes - sampled_cache)
+        return max(self.anon_bytes, self.usage_bytes - self.sampled_cache_bytes)
 
     @property
     def effective_limit_bytes(self) -> int:

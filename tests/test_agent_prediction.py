@@ -140,8 +140,7 @@ def describe(before: dict, sampled_cache_pages: int) -> str:
 
 
 def sampled_cache_pages(cg) -> int:
-    st = cgroups.read_stats(cg)
-    return (st.file_bytes - st.shmem_bytes - st.mapped_file_bytes) // PAGE
+    return cgroups.read_stats(cg).sampled_cache_bytes // PAGE
 
 
 def measure_real(cg, data_file, distribution, limit_mb, rep):

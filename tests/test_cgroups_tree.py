@@ -58,6 +58,7 @@ def test_shared_memory_and_mapped_files_are_not_sampled_cache(tmp_path):
     cg = make_v2(tmp_path / "web", shmem=30 * MiB, file_mapped=20 * MiB)
     s = cgroups.read_stats(cg)
     assert (s.shmem_bytes, s.mapped_file_bytes) == (30 * MiB, 20 * MiB)
+    assert s.sampled_cache_bytes == 150 * MiB
     assert s.nonfile_bytes == 150 * MiB
     # v1 names them total_shmem and total_mapped_file
     v1 = make_v1(tmp_path / "v1", extra="total_shmem 10485760\ntotal_mapped_file 5242880\n")
