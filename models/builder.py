@@ -50,6 +50,8 @@ class _Window:
     # SHARDS per-key statistics (keys, references, sum of squares) for the
     # "split" estimator; None when the estimator keeps none
     key_stats: tuple | None = None
+    # distinct keys of every access (the sketch), for the "keys" estimator
+    all_keys: float | None = None
 
     def scaled_to(self, rate: float, bin_pages: int) -> np.ndarray:
         hist = coarsen(self.hist, bin_pages // self.bin_pages)
@@ -134,10 +136,13 @@ class MRCBuilder:
         return threshold_rate(self.threshold)
 
     # -- input ----------------------------------------------------------------
-    def feed(self, keys, total_accesses: int | None = None, tids=None) -> None:
+    def feed(self, keys, total_accesses: int | None = None, tids=None,
+             sketch=None) -> None:
         """A batch of keys, unsampled or pre-sampled at a threshold >= the
         current one.  total_accesses = unsampled accesses the batch stands
-        for (None: len(keys), the keys are unsampled)."""
+        for (None: len(keys), the keys are unsampled).  `sketch`: the
+        HyperLogLog registers of those accesses (models/hll.py), which the
+        "keys" estimator needs when the keys come pre-sampled."""
         keys = as_keys(keys)
         total = len(keys) if total_accesses is None else int(total_accesses)
         if total < 0:
@@ -158,6 +163,8 @@ class MRCBuilder:
             self.feed(keys[cut:], None, None if tids is None else tids[cut:])
             return
         self.shards.feed(keys, total)
+        if sketch is not None:
+            self.shards.add_sketch(sketch)
         if self.minisim is not None:
             idx = sample_mask_index(keys, self.minisim_threshold)
             self.minisim.feed(keys[idx], None if tids is None else tids[idx],
@@ -181,6 +188,7 @@ class MRCBuilder:
 
     def _current(self, reset: bool) -> _Window:
         key_stats = self.shards.key_stats()
+        all_keys = self.shards.window_unique()
         hist, bin_pages, rate, accesses = self.shards.take_histogram(reset=reset)
         mini = {}
         if self.minisim is not None:
@@ -192,7 +200,7 @@ class MRCBuilder:
                 mini[curve.policy] = (misses, np.full(len(misses), accesses))
             if reset:
                 self.minisim.reset_counts()
-        return _Window(hist, bin_pages, rate, float(accesses), mini, key_stats)
+        return _Window(hist, bin_pages, rate, float(accesses), mini, key_stats, all_keys)
 
     def _merge(self, cur: _Window, past: _Window, weight: float) -> _Window:
         bin_pages = max(cur.bin_pages, past.bin_pages)
@@ -210,8 +218,14 @@ class MRCBuilder:
             # twice, an approximation that only shades the estimator's
             # spread-of-frequencies figure
             key_stats = tuple(a + weight * b for a, b in zip(cur.key_stats, past.key_stats))
+        all_keys = cur.all_keys
+        if weight > 0 and past.accesses > 0:
+            # summed like the sampled key counts above, so their ratio (the
+            # realised key rate) stays consistent; unknown if either is
+            all_keys = (None if cur.all_keys is None or past.all_keys is None
+                        else cur.all_keys + weight * past.all_keys)
         return _Window(hist, bin_pages, cur.rate,
-                       cur.accesses + weight * past.accesses, mini, key_stats)
+                       cur.accesses + weight * past.accesses, mini, key_stats, all_keys)
 
     # -- output ---------------------------------------------------------------
     def snapshot(self) -> list[MRC]:
@@ -234,7 +248,7 @@ class MRCBuilder:
                 curve = curve_from_histogram(
                     both.hist, both.bin_pages, both.rate, both.accesses, sizes,
                     estimator=self.estimator, key_stats=both.key_stats,
-                    unique=self.shards.unique_estimate,
+                    all_keys=both.all_keys, unique=self.shards.unique_estimate,
                     max_samples=self.shards.max_samples)
             else:
                 misses, acc = both.mini[policy]

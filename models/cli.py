@@ -65,7 +65,9 @@ def register_mrc(subparsers):
                    help="fixed-size SHARDS: at most S sampled pages")
     p.add_argument("--estimator", default=None,
                    help="how SHARDS treats a sample whose reference count is not "
-                        "N x rate: split (default), adj (SHARDS_adj) or ratio")
+                        "N x rate: keys (default at a fixed rate: divides by the key "
+                        "rate a sketch of every reference measures), split (default "
+                        "at a fixed size), adj (SHARDS_adj) or ratio")
     p.add_argument("--sizes", default="auto",
                    help="comma-separated sizes in pages, or 'auto' "
                         "(~50 log-spaced from 1%% to 100%% of the unique pages)")
@@ -271,7 +273,10 @@ def compute(trace, plan: Plan, progress: bool = True) -> dict:
     counter = None
     if consumers and unique is None and shards is None:
         counter = ExactLRU() if not from_sample else Shards(rate=trace.rate)
-        consumers.append(lambda k, t: counter.feed(k))
+        # a sampled file's keys stand for 1/rate accesses each: saying so
+        # keeps Shards from taking them for the whole stream
+        consumers.append(lambda k, t: counter.feed(k) if not from_sample
+                         else counter.feed(k, len(k) / trace.rate))
     if consumers:
         one_pass(trace, "curves", progress, consumers)
         requests, accesses = trace.requests, trace.accesses
@@ -400,7 +405,10 @@ def run_trace_info(args) -> int:
     trace = open_trace(args.trace, args.format)
     engine = ExactLRU() if trace.threshold == rate_threshold(1.0) else Shards(rate=trace.rate)
     for keys in trace.chunks():
-        engine.feed(keys)
+        if isinstance(engine, ExactLRU):
+            engine.feed(keys)
+        else:       # sampled records: each stands for 1/rate accesses
+            engine.feed(keys, len(keys) / trace.rate)
     unique = engine.unique if isinstance(engine, ExactLRU) else round(engine.unique_estimate)
     info = {"trace": str(trace.path), "format": trace.format,
             "compressed": trace.compressed, "requests": trace.requests,

@@ -20,7 +20,8 @@ treats that difference is the estimator (the `estimator` keyword):
   references are mostly hits.
 - "ratio": divide by n instead of N * R.  Right when the sample simply holds
   more (or fewer) keys than R * M, each as busy as the average key.
-- "split" (the default): the difference has two causes with known shapes.
+- "split" (the default at a fixed size): the difference has two causes
+  with known shapes.
   The key count is binomial, so log(k / (R*M)) has variance ~(1-R)/k; the
   composition (how busy the sampled keys are) varies like the mean of k
   per-key counts, variance ~CV^2/k, CV^2 estimated from the sampled keys'
@@ -39,6 +40,20 @@ treats that difference is the estimator (the `estimator` keyword):
   misses-per-reference slope instead of as hits was tried on the same
   synthetic workloads (a one-off run, not kept in the script) and
   lost badly on skewed workloads, whose hottest keys a sample usually misses.
+- "keys" (the default at a fixed rate): the deviation is measured instead
+  of inferred.  Next to the
+  sample, every reference goes into a HyperLogLog sketch of the distinct
+  keys (models/hll.py, about 1.6 % error, a few nanoseconds a reference),
+  so the realised key rate R' = sampled keys / all keys is known (the
+  sketch's count of all keys averaged with sampled keys / R, each weighted
+  by the inverse of its variance).  Misses
+  are divided by N * R' (the sampled keys' share of the traffic if they are
+  as busy as the average key; extra references of hot keys are hits, as in
+  SHARDS_adj) and distances are scaled by 1/R' instead of 1/R.  It needs a
+  sketch of every reference: the trace path always has one; a stream fed
+  pre-sampled keys has one only when the sketch of its accesses is handed
+  over (Shards.add_sketch), and falls back to "split" otherwise
+  (meta["estimator"] says which ran).
 """
 from __future__ import annotations
 
@@ -46,15 +61,22 @@ import math
 
 import numpy as np
 
-from cachepilot.models import _mrc
+from cachepilot.models import _mrc, hll
 from cachepilot.models.exact import (as_keys, auto_sizes, check_sizes,
                                      hist_array, iter_chunks, miss_ratios)
 from cachepilot.models.mrc import MRC
 
 THRESHOLD_ALL = (1 << 64) - 1
-ESTIMATORS = ("split", "adj", "ratio")
-DEFAULT_ESTIMATOR = "split"
+ESTIMATORS = ("split", "adj", "ratio", "keys")
+# Chosen per mode on synthetic workloads only
+# (experiments/study_shards_estimators.py): at a fixed rate "keys" (mean MAE
+# 0.0176 against 0.0194 for split), at a fixed size "split" (0.0039 against
+# 0.0049 for keys, whose sketch error outweighs what a large sample's own
+# key count already says).
+DEFAULT_ESTIMATOR = "keys"            # fixed rate
+DEFAULT_SIZE_ESTIMATOR = "split"      # fixed size
 COMPOSITION_DOF = 3        # Student-t degrees of freedom of the composition part
+SKETCH_RSE = 1.04 / math.sqrt(hll.REGISTERS)   # HyperLogLog relative error
 
 
 def rate_threshold(rate: float) -> int:
@@ -97,12 +119,13 @@ def sample_mask_index(keys, threshold: int) -> np.ndarray:
     return np.frombuffer(_mrc.sample_index(as_keys(keys), int(threshold)), np.uint64)
 
 
-def pick_estimator(estimator: str | None = None, adj: bool | None = None) -> str:
+def pick_estimator(estimator: str | None = None, adj: bool | None = None,
+                   fixed_size: bool = False) -> str:
     """The estimator's name: `estimator` if given, else adj=True -> "adj",
-    adj=False -> "ratio", neither -> the default."""
+    adj=False -> "ratio", neither -> the default of the mode."""
     if estimator is None:
         if adj is None:
-            return DEFAULT_ESTIMATOR
+            return DEFAULT_SIZE_ESTIMATOR if fixed_size else DEFAULT_ESTIMATOR
         return "adj" if adj else "ratio"
     name = str(estimator).strip().lower()
     if name not in ESTIMATORS:
@@ -218,12 +241,16 @@ class Shards:
             raise ValueError("max_samples must be at least 1")
         threshold = THRESHOLD_ALL if rate is None else rate_threshold(rate)
         self.max_samples = None if max_samples is None else int(max_samples)
-        self.estimator = pick_estimator(estimator, adj)
+        self.estimator = pick_estimator(estimator, adj, fixed_size=max_samples is not None)
         self.adj = self.estimator == "adj"
         self._sd = _mrc.StackDist(threshold=threshold, max_keys=self.max_samples or 0)
         # per-key counts cost a little per batch: kept only when used
-        self._keys = KeyCounts() if self.estimator == "split" else None
+        self._keys = KeyCounts() if self.estimator in ("split", "keys") else None
         self.accesses = 0          # unsampled references represented
+        # the native sketch counts what feed() is given; it is the window's
+        # distinct keys only while every batch is unsampled
+        self._own_sketch_valid = True
+        self._given_sketch = None  # sketch handed over with pre-sampled batches
 
     @property
     def threshold(self) -> int:
@@ -239,13 +266,37 @@ class Shards:
 
     @property
     def unique_estimate(self) -> float:
+        """Distinct keys: the sketch's count when there is a sketch of every
+        reference, else sampled keys / rate."""
+        sketch = self.sketch()
+        if sketch is not None and self._sd.seen:
+            return hll.estimate(sketch)
         return self._sd.live / self.rate
+
+    def sketch(self) -> np.ndarray | None:
+        """HyperLogLog registers of every reference of the current window,
+        or None when the batches were pre-sampled and no sketch came with
+        them."""
+        if self._given_sketch is not None:
+            return self._given_sketch
+        if self._own_sketch_valid:
+            return np.frombuffer(self._sd.hll(), np.uint8)
+        return None
+
+    def add_sketch(self, registers) -> None:
+        """Merge the sketch of accesses fed (or to be fed) pre-sampled: the
+        kernel sampler's per-cgroup registers for this window."""
+        regs = hll.as_registers(registers)
+        self._given_sketch = (regs.copy() if self._given_sketch is None
+                              else hll.merge(self._given_sketch, regs))
 
     def feed(self, keys, total_accesses: int | None = None) -> None:
         """Keys (unsampled, or pre-sampled at a threshold >= ours: they are
         re-filtered).  total_accesses = the unsampled references the batch
         stands for; None = len(keys)."""
         keys = as_keys(keys)
+        if total_accesses is not None and total_accesses != len(keys):
+            self._own_sketch_valid = False
         self._sd.feed(keys)
         if self._keys is not None:
             threshold = self._sd.threshold
@@ -266,30 +317,71 @@ class Shards:
                self.rate, self.accesses)
         if reset:
             self.accesses = 0
+            self._given_sketch = None
+            self._own_sketch_valid = True
             if self._keys is not None:
                 self._keys.clear()
         return out
 
+    def window_unique(self) -> float | None:
+        """Distinct keys of the current window by the sketch; None without one."""
+        sketch = self.sketch()
+        return None if sketch is None else hll.estimate(sketch)
+
     def mrc(self, sizes=None) -> MRC:
         key_stats = self.key_stats()
+        all_keys = self.window_unique()
         hist, bin_pages, rate, accesses = self.take_histogram()
         return curve_from_histogram(hist, bin_pages, rate, accesses, sizes,
                                     estimator=self.estimator, key_stats=key_stats,
-                                    unique=self.unique_estimate,
+                                    unique=self.unique_estimate, all_keys=all_keys,
                                     max_samples=self.max_samples)
+
+
+def key_rate(key_stats, all_keys, rate: float) -> float | None:
+    """The realised key rate, sampled keys / all keys (None if unknown).
+
+    Two independent counts of all keys are at hand: the sketch's (relative
+    error SKETCH_RSE) and sampled keys / rate (relative error
+    sqrt((1 - rate) / keys), binomial).  They are combined in log space,
+    each weighted by the inverse of its variance: at a low rate the sketch
+    decides, in a large fixed-size sample the sample's own count weighs in."""
+    if key_stats is None or all_keys is None or not all_keys > 0 or key_stats[0] <= 0:
+        return None
+    keys = float(key_stats[0])
+    var_sketch = SKETCH_RSE ** 2
+    var_sample = max(0.0, 1.0 - rate) / keys
+    w = var_sample / (var_sample + var_sketch)
+    log_all = w * math.log(all_keys) + (1.0 - w) * math.log(keys / rate)
+    return keys / math.exp(log_all)
 
 
 def curve_from_histogram(hist, bin_pages, rate, accesses, sizes=None, *,
                          adj=True, unique=None, max_samples=None,
-                         estimator: str | None = None, key_stats=None) -> MRC:
+                         estimator: str | None = None, key_stats=None,
+                         all_keys: float | None = None) -> MRC:
     """The curve from a SHARDS histogram.  `estimator` (else `adj`) picks
-    the estimator; "split" needs `key_stats` (Shards.key_stats())."""
+    the estimator; "split" needs `key_stats` (Shards.key_stats()), "keys"
+    also `all_keys` (the window's distinct keys, from the sketch) and falls
+    back to "split" without it."""
     name = pick_estimator(estimator, adj)
     sizes = auto_sizes(unique or 1) if sizes is None else check_sizes(sizes)
     sampled = float(np.sum(hist))
     extra = 0.0
     factor = 1.0
-    if accesses and name == "adj":
+    asked = name
+    eff_rate = None
+    if name == "keys":
+        eff_rate = key_rate(key_stats, all_keys, rate)
+        if eff_rate is None or not accesses:
+            name = "split"
+    lookup = sizes
+    if name == "keys":
+        # distances were scaled by 1/rate; the realised rate says by how much
+        # they should have been: a size c covers scaled distances c * R' / R
+        extra = accesses * eff_rate - sampled
+        lookup = np.floor(sizes * (eff_rate / rate)).astype(np.int64)
+    elif accesses and name == "adj":
         extra = accesses * rate - sampled
     elif accesses and name == "split":
         if key_stats is None:
@@ -299,9 +391,14 @@ def curve_from_histogram(hist, bin_pages, rate, accesses, sizes=None, *,
         # the key-count part scales the whole sample; what is left of the
         # deviation is composition and is booked as hits, as SHARDS_adj does
         extra = accesses * rate * factor - sampled
-    ratios = miss_ratios(hist, bin_pages, sizes, extra)
+    ratios = miss_ratios(hist, bin_pages, lookup, extra)
     meta = {"accesses": int(accesses), "sampled": sampled, "estimator": name,
             "adj": float(extra), "bin_pages": int(bin_pages)}
+    if asked != name:
+        meta["estimator_asked"] = asked
+    if eff_rate is not None:
+        meta["key_rate"] = eff_rate
+        meta["all_keys_estimate"] = float(all_keys)
     if name == "split":
         meta["key_count_factor"] = float(factor)
         meta["frequency_cv2"] = frequency_cv2(key_stats) if key_stats else 0.0

@@ -3,6 +3,7 @@ threshold for the kernel, and ageing that lets a phase change show."""
 import numpy as np
 import pytest
 
+from cachepilot.models import hll
 from cachepilot.models import generators as gen
 from cachepilot.models import runtime
 from cachepilot.models.builder import MRCBuilder
@@ -50,12 +51,18 @@ def test_presampled_batches_match_unsampled_feeding():
     keys = gen.zipf(40_000, 0.8, seed=4).next(400_000)
     a = MRCBuilder(("lru", "fifo"), rate=0.02, sizes=[400, 4000, 40000])
     b = MRCBuilder(("lru", "fifo"), rate=0.02, sizes=[400, 4000, 40000])
-    for part in np.array_split(keys, 10):
+    for i, part in enumerate(np.array_split(keys, 10)):
         a.feed(part)
         kept = part[sample_mask_index(part, b.threshold)]     # what the kernel sends
-        b.feed(kept, total_accesses=len(part))
+        sketch = hll.empty()                                  # ... with its sketch
+        hll.add(sketch, part)
+        b.feed(kept, total_accesses=len(part), sketch=sketch)
+        if i == 4:
+            a.end_window()
+            b.end_window()
     for ca, cb in zip(a.snapshot(), b.snapshot()):
         assert np.allclose(ca.miss_ratio, cb.miss_ratio, atol=1e-12)
+    assert a.snapshot()[0].meta["estimator"] == "keys"
 
 
 def mae(curve, exact):

@@ -109,13 +109,23 @@ def test_sampled_cpaccess_file_is_scaled(tmp_path, capsys):
     assert curve["method"] == "shards" and curve["rate"] == pytest.approx(0.1)
     exact = exact_lru_mrc(keys, sizes)
     assert np.mean(np.abs(np.array(curve["miss_ratio"]) - exact.miss_ratio)) < 0.02
+    # a sampled file's key count is scaled up, not taken for the whole
+    # stream's (its records are 10 % of the keys)
+    capsys.readouterr()
+    assert main(["trace", "info", str(path)]) == 0
+    info = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert int(info["unique"]) == pytest.approx(len(np.unique(keys)), rel=0.1)
+    code, out, _ = run([path, "--policy", "fifo", "--json", out_json], capsys)
+    assert code == 0
+    doc = json.loads(out_json.read_text())
+    assert doc["unique"] == pytest.approx(len(np.unique(keys)), rel=0.1)
 
 
 def test_estimator_option_picks_the_shards_estimator(small_trace, tmp_path, capsys):
     from cachepilot.models.shards import shards_mrc
     path, keys = small_trace
     sizes = [300, 1000, 3000]
-    for name in ("split", "adj", "ratio"):
+    for name in ("keys", "split", "adj", "ratio"):
         out_json = tmp_path / f"{name}.json"
         code, _, _ = run([path, "--rate", "0.05", "--estimator", name, "--sizes",
                           ",".join(map(str, sizes)), "--json", out_json], capsys)

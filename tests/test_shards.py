@@ -1,9 +1,10 @@
 """SHARDS against exact LRU.  Accuracy is judged as the mean absolute error
 over 50 log-spaced sizes from 1 % to 100 % of the unique pages.
 
-The default estimator ("split", models/shards.py) was chosen on synthetic
-workloads over many hash salts (experiments/study_shards_estimators.py);
-the reference-trace tests below only measure it."""
+The default estimators ("keys" at a fixed rate, "split" at a fixed size,
+models/shards.py) were chosen on synthetic workloads over many hash salts
+(experiments/study_shards_estimators.py); the reference-trace tests below
+only measure them."""
 import math
 
 import numpy as np
@@ -11,7 +12,9 @@ import pytest
 
 from cachepilot.models import generators as gen
 from cachepilot.models.exact import exact_lru_mrc, misses_from_distances, stack_distances
-from cachepilot.models.shards import (DEFAULT_ESTIMATOR, ESTIMATORS, Shards,
+from cachepilot.models import hll
+from cachepilot.models.shards import (DEFAULT_ESTIMATOR, DEFAULT_SIZE_ESTIMATOR, ESTIMATORS,
+                                      Shards,
                                       curve_from_histogram, key_count_factor,
                                       hash64, hash_salts, rate_threshold, sample_mask_index,
                                       shards_mrc)
@@ -52,28 +55,29 @@ def test_rate_one_is_exact():
 def test_fixed_size_8192_within_001(name, reference, request):
     keys, exact = reference(request.getfixturevalue(name))
     err, approx = mae(keys, exact, max_samples=8192)
-    assert approx.meta["estimator"] == DEFAULT_ESTIMATOR
+    assert approx.meta["estimator"] == DEFAULT_SIZE_ESTIMATOR
     assert err <= 0.01
     assert approx.meta["unique_estimate"] == pytest.approx(exact.meta["unique"], rel=0.1)
 
 
 def test_fixed_rate_001_within_001_on_oltp(oltp_lis, reference):
     keys, exact = reference(oltp_lis)
-    err, _ = mae(keys, exact, rate=0.01)
+    err, approx = mae(keys, exact, rate=0.01)
+    assert approx.meta["estimator"] == DEFAULT_ESTIMATOR == "keys"
+    # the sketch's count of all pages (186,880 by the ARC paper)
+    assert approx.meta["all_keys_estimate"] == pytest.approx(186_880, rel=0.05)
     assert err <= 0.01
 
 
 def test_fixed_rate_001_on_cloudphysics_is_sampling_noise_bound(cloudphysics_txt, reference):
-    # Issue 2 asks 0.01 here; it is not met (0.0287 with the shipped hash)
-    # and no estimator studied meets it other than by luck.  48,974 unique
-    # pages at R = 0.01 leave ~490 sampled keys and ~1,140 sampled
-    # references, so one miss ratio has a standard error of ~0.02-0.03.
-    # Re-salting the hash over 20 draws gives a mean MAE of 0.038 (split),
-    # 0.035 (SHARDS_adj) and 0.084 (ratio): the ratio estimator's 0.009 on
-    # the unsalted sample is one lucky draw (its sampled keys happen to
-    # have the population's mean frequency), not a better estimator.  We
-    # hold it to the noise bound instead and meet 0.01 with the fixed-size
-    # variant above.
+    # Issue 2 asks 0.01 here; it is not met (0.0212 with the shipped hash).
+    # 48,974 unique pages at R = 0.01 leave ~490 sampled keys and ~1,140
+    # sampled references, so one miss ratio has a standard error of
+    # ~0.02-0.03.  Re-salting the hash over 20 draws gives a mean MAE of
+    # 0.021 ("keys"), 0.038 (split), 0.035 (SHARDS_adj) and 0.084 (ratio):
+    # the ratio estimator's 0.009 on the unsalted sample is one lucky draw,
+    # not a better estimator.  We hold it to the noise bound instead and
+    # meet 0.01 with the fixed-size variant above.
     keys, exact = reference(cloudphysics_txt)
     err, _ = mae(keys, exact, rate=0.01)
     assert err <= 0.05
@@ -81,29 +85,39 @@ def test_fixed_rate_001_on_cloudphysics_is_sampling_noise_bound(cloudphysics_txt
     assert err10 <= 0.02
 
 
-def test_fixed_rate_001_on_cloudphysics_is_near_what_an_oracle_could_do(cloudphysics_txt,
-                                                                         reference):
+def test_fixed_rate_001_on_cloudphysics_against_the_oracles(cloudphysics_txt, reference):
     # An oracle that knows the exact reuse distance of every sampled
     # reference still has the luck of which keys were drawn: its expected
     # MAE is the floor of any estimator that sees the sample alone
-    # (experiments/study_shards_floor.py: 0.031 mean over 20 salts).  The
-    # issue's 0.01 lies below that floor; our estimator stays near it.
+    # (experiments/study_shards_floor.py: 0.031 mean over 20 salts); the
+    # issue's 0.01 lies below it, and split, which sees the sample alone,
+    # stays near it.  "keys" also sees a sketch of every reference, so its
+    # floor is the oracle that divides by the exact key rate instead
+    # (0.014); it must beat the sample-alone floor.
     keys, exact = reference(cloudphysics_txt)
     sizes = sizes_for(exact.meta["unique"])
     truth = exact.at(sizes)
     dist = stack_distances(keys)
     threshold = rate_threshold(0.01)
-    ours, oracle = [], []
+    unique = exact.meta["unique"]
+    split, ours, oracle, oracle_keys = [], [], [], []
     for salt in SALTS:
         salted = keys ^ np.uint64(salt)          # a fresh sample, the same LRU behaviour
+        split.append(mae(salted, exact, rate=0.01, estimator="split")[0])
         ours.append(mae(salted, exact, rate=0.01)[0])
-        misses = misses_from_distances(dist[hash64(salted) < np.uint64(threshold)], sizes,
-                                       0.01 * len(keys))
+        picked = dist[hash64(salted) < np.uint64(threshold)]
+        misses = misses_from_distances(picked, sizes, 0.01 * len(keys))
         oracle.append(float(np.mean(np.abs(misses - truth))))
+        drawn = int(np.count_nonzero(picked == np.iinfo(np.int64).max))
+        misses = misses_from_distances(picked, sizes, len(keys) * drawn / unique)
+        oracle_keys.append(float(np.mean(np.abs(misses - truth))))
     print(f"\nR = 0.01 over {len(SALTS)} salts: oracle MAE {np.mean(oracle):.4f}, "
-          f"ours {np.mean(ours):.4f}")
+          f"split {np.mean(split):.4f}; key-rate oracle {np.mean(oracle_keys):.4f}, "
+          f"keys {np.mean(ours):.4f}")
     assert np.mean(oracle) > 0.01
-    assert np.mean(ours) <= 1.5 * np.mean(oracle)
+    assert np.mean(split) <= 1.5 * np.mean(oracle)
+    assert np.mean(oracle_keys) < np.mean(ours) < 0.8 * np.mean(oracle)
+    assert np.mean(ours) <= 1.8 * np.mean(oracle_keys)
 
 
 SALTS = hash_salts(20)      # those of experiments/study_shards_*.py
@@ -170,14 +184,28 @@ def test_presampled_batches_give_the_same_curve():
     whole = Shards(rate=0.01)
     whole.feed(keys)
     pre = Shards(rate=0.01)
+    blind = Shards(rate=0.01)
     for part in np.array_split(keys, 8):
-        # the kernel sampled at a higher rate; we re-filter at ours
+        # the kernel sampled at a higher rate; we re-filter at ours.  It
+        # also sends the sketch of every access it saw.
         kept = part[sample_mask_index(part, rate_threshold(0.05))]
+        sketch = hll.empty()
+        hll.add(sketch, part)
         pre.feed(kept, total_accesses=len(part))
+        pre.add_sketch(sketch)
+        blind.feed(kept, total_accesses=len(part))
     a, b = whole.mrc(), pre.mrc()
+    assert a.meta["estimator"] == b.meta["estimator"] == "keys"
     assert np.array_equal(a.sizes, b.sizes)
     assert np.allclose(a.miss_ratio, b.miss_ratio, atol=1e-12)
     assert pre.accesses == len(keys)
+    # without the sketch the sample's key count is all there is: "split",
+    # and the curve says so
+    c = blind.mrc(a.sizes)
+    assert c.meta["estimator"] == "split" and c.meta["estimator_asked"] == "keys"
+    assert blind.sketch() is None
+    assert np.allclose(c.miss_ratio, shards_mrc(keys, 0.01, sizes=a.sizes,
+                                                estimator="split").miss_ratio, atol=1e-12)
 
 
 def test_needs_a_rate_or_a_size():
@@ -298,7 +326,9 @@ def test_per_key_counts_follow_the_sample(mode):
 
 def test_estimator_names_and_the_adj_keyword():
     keys = gen.zipf(20_000, 0.9, seed=5).next(60_000)
-    assert shards_mrc(keys, rate=0.05).meta["estimator"] == DEFAULT_ESTIMATOR == "split"
+    assert shards_mrc(keys, rate=0.05).meta["estimator"] == DEFAULT_ESTIMATOR == "keys"
+    assert shards_mrc(keys, max_samples=500).meta["estimator"] == DEFAULT_SIZE_ESTIMATOR \
+        == "split"
     assert shards_mrc(keys, rate=0.05, adj=True).meta["estimator"] == "adj"
     assert shards_mrc(keys, rate=0.05, adj=False).meta["estimator"] == "ratio"
     assert shards_mrc(keys, rate=0.05, adj=True, estimator="split").meta["estimator"] == "split"

@@ -8,6 +8,7 @@
 #include <Python.h>
 
 #include "cachepilot_hash.h"
+#include "cachepilot_hll.h"
 #include "parse.h"
 #include "stackdist.h"
 
@@ -66,6 +67,45 @@ static PyObject *py_hash_into(PyObject *self, PyObject *args)
 	}
 	PyBuffer_Release(&src);
 	PyBuffer_Release(&dst);
+	if (PyErr_Occurred())
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+/* hll_add(keys, registers): count keys into a HyperLogLog sketch, a
+ * writable buffer of 2^bits bytes (4 <= bits <= 18). */
+static PyObject *py_hll_add(PyObject *self, PyObject *args)
+{
+	PyObject *src_obj, *reg_obj;
+	Py_buffer src, reg;
+
+	if (!PyArg_ParseTuple(args, "OO", &src_obj, &reg_obj))
+		return NULL;
+	if (get_u64_buffer(src_obj, &src, 0))
+		return NULL;
+	if (PyObject_GetBuffer(reg_obj, &reg, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)) {
+		PyBuffer_Release(&src);
+		return NULL;
+	}
+	unsigned int bits = 0;
+
+	while (bits < 20 && ((Py_ssize_t)1 << bits) < reg.len)
+		bits++;
+	if (bits < 4 || bits > 18 || ((Py_ssize_t)1 << bits) != reg.len) {
+		PyErr_Format(PyExc_ValueError,
+			     "a sketch has 2^4 to 2^18 one-byte registers, not %zd", reg.len);
+	} else {
+		const uint64_t *k = src.buf;
+		unsigned char *r = reg.buf;
+		size_t n = src.len / 8;
+
+		Py_BEGIN_ALLOW_THREADS
+		for (size_t i = 0; i < n; i++)
+			cp_hll_add(r, cp_hash64(k[i]), bits);
+		Py_END_ALLOW_THREADS
+	}
+	PyBuffer_Release(&src);
+	PyBuffer_Release(&reg);
 	if (PyErr_Occurred())
 		return NULL;
 	Py_RETURN_NONE;
@@ -239,6 +279,17 @@ static PyObject *sd_hist(StackDistObject *self, PyObject *args, PyObject *kw)
 	return out;
 }
 
+/* The distinct-key sketch of the current window (bytes; empty in exact mode). */
+static PyObject *sd_hll(StackDistObject *self, PyObject *unused)
+{
+	if (sd_enter(self))
+		return NULL;
+	if (!self->sd.hll)
+		return PyBytes_FromStringAndSize(NULL, 0);
+	return PyBytes_FromStringAndSize((const char *)self->sd.hll,
+					 (Py_ssize_t)1 << self->sd.hll_bits);
+}
+
 static PyObject *sd_clear(StackDistObject *self, PyObject *unused)
 {
 	if (sd_enter(self))
@@ -282,6 +333,9 @@ static PyMethodDef sd_methods[] = {
 	{ "hist", (PyCFunction)(void (*)(void))sd_hist,
 	  METH_VARARGS | METH_KEYWORDS,
 	  "hist(reset=False) -> bytes of float64 [cold, bin 1, bin 2, ...]" },
+	{ "hll", (PyCFunction)sd_hll, METH_NOARGS,
+	  "hll() -> bytes: HyperLogLog registers of every key offered in this "
+	  "window (sampled or not); empty in exact mode" },
 	{ "clear", (PyCFunction)sd_clear, METH_NOARGS,
 	  "forget every tracked key and the histogram" },
 	{ NULL }
@@ -307,6 +361,8 @@ static PyMethodDef module_methods[] = {
 	  "hash_into(keys, out): out[i] = cp_hash64(keys[i])" },
 	{ "sample_index", py_sample_index, METH_VARARGS,
 	  "sample_index(keys, threshold) -> bytes of u64 indices with hash < threshold" },
+	{ "hll_add", py_hll_add, METH_VARARGS,
+	  "hll_add(keys, registers): count keys into a writable sketch of 2^bits bytes" },
 	{ "parse_text", py_parse_text, METH_VARARGS,
 	  "parse_text(buf, fmt, header_ok) -> (keys, requests, lines, bad_line, error)" },
 	{ NULL }
@@ -335,6 +391,8 @@ PyMODINIT_FUNC PyInit__mrc(void)
 		Py_DECREF(m);
 		return NULL;
 	}
+	PyModule_AddIntConstant(m, "HLL_BITS", CP_HLL_BITS);
+	PyModule_AddIntConstant(m, "HLL_REGS", CP_HLL_REGS);
 	PyModule_AddIntConstant(m, "FMT_TXT", CP_FMT_TXT);
 	PyModule_AddIntConstant(m, "FMT_LIS", CP_FMT_LIS);
 	PyModule_AddIntConstant(m, "FMT_CSV", CP_FMT_CSV);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cachepilot_hash.h"
+#include "cachepilot_hll.h"
 #include "stackdist.h"
 
 #define MIN_POSITIONS	1024
@@ -365,6 +366,7 @@ int cp_sd_feed(struct cp_stackdist *sd, const uint64_t *keys, size_t n)
 		uint64_t h = cp_hash64(keys[i]);
 		size_t before;
 
+		cp_hll_add(sd->hll, h, sd->hll_bits);
 		if (h >= sd->threshold)
 			continue;
 		before = sd->live;
@@ -388,6 +390,8 @@ void cp_sd_hist(struct cp_stackdist *sd, double *out, int reset)
 			memset(sd->hist, 0, sd->nbins * sizeof(*sd->hist));
 		sd->cold = 0;
 		sd->gain = 1.0;
+		if (sd->hll)
+			memset(sd->hll, 0, (size_t)1 << sd->hll_bits);
 	}
 }
 
@@ -406,7 +410,12 @@ int cp_sd_init(struct cp_stackdist *sd, uint64_t threshold, int filter,
 	sd->alive = calloc(sd->cap / 64, sizeof(*sd->alive));
 	if (max_keys)
 		sd->heap = malloc((max_keys + 2) * sizeof(*sd->heap));
+	if (filter) {
+		sd->hll_bits = CP_HLL_BITS;
+		sd->hll = calloc(CP_HLL_REGS, 1);
+	}
 	if (!sd->tree || !sd->owner || !sd->alive || (max_keys && !sd->heap) ||
+	    (filter && !sd->hll) ||
 	    map_init(&sd->map, 1024)) {
 		cp_sd_free(sd);
 		return -1;
@@ -427,6 +436,8 @@ void cp_sd_clear_keys(struct cp_stackdist *sd)
 		memset(sd->hist, 0, sd->nbins * sizeof(*sd->hist));
 	sd->cold = 0;
 	sd->gain = 1.0;
+	if (sd->hll)
+		memset(sd->hll, 0, (size_t)1 << sd->hll_bits);
 }
 
 void cp_sd_free(struct cp_stackdist *sd)
@@ -437,5 +448,6 @@ void cp_sd_free(struct cp_stackdist *sd)
 	free(sd->alive);
 	free(sd->heap);
 	free(sd->hist);
+	free(sd->hll);
 	memset(sd, 0, sizeof(*sd));
 }

@@ -16,6 +16,10 @@
  * beyond that evicts the key with the largest hash, the threshold drops to
  * that hash and the histogram is rescaled by new_rate/old_rate (lazily,
  * through one global factor, so a rescale is O(1)).
+ *
+ * In sampling mode every reference, sampled or not, also goes into a
+ * HyperLogLog sketch (cachepilot_hll.h) of the distinct keys of the current
+ * window: what the "keys" estimator compares the sample's key count with.
  */
 #ifndef CP_STACKDIST_H
 #define CP_STACKDIST_H
@@ -67,6 +71,9 @@ struct cp_stackdist {
 	double cold;		/* first references (infinite distance) */
 	double gain;
 
+	unsigned char *hll;	/* 1 << hll_bits registers; NULL in exact mode */
+	unsigned int hll_bits;
+
 	uint64_t seen;		/* keys offered */
 	uint64_t sampled;	/* references processed */
 	uint64_t evicted;	/* keys dropped by fixed-size mode */
@@ -78,7 +85,8 @@ void cp_sd_free(struct cp_stackdist *sd);
 /* Returns 0, or -1 when out of memory (state stays consistent). */
 int cp_sd_feed(struct cp_stackdist *sd, const uint64_t *keys, size_t n);
 double cp_sd_rate(const struct cp_stackdist *sd);
-/* Copy the histogram in current-rate units; optionally zero it. */
+/* Copy the histogram in current-rate units; optionally zero it and the
+ * distinct-key sketch (a new window). */
 void cp_sd_hist(struct cp_stackdist *sd, double *out, int reset);
 /* Forget every tracked key and the histogram (threshold is kept). */
 void cp_sd_clear_keys(struct cp_stackdist *sd);
