@@ -5,7 +5,7 @@ tp_btf programs and runs as our child process: it takes text commands on
 stdin and streams binary frames on stdout (the frame layout is described at
 the top of bpf/sampler.c).  A reader thread sorts the frames: sampled access
 records pile up per cgroup until the agent drains them, counter snapshots
-answer `counters()`.
+answer `counters()`, distinct-page sketches answer `sketches()`.
 
 Nothing here is on the kernel's hot path; the kernel side only bumps
 per-CPU counters and, for sampled keys, writes a 32-byte record.
@@ -25,13 +25,14 @@ import numpy as np
 # the SHARDS threshold of a rate (the curve builders sample with the same).
 from cachepilot.models.shards import rate_threshold as threshold_for_rate  # noqa: F401
 from cachepilot.models.shards import threshold_rate as rate_for_threshold  # noqa: F401
+from cachepilot.models import hll
 from cachepilot.models.traces.records import RECORD_DTYPE
 
 REPO = Path(__file__).resolve().parents[1]
 LOADER = REPO / "bpf" / "out" / "sampler"
 BTF = Path("/sys/kernel/btf/vmlinux")
 
-FRAME_RECORDS, FRAME_COUNTERS, FRAME_MESSAGE = 1, 2, 3
+FRAME_RECORDS, FRAME_COUNTERS, FRAME_MESSAGE, FRAME_SKETCHES = 1, 2, 3, 4
 _FRAME = struct.Struct("<II")
 
 MASK64 = (1 << 64) - 1
@@ -123,6 +124,7 @@ class Sampler:
         self._records: dict[int, list[np.ndarray]] = {}
         self._messages: list[str] = []
         self._counters: list[tuple[int, dict[int, tuple[int, Counters]]]] = []
+        self._sketches: list[dict[int, np.ndarray]] = []
         self._closed = False
         self.records_received = 0
         self._reader = threading.Thread(target=self._read_frames, daemon=True,
@@ -172,6 +174,16 @@ class Sampler:
                     snap[vals[0]] = (vals[1], Counters(*vals[2:]))
                 with self._lock:
                     self._counters.append((now, snap))
+                    self._lock.notify_all()
+            elif kind == FRAME_SKETCHES:
+                step = 8 + hll.REGISTERS
+                sketches = {}
+                for off in range(0, len(payload) - step + 1, step):
+                    cg = struct.unpack_from("<Q", payload, off)[0]
+                    sketches[cg] = np.frombuffer(payload, np.uint8, hll.REGISTERS,
+                                                 off + 8).copy()
+                with self._lock:
+                    self._sketches.append(sketches)
                     self._lock.notify_all()
             elif kind == FRAME_MESSAGE:
                 with self._lock:
@@ -254,6 +266,20 @@ class Sampler:
             if not self._counters:
                 raise SamplerUnavailable("the sampler did not answer 'counters'")
             return self._counters.pop(0)
+
+    def sketches(self, timeout: float = 10.0) -> dict[int, np.ndarray]:
+        """{cgroup id: HyperLogLog registers of every page it read since the
+        last call} (models/hll.py); the kernel starts new sketches."""
+        with self._lock:
+            self._sketches.clear()
+        self._command("sketches", None)
+        with self._lock:
+            while not self._sketches and not self._closed:
+                if not self._lock.wait(timeout):
+                    break
+            if not self._sketches:
+                raise SamplerUnavailable("the sampler did not answer 'sketches'")
+            return self._sketches.pop(0)
 
     def drain(self, cgroup_id: int | None = None) -> dict[int, np.ndarray]:
         """Records received so far, per cgroup id, and forget them."""

@@ -23,6 +23,7 @@
 #include <bpf/bpf_core_read.h>
 
 #include "cachepilot_hash.h"
+#include "cachepilot_hll.h"
 #include "sampler.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -56,6 +57,21 @@ struct {
 	__type(key, __u32);
 	__type(value, struct cp_counters);
 } counters SEC(".maps");
+
+/*
+ * Per watched cgroup, a HyperLogLog sketch of every page it reads (not only
+ * the sampled ones): how many distinct pages the window held, which the
+ * "keys" SHARDS estimator sets against the sample's own key count.  One
+ * copy for all CPUs: a register only ever grows, and two CPUs raising the
+ * same register at the same instant (the only race) loses one of two
+ * nearly equal values.  The loader reads and zeroes it once a window.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CP_MAX_WATCHED);
+	__type(key, __u32);
+	__type(value, struct cp_sketch);
+} sketches SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -330,6 +346,7 @@ struct sample_ctx {
 	__u64 threshold;
 	__u64 cgroup_id;
 	struct cp_counters *c;
+	struct cp_sketch *sketch;	/* NULL: none for this slot */
 };
 
 /* Hand one sampled access to user space; 0 if the ring buffer is full. */
@@ -362,8 +379,11 @@ static __always_inline int emit_access(__u64 key, __u64 cgroup_id)
 static __always_inline void sample_page(struct sample_ctx *s, __u64 index)
 {
 	__u64 key = s->file_id ^ index;
+	__u64 hash = cp_hash64(key);
 
-	if (!cp_sampled(key, s->threshold))
+	if (s->sketch)
+		cp_hll_add(s->sketch->reg, hash, CP_HLL_BITS);
+	if (hash >= s->threshold)		/* cp_sampled(), hash reused */
 		return;
 	if (emit_access(key, s->cgroup_id))
 		s->c->sampled++;
@@ -408,6 +428,11 @@ int BPF_PROG(on_get_pages, struct address_space *mapping, unsigned long index,
 	s.threshold = cpu->threshold;
 	s.cgroup_id = cpu->cgroup_id;
 	s.c = c;
+	{
+		__u32 slot = cpu->slot;
+
+		s.sketch = bpf_map_lookup_elem(&sketches, &slot);	/* inlined */
+	}
 	if (n == 1) {
 		/* the common case, a single page: no loop at all */
 		sample_page(&s, index);

@@ -7,6 +7,8 @@
  *   watch CGID THRESHOLD   start (or retune) sampling of a memory cgroup
  *   unwatch CGID           stop watching it
  *   counters               emit the counters of every watched cgroup
+ *   sketches               emit every watched cgroup's distinct-page sketch
+ *                          and start new ones (one per agent window)
  *   pause | resume         stop / restart draining the ring buffer
  *   quit                   detach and exit (so does EOF)
  *
@@ -14,6 +16,7 @@
  *   CP_FRAME_RECORDS   struct cp_record[]
  *   CP_FRAME_COUNTERS  u64 monotonic ns, then struct cp_counter_entry[]
  *   CP_FRAME_MESSAGE   one line of text ("ready ...", "ok ...", "error ...")
+ *   CP_FRAME_SKETCHES  struct cp_sketch_entry[]
  * Records are always flushed before a counters frame, so everything a
  * counters frame counts as sampled was sent ahead of it (or dropped).
  */
@@ -30,13 +33,17 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
+#include "cachepilot_hll.h"
 #include "sampler.h"
 #include "sampler.skel.h"
+
+_Static_assert(sizeof(struct cp_sketch) == CP_HLL_REGS, "sketch size");
 
 enum cp_frame_type {
 	CP_FRAME_RECORDS = 1,
 	CP_FRAME_COUNTERS = 2,
 	CP_FRAME_MESSAGE = 3,
+	CP_FRAME_SKETCHES = 4,
 };
 
 struct cp_frame {
@@ -48,6 +55,11 @@ struct cp_counter_entry {
 	uint64_t cgroup_id;
 	uint64_t threshold;
 	struct cp_counters c;
+};
+
+struct cp_sketch_entry {
+	uint64_t cgroup_id;
+	struct cp_sketch s;
 };
 
 #define OUT_RECORDS 2048	/* records batched per frame */
@@ -178,6 +190,14 @@ static int cmd_watch(uint64_t cgid, uint64_t threshold)
 		free(zero);
 		if (err)
 			return err;
+		{
+			static const struct cp_sketch empty;
+
+			err = bpf_map__update_elem(skel->maps.sketches, &slot, sizeof(slot),
+						   &empty, sizeof(empty), BPF_ANY);
+			if (err)
+				return err;
+		}
 		watched_ids[slot] = cgid;
 	}
 	w.slot = slot;
@@ -284,6 +304,36 @@ static int cmd_counters(void)
 }
 
 /*
+ * Read and zero every watched cgroup's sketch.  A page read between the
+ * two steps is lost to both windows: a register it would have raised is
+ * raised again by the next read of any page that maps to it as high.
+ */
+static int cmd_sketches(void)
+{
+	static struct cp_sketch_entry entries[CP_MAX_WATCHED];
+	static const struct cp_sketch zero;
+	size_t n = 0;
+
+	for (int slot = 0; slot < CP_MAX_WATCHED; slot++) {
+		uint64_t cgid = watched_ids[slot];
+		struct cp_sketch_entry *e;
+
+		if (!cgid)
+			continue;
+		e = &entries[n];
+		if (bpf_map__lookup_elem(skel->maps.sketches, &slot, sizeof(slot),
+					 &e->s, sizeof(e->s), 0))
+			continue;
+		bpf_map__update_elem(skel->maps.sketches, &slot, sizeof(slot),
+				     &zero, sizeof(zero), BPF_ANY);
+		e->cgroup_id = cgid;
+		n++;
+	}
+	send_frame(CP_FRAME_SKETCHES, entries, n * sizeof(entries[0]));
+	return 0;
+}
+
+/*
  * Tell every CPU that its cached watch lookup is stale.  Called after the
  * maps changed: a CPU that read the old generation re-reads the maps.
  */
@@ -319,6 +369,10 @@ static int handle_command(char *line)
 		err = cmd_counters();
 		if (err)
 			message("error counters: %s", strerror(-err));
+	} else if (!strcmp(line, "sketches")) {
+		err = cmd_sketches();
+		if (err)
+			message("error sketches: %s", strerror(-err));
 	} else if (!strcmp(line, "pause")) {
 		paused = 1;
 		message("ok pause");

@@ -59,6 +59,11 @@ struct cp_counters {
 
 #define CP_NR_COUNTERS (sizeof(struct cp_counters) / sizeof(__u64))
 
+/* A watched cgroup's distinct-page sketch (bpf/include/cachepilot_hll.h). */
+struct cp_sketch {
+	__u8 reg[1U << 12];	/* CP_HLL_REGS */
+};
+
 struct cp_record {
 	__u64 key;
 	__u64 time_ns;

@@ -397,3 +397,36 @@ def test_a_read_counts_each_page_once_however_the_kernel_splits_it(files):
             got = counters_of(sampler, cgid).accesses - before.accesses
             print(f"\n{bs} reads over {what}: {got} page accesses counted for {pages} pages")
             assert abs(got - pages) <= 0.05 * pages, (bs, got)
+
+
+def test_the_kernel_sketch_counts_every_page_read_and_restarts(files):
+    # The kernel keeps, per watched cgroup, a HyperLogLog sketch of every
+    # page read (sampled or not).  Read a 64 MiB file once: the sketch must
+    # be the one user space builds from the same page keys (the pages the
+    # programs' own loading reads may raise a few registers more), and a
+    # second read of the sketches starts from zero.
+    import subprocess
+    from cachepilot.agent.testbed import in_cgroup
+    from cachepilot.models import hll
+
+    _, mid = files
+    pages = (64 << 20) // 4096
+    with scratch_cgroup("cp_sketch") as cg, Sampler() as sampler:
+        cgid = os.stat(cg).st_ino
+        sampler.watch(cgid, threshold_for_rate(0.01))
+        sampler.sketches()                     # start from an empty window
+        drop_file_cache(mid)
+        subprocess.run(in_cgroup(cg, ["dd", f"if={mid}", "of=/dev/null", "bs=1M"]),
+                       check=True, capture_output=True)
+        kernel = sampler.sketches()[cgid]
+        again = sampler.sketches()[cgid]
+    ours = hll.empty()
+    hll.add(ours, np.array([page_key(mid, i) for i in range(pages)], np.uint64))
+    same = float(np.mean(kernel == ours))
+    est = hll.estimate(kernel)
+    print(f"\nkernel sketch: {est:.0f} distinct pages for {pages}; "
+          f"{same:.1%} of registers equal user space's")
+    assert same >= 0.95
+    assert np.all(kernel[kernel != ours] > ours[kernel != ours])   # only extra pages
+    assert abs(est - pages) <= 0.06 * pages
+    assert not again.any()

@@ -223,10 +223,14 @@ class LinuxBackend:
         self._refresh()
         snap: dict[int, tuple[int, Counters]] = {}
         records: dict[int, np.ndarray] = {}
+        sketches: dict[int, np.ndarray] = {}
         if self.sampler is not None:
             try:
                 _, snap = self.sampler.counters()
                 records = self.sampler.drain()
+                # one window of the builders = one collect: the distinct
+                # pages each cgroup read in it ("keys" SHARDS estimator)
+                sketches = self.sampler.sketches()
             except SamplerUnavailable as err:
                 self._lose_sampler(str(err))
         reports = []
@@ -240,10 +244,11 @@ class LinuxBackend:
             except CgroupError as err:
                 log.warning("tenant %s: %s", tenant, err)
                 continue
-            reports.append(self._report(w, stats, snap.get(w.cgid), records.get(w.cgid)))
+            reports.append(self._report(w, stats, snap.get(w.cgid), records.get(w.cgid),
+                                        sketches.get(w.cgid)))
         return reports
 
-    def _report(self, w: Watched, stats, counted, recs) -> TenantReport:
+    def _report(self, w: Watched, stats, counted, recs, sketch=None) -> TenantReport:
         now = time.monotonic()
         dt = max(now - w.last_time, 1e-6)
         prev = w.last_stats or stats
@@ -259,9 +264,9 @@ class LinuxBackend:
             if recs is not None and len(recs):
                 acc = recs[recs["op"] == OP_ACCESS]
                 keys, tids = acc["key"], acc["tid"]
-            w.builder.feed(keys, total_accesses=d.accesses, tids=tids) \
+            w.builder.feed(keys, total_accesses=d.accesses, tids=tids, sketch=sketch) \
                 if _takes_tids(w.builder) else \
-                w.builder.feed(keys, total_accesses=d.accesses)
+                w.builder.feed(keys, total_accesses=d.accesses, sketch=sketch)
             new_threshold = int(w.builder.threshold)
             if new_threshold != w.threshold:
                 # fixed-size SHARDS lowers the threshold as keys pile up
