@@ -161,6 +161,11 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             ab = (24 << 20) // 4096 + cb.meta.get("anon_offset_pages", 0)
             assert cw.at(aw) < 0.2 < cb.at(ab)
             assert web.miss_ratio > 0 and batch.miss_ratio > 0
+            # the kernel's sketch reached the builders: the LRU curve is the
+            # "keys" estimator's, over each file's pages (4,096 and 16,384)
+            for c, pages in ((cw, 4096), (cb, 16384)):
+                assert c.meta["estimator"] == "keys", c.meta
+                assert c.meta["all_keys_estimate"] == pytest.approx(pages, rel=0.1)
             # what the agent reports passes the wire's checks unchanged
             from cachepilot.agent import wire
             for r in (web, batch):
