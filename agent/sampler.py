@@ -253,33 +253,29 @@ class Sampler:
     def resume(self):
         self._command("resume", ("ok resume",))
 
+    def _ask(self, command: str, answers: list, timeout: float):
+        """Send a command whose answer is a frame the reader appends to
+        `answers`, and wait for it."""
+        with self._lock:
+            answers.clear()
+        self._command(command, None)
+        with self._lock:
+            while not answers and not self._closed:
+                if not self._lock.wait(timeout):
+                    break
+            if not answers:
+                raise SamplerUnavailable(f"the sampler did not answer '{command}'")
+            return answers.pop(0)
+
     def counters(self, timeout: float = 10.0) -> tuple[int, dict[int, tuple[int, Counters]]]:
         """(monotonic ns, {cgroup id: (threshold, Counters)}).  Every record
         those counters count as sampled has been received when this returns."""
-        with self._lock:
-            self._counters.clear()
-        self._command("counters", None)
-        with self._lock:
-            while not self._counters and not self._closed:
-                if not self._lock.wait(timeout):
-                    break
-            if not self._counters:
-                raise SamplerUnavailable("the sampler did not answer 'counters'")
-            return self._counters.pop(0)
+        return self._ask("counters", self._counters, timeout)
 
     def sketches(self, timeout: float = 10.0) -> dict[int, np.ndarray]:
         """{cgroup id: HyperLogLog registers of every page it read since the
         last call} (models/hll.py); the kernel starts new sketches."""
-        with self._lock:
-            self._sketches.clear()
-        self._command("sketches", None)
-        with self._lock:
-            while not self._sketches and not self._closed:
-                if not self._lock.wait(timeout):
-                    break
-            if not self._sketches:
-                raise SamplerUnavailable("the sampler did not answer 'sketches'")
-            return self._sketches.pop(0)
+        return self._ask("sketches", self._sketches, timeout)
 
     def drain(self, cgroup_id: int | None = None) -> dict[int, np.ndarray]:
         """Records received so far, per cgroup id, and forget them."""
