@@ -359,6 +359,12 @@ def run_mrc(args) -> int:
     elapsed = time.perf_counter() - started
     print_table(result)
     print(f"{result['accesses']:,} accesses in {elapsed:.2f} s", file=sys.stderr)
+    for c in result["curves"]:
+        asked = c.meta.get("estimator_asked")
+        if asked and asked != c.meta.get("estimator"):
+            print(f"note: {c.policy} {c.method}: the {asked!r} estimator needs a sketch of "
+                  f"every access, which a sampled file does not hold; used "
+                  f"{c.meta.get('estimator')!r}", file=sys.stderr)
     if args.json:
         try:
             Path(args.json).write_text(json.dumps(to_json(result), indent=1) + "\n")

@@ -119,6 +119,9 @@ def test_sampled_cpaccess_file_is_scaled(tmp_path, capsys):
     assert code == 0
     doc = json.loads(out_json.read_text())
     assert doc["unique"] == pytest.approx(len(np.unique(keys)), rel=0.1)
+    # "keys" cannot run on a sampled file: the curve falls back and says so
+    code, _, err = run([path, "--rate", "0.05", "--estimator", "keys"], capsys)
+    assert code == 0 and "'keys' estimator needs a sketch" in err and "'split'" in err
 
 
 def test_estimator_option_picks_the_shards_estimator(small_trace, tmp_path, capsys):
