@@ -251,6 +251,7 @@ class Shards:
         # distinct keys only while every batch is unsampled
         self._own_sketch_valid = True
         self._given_sketch = None  # sketch handed over with pre-sampled batches
+        self._windows_ended = False
 
     @property
     def threshold(self) -> int:
@@ -266,10 +267,11 @@ class Shards:
 
     @property
     def unique_estimate(self) -> float:
-        """Distinct keys: the sketch's count when there is a sketch of every
-        reference, else sampled keys / rate."""
+        """Distinct keys seen so far: the sketch's count while it covers the
+        whole stream (one window, every reference in it), else tracked
+        keys / rate (tracked keys outlive windows; the sketch does not)."""
         sketch = self.sketch()
-        if sketch is not None and self._sd.seen:
+        if sketch is not None and self._sd.seen and not self._windows_ended:
             return hll.estimate(sketch)
         return self._sd.live / self.rate
 
@@ -319,6 +321,7 @@ class Shards:
             self.accesses = 0
             self._given_sketch = None
             self._own_sketch_valid = True
+            self._windows_ended = True
             if self._keys is not None:
                 self._keys.clear()
         return out

@@ -126,3 +126,18 @@ def test_bad_arguments():
     # counters read a moment before the ring buffer: the batch counts as itself
     b.feed(np.arange(5, dtype=np.uint64), total_accesses=3)
     assert b.total_accesses == 5
+
+
+def test_an_lru_builder_keeps_its_size_grid_across_windows():
+    # the sketch counts one window; the auto size grid must still cover every
+    # key tracked, also right after a window ended
+    from cachepilot.models.builder import MRCBuilder
+    keys = gen.zipf(30_000, 0.9, seed=9).next(200_000)
+    b = MRCBuilder(("lru",), rate=0.05)
+    b.feed(keys)
+    (before,) = b.snapshot()
+    b.end_window()
+    (after,) = b.snapshot()
+    distinct = len(np.unique(keys))
+    assert before.sizes[-1] == pytest.approx(distinct, rel=0.1)
+    assert after.sizes[-1] == pytest.approx(distinct, rel=0.1)
