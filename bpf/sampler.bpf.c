@@ -61,10 +61,12 @@ struct {
 /*
  * Per watched cgroup, a HyperLogLog sketch of every page it reads (not only
  * the sampled ones): how many distinct pages the window held, which the
- * "keys" SHARDS estimator sets against the sample's own key count.  One
- * copy for all CPUs: a register only ever grows, and two CPUs raising the
- * same register at the same instant (the only race) loses one of two
- * nearly equal values.  The loader reads and zeroes it once a window.
+ * "keys" SHARDS estimator sets against the sample's own key count.  It is
+ * raised only while the cgroup is sampled (threshold > 0).  One copy for
+ * all CPUs: a register only ever grows, and the only race, two CPUs
+ * raising the same register at once with the smaller value stored last,
+ * is rare and undone by the next read of the page that lost.  The loader
+ * reads and zeroes the sketches once a window.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -305,8 +305,7 @@ static int cmd_counters(void)
 
 /*
  * Read and zero every watched cgroup's sketch.  A page read between the
- * two steps is lost to both windows: a register it would have raised is
- * raised again by the next read of any page that maps to it as high.
+ * two steps counts in neither window unless it is read again.
  */
 static int cmd_sketches(void)
 {
