@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from cachepilot.models import _mrc
+from cachepilot.models.exact import as_keys
 
 BITS = _mrc.HLL_BITS
 REGISTERS = _mrc.HLL_REGS
@@ -51,7 +52,6 @@ def merge(*sketches) -> np.ndarray:
 
 def add(regs: np.ndarray, keys) -> None:
     """Count keys (uint64 array) into `regs` in place (native)."""
-    from cachepilot.models.exact import as_keys
     if regs.dtype != np.uint8 or regs.shape != (REGISTERS,) or not regs.flags.writeable:
         raise ValueError(f"expected a writable uint8 array of {REGISTERS} registers")
     _mrc.hll_add(as_keys(keys), regs)

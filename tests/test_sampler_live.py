@@ -32,6 +32,16 @@ def counters_of(sampler, cgid):
     return snap[cgid][1]
 
 
+def dd_in(cg, path, bs, count=None):
+    """Read a file with dd from inside a cgroup."""
+    import subprocess
+    from cachepilot.agent.testbed import in_cgroup
+    argv = ["dd", f"if={path}", "of=/dev/null", f"bs={bs}"]
+    if count is not None:
+        argv.append(f"count={count}")
+    subprocess.run(in_cgroup(cg, argv), check=True, capture_output=True)
+
+
 def test_unsampled_access_count_equals_fio_reads(files):
     _, mid = files
     with scratch_cgroup("cp_count") as cg, Sampler() as sampler:
@@ -396,9 +406,7 @@ def test_a_read_counts_each_page_once_however_the_kernel_splits_it(files):
             check=True, capture_output=True)
         for bs, what in (("64K", "gaps every other page"), ("1M", "256 cached pages a read")):
             before = counters_of(sampler, cgid)
-            subprocess.run(in_cgroup(cg, ["dd", f"if={small}", "of=/dev/null", f"bs={bs}",
-                                          f"count={(8 << 20) // (64 << 10 if bs == '64K' else 1 << 20)}"]),
-                           check=True, capture_output=True)
+            dd_in(cg, small, bs, (8 << 20) // (64 << 10 if bs == "64K" else 1 << 20))
             got = counters_of(sampler, cgid).accesses - before.accesses
             print(f"\n{bs} reads over {what}: {got} page accesses counted for {pages} pages")
             assert abs(got - pages) <= 0.05 * pages, (bs, got)
@@ -410,8 +418,6 @@ def test_the_kernel_sketch_counts_every_page_read_and_restarts(files):
     # be the one user space builds from the same page keys (the pages the
     # programs' own loading reads may raise a few registers more), and a
     # second read of the sketches starts from zero.
-    import subprocess
-    from cachepilot.agent.testbed import in_cgroup
     from cachepilot.models import hll
 
     _, mid = files
@@ -421,8 +427,7 @@ def test_the_kernel_sketch_counts_every_page_read_and_restarts(files):
         sampler.watch(cgid, threshold_for_rate(0.01))
         sampler.sketches()                     # start from an empty window
         drop_file_cache(mid)
-        subprocess.run(in_cgroup(cg, ["dd", f"if={mid}", "of=/dev/null", "bs=1M"]),
-                       check=True, capture_output=True)
+        dd_in(cg, mid, "1M")
         kernel = sampler.sketches()[cgid]
         again = sampler.sketches()[cgid]
     ours = hll.empty()

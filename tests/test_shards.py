@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from cachepilot.models import generators as gen
-from cachepilot.models.exact import exact_lru_mrc, misses_from_distances, stack_distances
+from cachepilot.models.exact import (COLD, exact_lru_mrc, misses_from_distances,
+                                     stack_distances)
 from cachepilot.models import hll
 from cachepilot.models.shards import (DEFAULT_ESTIMATOR, DEFAULT_SIZE_ESTIMATOR, ESTIMATORS,
                                       Shards,
@@ -108,7 +109,7 @@ def test_fixed_rate_001_on_cloudphysics_against_the_oracles(cloudphysics_txt, re
         picked = dist[hash64(salted) < np.uint64(threshold)]
         misses = misses_from_distances(picked, sizes, 0.01 * len(keys))
         oracle.append(float(np.mean(np.abs(misses - truth))))
-        drawn = int(np.count_nonzero(picked == np.iinfo(np.int64).max))
+        drawn = int(np.count_nonzero(picked == COLD))
         misses = misses_from_distances(picked, sizes, len(keys) * drawn / unique)
         oracle_keys.append(float(np.mean(np.abs(misses - truth))))
     print(f"\nR = 0.01 over {len(SALTS)} salts: oracle MAE {np.mean(oracle):.4f}, "
