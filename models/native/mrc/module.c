@@ -9,6 +9,7 @@
 
 #include "cachepilot_hash.h"
 #include "cachepilot_hll.h"
+#include "hllstack.h"
 #include "parse.h"
 #include "stackdist.h"
 
@@ -111,6 +112,75 @@ static PyObject *py_hll_add(PyObject *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
+/* The number of index bits of a sketch buffer of `len` bytes, or -1. */
+static int sketch_bits(Py_ssize_t len)
+{
+	int bits = 4;
+
+	while (bits <= 18 && ((Py_ssize_t)1 << bits) != len)
+		bits++;
+	return bits <= 18 ? bits : -1;
+}
+
+static PyObject *py_hll_estimate(PyObject *self, PyObject *arg)
+{
+	Py_buffer reg;
+	double est = 0.0;
+	int bits;
+
+	if (PyObject_GetBuffer(arg, &reg, PyBUF_C_CONTIGUOUS))
+		return NULL;
+	bits = sketch_bits(reg.len);
+	if (bits < 0)
+		PyErr_Format(PyExc_ValueError,
+			     "a sketch has 2^4 to 2^18 one-byte registers, not %zd", reg.len);
+	else
+		est = cp_hll_estimate(reg.buf, (unsigned int)bits);
+	PyBuffer_Release(&reg);
+	if (PyErr_Occurred())
+		return NULL;
+	return PyFloat_FromDouble(est);
+}
+
+/* hll_union_matrix(sketches, slices) -> bytes of slices x slices doubles:
+ * [i, j] = distinct keys of slices i..j (i <= j), from `slices` sketches
+ * laid end to end, oldest first. */
+static PyObject *py_hll_union_matrix(PyObject *self, PyObject *args)
+{
+	Py_ssize_t slices;
+	PyObject *obj, *out = NULL;
+	Py_buffer view;
+	int bits = -1, rc = 0;
+
+	if (!PyArg_ParseTuple(args, "On", &obj, &slices))
+		return NULL;
+	if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS))
+		return NULL;
+	if (slices < 1 || view.len % slices)
+		PyErr_SetString(PyExc_ValueError,
+				"the sketches do not split into that many slices");
+	else if ((bits = sketch_bits(view.len / slices)) < 0)
+		PyErr_Format(PyExc_ValueError,
+			     "a sketch has 2^4 to 2^18 one-byte registers, not %zd",
+			     view.len / slices);
+	else if ((size_t)slices > ((size_t)1 << 14))
+		PyErr_SetString(PyExc_ValueError, "at most 16384 slices");
+	else
+		out = PyBytes_FromStringAndSize(NULL, slices * slices * sizeof(double));
+	if (out) {
+		Py_BEGIN_ALLOW_THREADS
+		rc = cp_hll_union_matrix(view.buf, (size_t)slices, (unsigned int)bits,
+					 (double *)PyBytes_AS_STRING(out));
+		Py_END_ALLOW_THREADS
+		if (rc) {
+			Py_CLEAR(out);
+			PyErr_NoMemory();
+		}
+	}
+	PyBuffer_Release(&view);
+	return out;
+}
+
 /* Indices of the keys whose hash is below the threshold, as u64 bytes. */
 static PyObject *py_sample_index(PyObject *self, PyObject *args)
 {
@@ -199,14 +269,23 @@ static int sd_enter(StackDistObject *self)
 
 static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
 {
-	static char *names[] = { "threshold", "max_keys", "exact", NULL };
+	static char *names[] = { "threshold", "max_keys", "exact", "slice_refs",
+				 "max_slices", NULL };
 	unsigned long long threshold = CP_THRESHOLD_ALL;
-	unsigned long long max_keys = 0;
+	unsigned long long max_keys = 0, slice_refs = 0;
+	Py_ssize_t max_slices = 0;
 	int exact = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|KKp", names, &threshold,
-					 &max_keys, &exact))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|KKpKn", names, &threshold,
+					 &max_keys, &exact, &slice_refs, &max_slices))
 		return -1;
+	if (max_slices && (exact || max_slices < 2 || max_slices > (1 << 16) ||
+			   slice_refs % CP_SD_SLICE_UNIT)) {
+		PyErr_Format(PyExc_ValueError,
+			     "slices need sampling mode, 2 <= max_slices <= 65536 and "
+			     "slice_refs a multiple of %d", CP_SD_SLICE_UNIT);
+		return -1;
+	}
 	if (exact && (max_keys || threshold != CP_THRESHOLD_ALL)) {
 		PyErr_SetString(PyExc_ValueError,
 				"exact mode takes neither threshold nor max_keys");
@@ -225,6 +304,11 @@ static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
 		cp_sd_free(&self->sd);
 	self->ready = 0;
 	if (cp_sd_init(&self->sd, threshold, !exact, max_keys)) {
+		PyErr_NoMemory();
+		return -1;
+	}
+	if (max_slices && cp_sd_slices_init(&self->sd, slice_refs, (size_t)max_slices)) {
+		cp_sd_free(&self->sd);
 		PyErr_NoMemory();
 		return -1;
 	}
@@ -279,15 +363,135 @@ static PyObject *sd_hist(StackDistObject *self, PyObject *args, PyObject *kw)
 	return out;
 }
 
-/* The distinct-key sketch of the current window (bytes; empty in exact mode). */
-static PyObject *sd_hll(StackDistObject *self, PyObject *unused)
+/* hll(reset=False): the distinct-key sketch since the last reset (bytes;
+ * empty in exact mode); reset=True starts a new one. */
+static PyObject *sd_hll(StackDistObject *self, PyObject *args, PyObject *kw)
 {
+	static char *names[] = { "reset", NULL };
+	Py_ssize_t len;
+	PyObject *out;
+	int reset = 0;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &reset))
+		return NULL;
 	if (sd_enter(self))
 		return NULL;
 	if (!self->sd.hll)
 		return PyBytes_FromStringAndSize(NULL, 0);
-	return PyBytes_FromStringAndSize((const char *)self->sd.hll,
-					 (Py_ssize_t)1 << self->sd.hll_bits);
+	len = (Py_ssize_t)1 << self->sd.hll_bits;
+	cp_sd_sync_hll(&self->sd);
+	out = PyBytes_FromStringAndSize((const char *)self->sd.hll, len);
+	if (out && reset)
+		memset(self->sd.hll, 0, len);
+	return out;
+}
+
+/* take_records() -> bytes of (u32 previous slice, u32 slice, u64 between)
+ * records written since the last call (previous slice 2^32 - 1: a first
+ * reference). */
+static PyObject *sd_take_records(StackDistObject *self, PyObject *unused)
+{
+	PyObject *out;
+
+	if (sd_enter(self))
+		return NULL;
+	out = PyBytes_FromStringAndSize((const char *)self->sd.rec,
+					self->sd.nrec * sizeof(*self->sd.rec));
+	if (out)
+		self->sd.nrec = 0;
+	return out;
+}
+
+/* close_slice(sketch=None, accesses=0): close the open slice, with the
+ * sketch of its references when they came pre-sampled. */
+static PyObject *sd_close_slice(StackDistObject *self, PyObject *args, PyObject *kw)
+{
+	static char *names[] = { "sketch", "accesses", NULL };
+	unsigned long long accesses = 0;
+	PyObject *sketch = Py_None;
+	Py_buffer view = { 0 };
+	int rc;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|OK", names, &sketch, &accesses))
+		return NULL;
+	if (sd_enter(self))
+		return NULL;
+	if (!self->sd.slice_hll) {
+		PyErr_SetString(PyExc_ValueError, "this StackDist keeps no slices");
+		return NULL;
+	}
+	if (sketch != Py_None) {
+		if (PyObject_GetBuffer(sketch, &view, PyBUF_C_CONTIGUOUS))
+			return NULL;
+		if (view.len != ((Py_ssize_t)1 << self->sd.hll_bits)) {
+			PyErr_Format(PyExc_ValueError, "a sketch has %zd registers, not %zd",
+				     (Py_ssize_t)1 << self->sd.hll_bits, view.len);
+			PyBuffer_Release(&view);
+			return NULL;
+		}
+	}
+	rc = cp_sd_close_slice(&self->sd, sketch != Py_None ? view.buf : NULL, accesses);
+	if (sketch != Py_None)
+		PyBuffer_Release(&view);
+	if (rc) {
+		PyErr_SetString(PyExc_OverflowError, "slice numbers are spent");
+		return NULL;
+	}
+	Py_RETURN_NONE;
+}
+
+/* slices(take=False) -> (sketches, accesses, first) of the closed slices:
+ * bytes of nslices sketches end to end, of u64 reference counts, of u32
+ * first slice numbers; take=True forgets them. */
+static PyObject *sd_slices(StackDistObject *self, PyObject *args, PyObject *kw)
+{
+	static char *names[] = { "take", NULL };
+	struct cp_stackdist *sd = &self->sd;
+	PyObject *out;
+	int take = 0;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &take))
+		return NULL;
+	if (sd_enter(self))
+		return NULL;
+	if (!sd->slice_hll) {
+		PyErr_SetString(PyExc_ValueError, "this StackDist keeps no slices");
+		return NULL;
+	}
+	out = Py_BuildValue("(y#y#y#)",
+			    (const char *)sd->slice_hll,
+			    (Py_ssize_t)(sd->nslices << sd->hll_bits),
+			    (const char *)sd->slice_accesses,
+			    (Py_ssize_t)(sd->nslices * sizeof(*sd->slice_accesses)),
+			    (const char *)sd->slice_first,
+			    (Py_ssize_t)(sd->nslices * sizeof(*sd->slice_first)));
+	if (out && take)
+		sd->nslices = 0;
+	return out;
+}
+
+static int sd_set_slice_refs(StackDistObject *self, PyObject *value, void *unused)
+{
+	unsigned long long v;
+
+	if (sd_enter(self))
+		return -1;
+	if (!value || !self->sd.slice_hll) {
+		PyErr_SetString(PyExc_AttributeError,
+				"slice_refs is set only on a StackDist that keeps slices");
+		return -1;
+	}
+	v = PyLong_AsUnsignedLongLong(value);
+	if (v == (unsigned long long)-1 && PyErr_Occurred())
+		return -1;
+	if (v % CP_SD_SLICE_UNIT) {
+		PyErr_Format(PyExc_ValueError, "slice_refs must be a multiple of %d",
+			     CP_SD_SLICE_UNIT);
+		return -1;
+	}
+	self->sd.slice_refs = v;
+	self->sd.slice_fill = 0;
+	return 0;
 }
 
 static PyObject *sd_clear(StackDistObject *self, PyObject *unused)
@@ -311,6 +515,10 @@ static PyObject *sd_get(StackDistObject *self, void *which)
 	case 5: return PyLong_FromUnsignedLongLong(sd->bin_pages);
 	case 6: return PyLong_FromUnsignedLongLong(sd->evicted);
 	case 7: return PyLong_FromSize_t(sd->max_keys);
+	case 8: return PyLong_FromUnsignedLong(sd->slice);
+	case 9: return PyLong_FromUnsignedLongLong(sd->slice_fill +
+						   (sd->slice_refs ? sd->hll_nbatch : 0));
+	case 10: return PyLong_FromUnsignedLongLong(sd->slice_refs);
 	}
 	Py_RETURN_NONE;
 }
@@ -324,6 +532,10 @@ static PyGetSetDef sd_getset[] = {
 	{ "bin_pages", (getter)sd_get, NULL, "histogram bin width", (void *)5 },
 	{ "evicted", (getter)sd_get, NULL, "keys dropped (fixed size)", (void *)6 },
 	{ "max_keys", (getter)sd_get, NULL, "fixed-size bound (0 = none)", (void *)7 },
+	{ "slice", (getter)sd_get, NULL, "number of the open slice", (void *)8 },
+	{ "slice_fill", (getter)sd_get, NULL, "references in the open slice", (void *)9 },
+	{ "slice_refs", (getter)sd_get, (setter)sd_set_slice_refs,
+	  "automatic slice length (0 = the caller closes slices)", (void *)10 },
 	{ NULL }
 };
 
@@ -333,9 +545,17 @@ static PyMethodDef sd_methods[] = {
 	{ "hist", (PyCFunction)(void (*)(void))sd_hist,
 	  METH_VARARGS | METH_KEYWORDS,
 	  "hist(reset=False) -> bytes of float64 [cold, bin 1, bin 2, ...]" },
-	{ "hll", (PyCFunction)sd_hll, METH_NOARGS,
-	  "hll() -> bytes: HyperLogLog registers of every key offered in this "
-	  "window (sampled or not); empty in exact mode" },
+	{ "hll", (PyCFunction)(void (*)(void))sd_hll, METH_VARARGS | METH_KEYWORDS,
+	  "hll(reset=False) -> bytes: HyperLogLog registers of every key offered "
+	  "since the last reset (sampled or not); empty in exact mode" },
+	{ "close_slice", (PyCFunction)(void (*)(void))sd_close_slice,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "close_slice(sketch=None, accesses=0): close the open slice" },
+	{ "slices", (PyCFunction)(void (*)(void))sd_slices, METH_VARARGS | METH_KEYWORDS,
+	  "slices(take=False) -> (sketches, accesses u64, first slice u32) bytes" },
+	{ "take_records", (PyCFunction)sd_take_records, METH_NOARGS,
+	  "take_records() -> bytes of (u32 prev_slice, u32 slice, u64 between) "
+	  "per sampled reference since the last call (prev_slice 2**32-1: first)" },
 	{ "clear", (PyCFunction)sd_clear, METH_NOARGS,
 	  "forget every tracked key and the histogram" },
 	{ NULL }
@@ -344,7 +564,8 @@ static PyMethodDef sd_methods[] = {
 static PyTypeObject StackDistType = {
 	PyVarObject_HEAD_INIT(NULL, 0)
 	.tp_name = "cachepilot.models._mrc.StackDist",
-	.tp_doc = "StackDist(threshold=2**64-1, max_keys=0, exact=False): "
+	.tp_doc = "StackDist(threshold=2**64-1, max_keys=0, exact=False, slice_refs=0, "
+		  "max_slices=0): "
 		  "streaming Mattson stack distances with SHARDS sampling",
 	.tp_basicsize = sizeof(StackDistObject),
 	.tp_flags = Py_TPFLAGS_DEFAULT,
@@ -361,6 +582,11 @@ static PyMethodDef module_methods[] = {
 	  "hash_into(keys, out): out[i] = cp_hash64(keys[i])" },
 	{ "sample_index", py_sample_index, METH_VARARGS,
 	  "sample_index(keys, threshold) -> bytes of u64 indices with hash < threshold" },
+	{ "hll_estimate", py_hll_estimate, METH_O,
+	  "hll_estimate(registers) -> distinct keys counted into a sketch" },
+	{ "hll_union_matrix", py_hll_union_matrix, METH_VARARGS,
+	  "hll_union_matrix(sketches, slices) -> bytes of slices^2 doubles: "
+	  "[i, j] = distinct keys of slices i..j" },
 	{ "hll_add", py_hll_add, METH_VARARGS,
 	  "hll_add(keys, registers): count keys into a writable sketch of 2^bits bytes" },
 	{ "parse_text", py_parse_text, METH_VARARGS,

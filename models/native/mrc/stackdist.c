@@ -8,6 +8,10 @@
 #include "cachepilot_hll.h"
 #include "stackdist.h"
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #define MIN_POSITIONS	1024
 #define MAX_BINS	(1u << 24)	/* beyond this, bins get coarser */
 #define PREFETCH_AHEAD	8
@@ -123,17 +127,21 @@ static int compact(struct cp_stackdist *sd, size_t new_cap)
 	int32_t *tree = calloc(nblocks, sizeof(*tree));
 	uint64_t *owner = malloc(new_cap * sizeof(*owner));
 	uint64_t *alive = calloc(nblocks, sizeof(*alive));
+	uint32_t *stamp = sd->stamp ? malloc(new_cap * sizeof(*stamp)) : NULL;
 
-	if (!tree || !owner || !alive) {
+	if (!tree || !owner || !alive || (sd->stamp && !stamp)) {
 		free(tree);
 		free(owner);
 		free(alive);
+		free(stamp);
 		return -1;
 	}
 	for (p = 0; p < sd->now; p++) {
 		if (!(sd->alive[p / 64] >> (p % 64) & 1))
 			continue;
 		owner[next] = sd->owner[p];
+		if (stamp)
+			stamp[next] = sd->stamp[p];
 		alive[next / 64] |= 1ULL << (next % 64);
 		sd->map.slots[map_find(&sd->map, sd->owner[p])].val = next + 1;
 		next++;
@@ -150,9 +158,11 @@ static int compact(struct cp_stackdist *sd, size_t new_cap)
 	free(sd->tree);
 	free(sd->owner);
 	free(sd->alive);
+	free(sd->stamp);
 	sd->tree = tree;
 	sd->owner = owner;
 	sd->alive = alive;
+	sd->stamp = stamp;
 	sd->cap = new_cap;
 	sd->now = next;
 	return 0;
@@ -312,6 +322,143 @@ static void shrink_sample(struct cp_stackdist *sd)
 	}
 }
 
+/* ---- records for the "stack" estimator ---- */
+
+static int record(struct cp_stackdist *sd, uint32_t prev_slice, uint64_t between)
+{
+	if (sd->nrec == sd->rec_cap) {
+		size_t cap = sd->rec_cap ? 2 * sd->rec_cap : 1024;
+		struct cp_sd_record *r = realloc(sd->rec, cap * sizeof(*r));
+
+		if (!r)
+			return -1;
+		sd->rec = r;
+		sd->rec_cap = cap;
+	}
+	sd->rec[sd->nrec].prev_slice = prev_slice;
+	sd->rec[sd->nrec].slice = sd->slice;
+	sd->rec[sd->nrec].between = between;
+	sd->nrec++;
+	return 0;
+}
+
+/*
+ * A slice's sketch starts empty, so whether a reference raises a register
+ * is a coin toss for much of the slice, and a branch on it mispredicts.
+ * With slices on, hashes are batched and counted in a tight loop that
+ * stores the maximum whether it rose or not.
+ */
+void cp_sd_sync_hll(struct cp_stackdist *sd)
+{
+	unsigned int bits = sd->hll_bits;
+	unsigned char *regs = sd->hll;
+
+	if (!sd->hll_batch)
+		return;
+
+	for (size_t k = 0; k < sd->hll_nbatch; k++) {
+		cp_u64 m = cp_hll_mix(sd->hll_batch[k]);
+		unsigned int i = (unsigned int)(m >> (64 - bits));
+		unsigned char r = (unsigned char)(cp_clz64((m << bits) |
+							   (1ULL << (bits - 1))) + 1);
+		unsigned char cur = regs[i];
+
+		regs[i] = cur > r ? cur : r;
+	}
+	if (sd->slice_refs)
+		sd->slice_fill += sd->hll_nbatch;
+	sd->hll_nbatch = 0;
+}
+
+int cp_sd_slices_init(struct cp_stackdist *sd, uint64_t slice_refs,
+		      size_t max_slices)
+{
+	size_t m = (size_t)1 << sd->hll_bits;
+
+	if (!sd->hll || sd->stamp || max_slices < 2 || slice_refs % CP_SD_SLICE_UNIT)
+		return -1;
+	sd->hll_batch = malloc(CP_SD_SLICE_UNIT * sizeof(*sd->hll_batch));
+	sd->stamp = calloc(sd->cap, sizeof(*sd->stamp));
+	sd->slice_hll = malloc(max_slices * m);
+	sd->slice_accesses = calloc(max_slices, sizeof(*sd->slice_accesses));
+	sd->slice_first = calloc(max_slices, sizeof(*sd->slice_first));
+	if (!sd->hll_batch || !sd->stamp || !sd->slice_hll || !sd->slice_accesses ||
+	    !sd->slice_first)
+		return -1;	/* cp_sd_free releases what was allocated */
+	sd->slice_refs = slice_refs;
+	sd->max_slices = max_slices;
+	return 0;
+}
+
+/* dst = register-wise maximum of dst and src */
+static void sketch_max(unsigned char *dst, const unsigned char *src, size_t m)
+{
+	size_t r = 0;
+
+#ifdef __SSE2__
+	for (; r + 16 <= m; r += 16) {
+		__m128i a = _mm_loadu_si128((const __m128i *)(dst + r));
+		__m128i b = _mm_loadu_si128((const __m128i *)(src + r));
+
+		_mm_storeu_si128((__m128i *)(dst + r), _mm_max_epu8(a, b));
+	}
+#endif
+	for (; r < m; r++)
+		if (src[r] > dst[r])
+			dst[r] = src[r];
+}
+
+/* Halve the kept slices: neighbours 2k and 2k + 1 become slice k. */
+static void merge_slice_pairs(struct cp_stackdist *sd)
+{
+	size_t m = (size_t)1 << sd->hll_bits, k;
+
+	for (k = 0; 2 * k < sd->nslices; k++) {
+		unsigned char *dst = sd->slice_hll + k * m;
+		const unsigned char *a = sd->slice_hll + 2 * k * m;
+
+		memmove(dst, a, m);
+		sd->slice_accesses[k] = sd->slice_accesses[2 * k];
+		sd->slice_first[k] = sd->slice_first[2 * k];
+		if (2 * k + 1 < sd->nslices) {
+			sketch_max(dst, a + m, m);
+			sd->slice_accesses[k] += sd->slice_accesses[2 * k + 1];
+		}
+	}
+	sd->nslices = k;
+	if (sd->slice_refs)
+		sd->slice_refs *= 2;
+}
+
+int cp_sd_close_slice(struct cp_stackdist *sd, const unsigned char *hll,
+		      uint64_t accesses)
+{
+	size_t m = (size_t)1 << sd->hll_bits;
+
+	if (!sd->slice_hll)
+		return -1;
+	if (sd->slice == UINT32_MAX)
+		return -1;	/* slice numbers are spent */
+	if (sd->nslices == sd->max_slices)
+		merge_slice_pairs(sd);
+	cp_sd_sync_hll(sd);
+	memcpy(sd->slice_hll + sd->nslices * m, hll ? hll : sd->hll, m);
+	sd->slice_accesses[sd->nslices] = accesses;
+	sd->slice_first[sd->nslices] = sd->slice;
+	sd->nslices++;
+	sd->slice++;
+	sd->slice_fill = 0;
+	memset(sd->hll, 0, m);
+	return 0;
+}
+
+void cp_sd_slices_reset(struct cp_stackdist *sd)
+{
+	sd->nslices = 0;
+	sd->nrec = 0;
+	sd->slice_fill = 0;
+}
+
 /* ---- the reference path ---- */
 
 static int reference(struct cp_stackdist *sd, uint64_t key)
@@ -332,15 +479,21 @@ static int reference(struct cp_stackdist *sd, uint64_t key)
 
 		if (hist_add(sd, scaled_bin(sd, dist), 1.0 / sd->gain))
 			return -1;
+		if (sd->stamp && record(sd, sd->stamp[pos], dist - 1))
+			return -1;
 		unmark(sd, pos);
 	} else {
 		sd->cold += 1.0 / sd->gain;
+		if (sd->stamp && record(sd, CP_SD_COLD, 0))
+			return -1;
 		e->key = key;
 		sd->map.used++;
 		sd->live++;
 	}
 	e->val = sd->now + 1;
 	sd->owner[sd->now] = key;
+	if (sd->stamp)
+		sd->stamp[sd->now] = sd->slice;
 	mark(sd, sd->now);
 	sd->now++;
 	return 0;
@@ -364,17 +517,30 @@ int cp_sd_feed(struct cp_stackdist *sd, const uint64_t *keys, size_t n)
 	}
 	for (i = 0; i < n; i++) {
 		uint64_t h = cp_hash64(keys[i]);
-		size_t before;
 
-		cp_hll_add(sd->hll, h, sd->hll_bits);
-		if (h >= sd->threshold)
-			continue;
-		before = sd->live;
-		if (reference(sd, keys[i]))
-			return -1;
-		if (sd->max_keys && sd->live > before) {
-			heap_push(sd, h, keys[i]);
-			shrink_sample(sd);
+		if (sd->hll_batch) {
+			sd->hll_batch[sd->hll_nbatch++] = h;
+		} else {
+			cp_hll_add(sd->hll, h, sd->hll_bits);
+		}
+		if (h < sd->threshold) {
+			size_t before = sd->live;
+
+			if (reference(sd, keys[i]))
+				return -1;
+			if (sd->max_keys && sd->live > before) {
+				heap_push(sd, h, keys[i]);
+				shrink_sample(sd);
+			}
+		}
+		/* slices end on batch boundaries (a reader may have flushed a
+		 * part batch: then a slice runs a little long); the reference
+		 * that fills a slice belongs to it */
+		if (sd->hll_nbatch == CP_SD_SLICE_UNIT) {
+			cp_sd_sync_hll(sd);
+			if (sd->slice_refs && sd->slice_fill >= sd->slice_refs &&
+			    cp_sd_close_slice(sd, NULL, sd->slice_fill))
+				return -1;
 		}
 	}
 	return 0;
@@ -392,6 +558,7 @@ void cp_sd_hist(struct cp_stackdist *sd, double *out, int reset)
 		sd->gain = 1.0;
 		if (sd->hll)
 			memset(sd->hll, 0, (size_t)1 << sd->hll_bits);
+		sd->hll_nbatch = 0;
 	}
 }
 
@@ -438,6 +605,8 @@ void cp_sd_clear_keys(struct cp_stackdist *sd)
 	sd->gain = 1.0;
 	if (sd->hll)
 		memset(sd->hll, 0, (size_t)1 << sd->hll_bits);
+	sd->hll_nbatch = 0;
+	cp_sd_slices_reset(sd);
 }
 
 void cp_sd_free(struct cp_stackdist *sd)
@@ -449,5 +618,11 @@ void cp_sd_free(struct cp_stackdist *sd)
 	free(sd->heap);
 	free(sd->hist);
 	free(sd->hll);
+	free(sd->stamp);
+	free(sd->rec);
+	free(sd->hll_batch);
+	free(sd->slice_hll);
+	free(sd->slice_accesses);
+	free(sd->slice_first);
 	memset(sd, 0, sizeof(*sd));
 }

@@ -20,6 +20,17 @@
  * In sampling mode every reference, sampled or not, also goes into a
  * HyperLogLog sketch (cachepilot_hll.h) of the distinct keys of the current
  * window: what the "keys" estimator compares the sample's key count with.
+ *
+ * With slices on (the "stack" estimator, models/stack.py), time is cut
+ * into numbered slices: every slice_refs references, or whenever the caller
+ * closes one with a sketch of its own (the kernel's).  Each closed slice
+ * keeps its sketch and its reference count; at most max_slices are kept,
+ * and when they are full neighbours merge in pairs (register maximum) and
+ * automatic slices grow twice as long.  Every key remembers the slice
+ * number of its latest reference, and every sampled reference is written
+ * out as (slice number of the previous reference or CP_SD_COLD, slice
+ * number now, sampled keys between).  Slice numbers count every slice ever
+ * opened; a kept slice covers a run of them from its `first` number on.
  */
 #ifndef CP_STACKDIST_H
 #define CP_STACKDIST_H
@@ -42,6 +53,19 @@ struct cp_keymap {
 struct cp_heap_item {
 	uint64_t hash;
 	uint64_t key;
+};
+
+/* Hashes batched before they reach the open slice's sketch; automatic
+ * slices are a multiple of it, so they end on batch boundaries. */
+#define CP_SD_SLICE_UNIT 256
+
+/* A sampled reference, for the "stack" estimator. */
+#define CP_SD_COLD UINT32_MAX	/* prev_slice of a key's first reference */
+
+struct cp_sd_record {
+	uint32_t prev_slice;	/* slice of the key's previous reference */
+	uint32_t slice;		/* slice of this one */
+	uint64_t between;	/* distinct sampled keys referenced in between */
 };
 
 struct cp_stackdist {
@@ -74,6 +98,19 @@ struct cp_stackdist {
 	unsigned char *hll;	/* 1 << hll_bits registers; NULL in exact mode */
 	unsigned int hll_bits;
 
+	uint32_t *stamp;	/* slice of each position's reference; NULL = no slices */
+	uint32_t slice;		/* number of the open slice */
+	struct cp_sd_record *rec;
+	size_t nrec, rec_cap;
+	uint64_t *hll_batch;	/* hashes not yet counted into the sketch (slices on) */
+	size_t hll_nbatch;
+	uint64_t slice_refs;	/* automatic slice length; 0 = the caller closes */
+	uint64_t slice_fill;	/* references in the open slice, batch aside */
+	unsigned char *slice_hll; /* max_slices sketches of the closed slices */
+	uint64_t *slice_accesses; /* references each closed slice stands for */
+	uint32_t *slice_first;	/* first slice number each closed slice covers */
+	size_t nslices, max_slices;
+
 	uint64_t seen;		/* keys offered */
 	uint64_t sampled;	/* references processed */
 	uint64_t evicted;	/* keys dropped by fixed-size mode */
@@ -88,6 +125,22 @@ double cp_sd_rate(const struct cp_stackdist *sd);
 /* Copy the histogram in current-rate units; optionally zero it and the
  * distinct-key sketch (a new window). */
 void cp_sd_hist(struct cp_stackdist *sd, double *out, int reset);
+/* Turn slices on (sampling mode, before the first reference): automatic
+ * ones of slice_refs references (a multiple of CP_SD_SLICE_UNIT), or only
+ * those the caller closes when 0.  Returns 0, or -1 when out of memory or
+ * when slice_refs is not such a multiple. */
+int cp_sd_slices_init(struct cp_stackdist *sd, uint64_t slice_refs,
+		      size_t max_slices);
+/* Close the open slice: its sketch is `hll` if given (the sketch replaces
+ * the engine's own, which restarts either way) and it stands for
+ * `accesses` references.  Returns 0, or -1 when out of memory. */
+int cp_sd_close_slice(struct cp_stackdist *sd, const unsigned char *hll,
+		      uint64_t accesses);
+/* Forget the closed slices and the records (a new window). */
+void cp_sd_slices_reset(struct cp_stackdist *sd);
+/* Count the references still batched into the open slice's sketch
+ * (before reading sd->hll). */
+void cp_sd_sync_hll(struct cp_stackdist *sd);
 /* Forget every tracked key and the histogram (threshold is kept). */
 void cp_sd_clear_keys(struct cp_stackdist *sd);
 
