@@ -17,6 +17,11 @@ class Backend(Protocol):
     def info(self) -> NodeInfo:
         """Static facts the node registers with."""
 
+    def tick(self) -> None:
+        """Mid-interval, sampling.slices - 1 times: read what the host has
+        counted so far (one time slice of the curves).  A no-op where
+        collect() has all it needs."""
+
     def collect(self) -> list[TenantReport]:
         """One interval's reports, one per watched tenant.  Called once per
         control interval; a linux backend measures over wall time since the

@@ -97,8 +97,16 @@ def run_agent(args) -> int:
         signal.signal(sig, lambda *_: stop.set())
     done = 0
     next_at = time.monotonic() + cfg.interval_s
+    slices = cfg.sampling.slices
     try:
         while not stop.is_set() and (args.intervals is None or done < args.intervals):
+            # time slices of the curves: collect() takes the last one
+            start = next_at - cfg.interval_s
+            for k in range(1, slices):
+                stop.wait(max(0.0, start + k * cfg.interval_s / slices - time.monotonic()))
+                if stop.is_set():
+                    break
+                backend.tick()
             stop.wait(max(0.0, next_at - time.monotonic()))
             if stop.is_set():
                 break

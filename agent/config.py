@@ -8,7 +8,7 @@
                     path under the root
     tenants:        named tenants: {name, cgroup, throughput, floor, ceiling}
     interval_s:     seconds between reports
-    sampling:       {rate, max_samples (fixed-size SHARDS), ring_bytes}
+    sampling:       {rate, max_samples (fixed-size SHARDS), ring_bytes, slices}
     policies:       curves to build (default: lru, plus the library's policies
                     when the MRC engine offers them)
     safety:         {floor, anon_margin, anon_margin_ratio, max_step}
@@ -65,10 +65,14 @@ class TenantSpec(_Strict):
 class Sampling(_Strict):
     """Fixed-rate SHARDS at `rate`; with `max_samples`, fixed-size SHARDS
     that starts at `rate` and lowers the kernel's threshold as distinct
-    sampled pages exceed the bound."""
+    sampled pages exceed the bound.  `slices`: how many times per interval
+    the agent reads the kernel's distinct-page sketches; each read is one
+    time slice of the "stack" estimator (models/stack.py), which uses them
+    to count every page read, not just the sample's."""
     rate: float = Field(0.01, gt=0, le=1)
     max_samples: int | None = Field(None, ge=64)
     ring_bytes: int = Field(1 << 22, ge=4096)
+    slices: int = Field(32, ge=1, le=128)
 
     @model_validator(mode="after")
     def _power_of_two(self):

@@ -101,6 +101,7 @@ def profile_cgroup(path: str, duration_s: float, *, rate: float = 0.01,
         _, snap = sampler.counters()
         base = snap.get(cgid, (0, Counters()))[1]
         sampler.drain()
+        sampler.sketches()          # the first slice starts now
         last = base
         start = time.monotonic()
         early, early_n = None, 0
@@ -117,11 +118,13 @@ def profile_cgroup(path: str, duration_s: float, *, rate: float = 0.01,
             _, snap = sampler.counters()
             cur = snap.get(cgid, (0, last))[1]
             recs = sampler.drain(cgid).get(cgid)
+            # each poll is one time slice of the "stack" estimator
+            sketch = sampler.sketches().get(cgid)
             d = cur - last
             last = cur
             keys = recs["key"][recs["op"] == 0] if recs is not None and len(recs) \
                 else np.zeros(0, np.uint64)
-            builder.feed(keys, total_accesses=d.accesses)
+            builder.feed(keys, total_accesses=d.accesses, sketch=sketch)
             fed += d.accesses
             if int(builder.threshold) != sampler_threshold(snap, cgid):
                 sampler.watch(cgid, int(builder.threshold))

@@ -77,6 +77,10 @@ class Counters:
         return Counters(*(getattr(self, f.name) - getattr(other, f.name)
                           for f in fields(self)))
 
+    def __add__(self, other: "Counters") -> "Counters":
+        return Counters(*(getattr(self, f.name) + getattr(other, f.name)
+                          for f in fields(self)))
+
 
 _NCOUNTERS = len(fields(Counters))
 _ENTRY = struct.Struct(f"<QQ{_NCOUNTERS}Q")

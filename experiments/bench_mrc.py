@@ -4,7 +4,10 @@
 Side by side, on the same page keys already decoded into a numpy array
 (trace decoding is timed separately as the reader speed):
   - exact LRU (Mattson stack distances, all sizes at once)
-  - SHARDS fixed rate R = 0.001 and fixed size S = 8192
+  - SHARDS fixed rate R = 0.001 and fixed size S = 8192, with their default
+    estimators ("stack" at a fixed rate, "split" at a fixed size); beside
+    them R = 0.001 with "keys", the default before "stack", to show what
+    counting every reference by time slice costs
   - miniature simulations: 4 policies x 16 sizes (models.runtime.minisim_mrc)
   - libcachesim: one full simulation per (policy, size), the usual loop
 Times are CPU seconds of the one thread doing the work (the machine may be
@@ -91,6 +94,8 @@ def main(argv=None):
     t_exact, exact = best_of(args.repeat, lambda: exact_lru_mrc(keys, grid))
     sizes16 = np.unique(np.geomspace(unique / 100, unique, 16).astype(np.int64))
     t_s001, s001 = best_of(args.repeat, lambda: shards_mrc(keys, rate=0.001, sizes=grid))
+    t_s001k, s001k = best_of(args.repeat, lambda: shards_mrc(keys, rate=0.001, sizes=grid,
+                                                             estimator="keys"))
     t_s8k, s8k = best_of(args.repeat, lambda: shards_mrc(keys, max_samples=8192, sizes=grid))
     thr = rate_threshold(0.001)
     t_filter, _ = best_of(args.repeat, lambda: sample_mask_index(keys, thr))
@@ -124,8 +129,10 @@ def main(argv=None):
     def rate(t):
         return n / t
     walls = {"exact LRU (all sizes)": WALL.get(id(exact)), "SHARDS R=0.001": WALL.get(id(s001)),
+             "SHARDS R=0.001 keys estimator": WALL.get(id(s001k)),
              "SHARDS S=8192": WALL.get(id(s8k)), "reader": WALL.get(id(keys))}
     rows = [("exact LRU (all sizes)", t_exact), ("SHARDS R=0.001", t_s001),
+            ("SHARDS R=0.001 keys estimator", t_s001k),
             ("SHARDS S=8192", t_s8k), ("hash+filter pass alone (R=0.001)", t_filter),
             (f"minisim {len(policies)}x{len(sizes16)}", t_mini)]
     if lcs_time:
@@ -142,6 +149,8 @@ def main(argv=None):
         return float(np.mean(np.abs(curve.at(ref_sizes) - ref)))
     one_pct = exact.sizes >= unique / 100
     acc = {"shards_r0.001_mae": mae(s001, exact.sizes[one_pct], exact.miss_ratio[one_pct]),
+           "shards_r0.001_keys_mae": mae(s001k, exact.sizes[one_pct],
+                                         exact.miss_ratio[one_pct]),
            "shards_s8192_mae": mae(s8k, exact.sizes[one_pct], exact.miss_ratio[one_pct])}
     for c in mini:
         if c.policy in lcs_curves:
@@ -155,6 +164,7 @@ def main(argv=None):
     for k, v in acc.items():
         print(f"  {k:40s} {v:.5f}")
     ratios = {"shards_r0.001_over_exact": t_exact / t_s001,
+              "shards_r0.001_stack_cost_over_keys": t_s001 / t_s001k,
               "exact_over_libcachesim_one_size": None,
               "minisim_over_libcachesim": (lcs_time / t_mini) if lcs_time else None}
     if lcs_time:
@@ -174,6 +184,8 @@ def main(argv=None):
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {"trace": args.trace, "requests": trace.requests, "accesses": n,
+           "estimators": {"SHARDS R=0.001": s001.meta.get("estimator"),
+                          "SHARDS S=8192": s8k.meta.get("estimator")},
            "unique": unique, "host": {"machine": platform.machine(),
                                       "cpus": os.cpu_count(),
                                       "python": platform.python_version()},

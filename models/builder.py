@@ -20,6 +20,13 @@ cache contents) is never aged because it is the state of a real cache.
   windows.
 A window ends when end_window() is called (the agent does so every control
 interval) or, with window=W, automatically every W accesses.
+
+The "stack" SHARDS estimator (models/stack.py) works on time slices: a
+window's slices travel with its counts, and merging windows lays the older
+ones' slices before the newer, weighted like their histograms.  A past
+window weighted 0 still serves as history (its keys bound the distances of
+later re-uses); slices whose weight has decayed below STACK_MIN_WEIGHT are
+dropped, and neighbours merge in pairs beyond stack.MAX_SLICES.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cachepilot.models import stack as slice_stack
 from cachepilot.models.exact import as_keys, auto_sizes, check_sizes, coarsen
 from cachepilot.models.mrc import MRC
 from cachepilot.models.shards import (Shards, curve_from_histogram,
@@ -37,6 +45,7 @@ DEFAULT_MAX_SAMPLES = 8192
 AUTO_GRID_POINTS = 24
 MIN_MINI_PAGES = 32        # smallest miniature cache the default rate allows
 MIN_MINISIM_RATE = 0.001
+STACK_MIN_WEIGHT = 1e-3    # older slices count for too little to keep
 
 
 @dataclass
@@ -52,6 +61,8 @@ class _Window:
     key_stats: tuple | None = None
     # distinct keys of every access (the sketch), for the "keys" estimator
     all_keys: float | None = None
+    # "stack": (stack.Slices, sampled references), None without slices
+    stack: tuple | None = None
 
     def scaled_to(self, rate: float, bin_pages: int) -> np.ndarray:
         hist = coarsen(self.hist, bin_pages // self.bin_pages)
@@ -65,12 +76,33 @@ def _add_hist(a: np.ndarray, b: np.ndarray, wb: float = 1.0) -> np.ndarray:
     return out
 
 
+def _merge_stack(cur, past, weight: float):
+    """The slices of two windows, the past one's weighted, as one history."""
+    if cur is None or past is None:
+        # a window without slices (a batch came without its sketch) has no
+        # history worth joining
+        return cur
+    slices = slice_stack.Slices.concat([past[0].weighted(weight), cur[0]])
+    records = np.concatenate((past[1], cur[1]))
+    if not len(slices):
+        return slices, records
+    # the oldest slices go once they count for almost nothing; zero-weight
+    # history of the window just before stays (it bounds distances)
+    keep = np.flatnonzero(slices.weight >= STACK_MIN_WEIGHT * max(1.0, slices.weight.max()))
+    if weight > 0 and len(keep) and keep[0] > 0:
+        slices = slice_stack.Slices(slices.sketches[keep[0]:], slices.accesses[keep[0]:],
+                                    slices.first[keep[0]:], slices.weight[keep[0]:])
+        records = records[records["slice"].astype(np.int64) >= slices.first[0]]
+    return slices.coarsen(), records
+
+
 class MRCBuilder:
     def __init__(self, policies=("lru",), *, rate: float | None = None,
                  max_samples: int | None = None, sizes=None,
                  max_pages: int | None = None, window: int | None = None,
                  half_life: float | None = None, minisim_rate: float | None = None,
-                 adj: bool | None = None, estimator: str | None = None):
+                 adj: bool | None = None, estimator: str | None = None,
+                 slice_refs: int | None = None):
         if isinstance(policies, str):
             policies = [policies]
         self.policies = list(dict.fromkeys(p.strip().lower() for p in policies))
@@ -82,7 +114,8 @@ class MRCBuilder:
             raise ValueError("half_life must be positive")
         if rate is None and max_samples is None:
             max_samples = DEFAULT_MAX_SAMPLES
-        self.shards = Shards(rate, max_samples, adj, estimator=estimator)
+        self.shards = Shards(rate, max_samples, adj, estimator=estimator,
+                             slice_refs=slice_refs)
         self.adj = self.shards.adj
         self.estimator = self.shards.estimator
         self.window = None if window is None else int(window)
@@ -162,9 +195,7 @@ class MRCBuilder:
             self.feed(keys[:cut], None, None if tids is None else tids[:cut])
             self.feed(keys[cut:], None, None if tids is None else tids[cut:])
             return
-        self.shards.feed(keys, total)
-        if sketch is not None:
-            self.shards.add_sketch(sketch)
+        self.shards.feed(keys, total, sketch=sketch)
         if self.minisim is not None:
             idx = sample_mask_index(keys, self.minisim_threshold)
             self.minisim.feed(keys[idx], None if tids is None else tids[idx],
@@ -189,6 +220,7 @@ class MRCBuilder:
     def _current(self, reset: bool) -> _Window:
         key_stats = self.shards.key_stats()
         all_keys = self.shards.window_unique()
+        stack = self.shards.slices(take=reset) if self.estimator == "stack" else None
         hist, bin_pages, rate, accesses = self.shards.take_histogram(reset=reset)
         mini = {}
         if self.minisim is not None:
@@ -200,7 +232,8 @@ class MRCBuilder:
                 mini[curve.policy] = (misses, np.full(len(misses), accesses))
             if reset:
                 self.minisim.reset_counts()
-        return _Window(hist, bin_pages, rate, float(accesses), mini, key_stats, all_keys)
+        return _Window(hist, bin_pages, rate, float(accesses), mini, key_stats,
+                       all_keys, stack)
 
     def _merge(self, cur: _Window, past: _Window, weight: float) -> _Window:
         bin_pages = max(cur.bin_pages, past.bin_pages)
@@ -225,7 +258,8 @@ class MRCBuilder:
             all_keys = (None if cur.all_keys is None or past.all_keys is None
                         else cur.all_keys + weight * past.all_keys)
         return _Window(hist, bin_pages, cur.rate,
-                       cur.accesses + weight * past.accesses, mini, key_stats, all_keys)
+                       cur.accesses + weight * past.accesses, mini, key_stats,
+                       all_keys, _merge_stack(cur.stack, past.stack, weight))
 
     # -- output ---------------------------------------------------------------
     def snapshot(self) -> list[MRC]:
@@ -249,7 +283,7 @@ class MRCBuilder:
                     both.hist, both.bin_pages, both.rate, both.accesses, sizes,
                     estimator=self.estimator, key_stats=both.key_stats,
                     all_keys=both.all_keys, unique=self.shards.unique_estimate,
-                    max_samples=self.shards.max_samples)
+                    max_samples=self.shards.max_samples, stacked=both.stack)
             else:
                 misses, acc = both.mini[policy]
                 ratios = np.where(acc > 0, misses / np.maximum(acc, 1e-300), 1.0)

@@ -64,10 +64,12 @@ def register_mrc(subparsers):
     g.add_argument("--max-samples", type=str,
                    help="fixed-size SHARDS: at most S sampled pages")
     p.add_argument("--estimator", default=None,
-                   help="how SHARDS treats a sample whose reference count is not "
-                        "N x rate: keys (default at a fixed rate: divides by the key "
-                        "rate a sketch of every reference measures), split (default "
-                        "at a fixed size), adj (SHARDS_adj) or ratio")
+                   help="how SHARDS turns its sample into a curve: stack (default "
+                        "at a fixed rate: distinct-page sketches of time slices "
+                        "count every reference, the sample places distances "
+                        "inside their brackets), keys (divides by the key rate a "
+                        "sketch of every reference measures), split (default at a "
+                        "fixed size), adj (SHARDS_adj) or ratio")
     p.add_argument("--sizes", default="auto",
                    help="comma-separated sizes in pages, or 'auto' "
                         "(~50 log-spaced from 1%% to 100%% of the unique pages)")
@@ -165,6 +167,9 @@ class Plan:
             if self.methods.get("lru") != "shards":
                 raise UserError("--estimator goes with SHARDS (--method shards, "
                                 "--rate or --max-samples for lru)")
+            if self.estimator == "stack" and self.max_samples is not None:
+                raise UserError("--estimator stack needs a fixed rate (--rate R), "
+                                "not a fixed size (--max-samples)")
         self.sizes = parse_sizes(args.sizes)
 
     def uses(self, method):

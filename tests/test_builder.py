@@ -47,10 +47,16 @@ def test_threshold_is_what_every_consumer_needs_and_drops_in_fixed_size():
     assert lru_only.threshold == lru_only.shards.threshold < rate_threshold(0.05)
 
 
-def test_presampled_batches_match_unsampled_feeding():
+@pytest.mark.parametrize("estimator", ["stack", "keys"])
+def test_presampled_batches_match_unsampled_feeding(estimator):
+    # what the agent feeds (the kernel's sampled keys of a batch and the
+    # sketch of all its accesses) gives the curve of the unsampled batch;
+    # "stack" cuts a time slice per batch on both sides (slice_refs=0)
     keys = gen.zipf(40_000, 0.8, seed=4).next(400_000)
-    a = MRCBuilder(("lru", "fifo"), rate=0.02, sizes=[400, 4000, 40000])
-    b = MRCBuilder(("lru", "fifo"), rate=0.02, sizes=[400, 4000, 40000])
+    a = MRCBuilder(("lru", "fifo"), rate=0.02, sizes=[400, 4000, 40000],
+                   estimator=estimator, slice_refs=0)
+    b = MRCBuilder(("lru", "fifo"), rate=0.02, sizes=[400, 4000, 40000],
+                   estimator=estimator)
     for i, part in enumerate(np.array_split(keys, 10)):
         a.feed(part)
         kept = part[sample_mask_index(part, b.threshold)]     # what the kernel sends
@@ -62,7 +68,12 @@ def test_presampled_batches_match_unsampled_feeding():
             b.end_window()
     for ca, cb in zip(a.snapshot(), b.snapshot()):
         assert np.allclose(ca.miss_ratio, cb.miss_ratio, atol=1e-12)
-    assert a.snapshot()[0].meta["estimator"] == "keys"
+    lru = b.snapshot()[0]
+    assert lru.meta["estimator"] == estimator
+    if estimator == "stack":
+        # both windows' slices, the earlier weighted by what the current
+        # one has not filled yet (here nothing: equal windows)
+        assert lru.meta["slices"] == 10
 
 
 def mae(curve, exact):

@@ -157,6 +157,7 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             assert set(backend.watched) == {"web", "batch"}
             drop_file_cache(small, mid)
             fio_randread(parent / "web", small, 30_000)
+            backend.tick()              # a time slice ends mid-interval
             fio_randread(parent / "batch", mid, 40_000)
             reports = {r.tenant: r for r in backend.collect()}
             assert set(reports) == {"web", "batch"}
@@ -171,10 +172,12 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             ab = (24 << 20) // 4096 + cb.meta.get("anon_offset_pages", 0)
             assert cw.at(aw) < 0.2 < cb.at(ab)
             assert web.miss_ratio > 0 and batch.miss_ratio > 0
-            # the kernel's sketch reached the builders: the LRU curve is the
-            # "keys" estimator's, over each file's pages (4,096 and 16,384)
+            # the kernel's sketches reached the builders, one per time slice
+            # (the tick, then collect's): the LRU curve is the "stack"
+            # estimator's, over each file's pages (4,096 and 16,384)
             for c, pages in ((cw, 4096), (cb, 16384)):
-                assert c.meta["estimator"] == "keys", c.meta
+                assert c.meta["estimator"] == "stack", c.meta
+                assert c.meta["slices"] == 2, c.meta
                 assert c.meta["all_keys_estimate"] == pytest.approx(pages, rel=0.1)
             # what the agent reports passes the wire's checks unchanged
             from cachepilot.agent import wire

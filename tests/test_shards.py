@@ -1,7 +1,7 @@
 """SHARDS against exact LRU.  Accuracy is judged as the mean absolute error
 over 50 log-spaced sizes from 1 % to 100 % of the unique pages.
 
-The default estimators ("keys" at a fixed rate, "split" at a fixed size,
+The default estimators ("stack" at a fixed rate, "split" at a fixed size,
 models/shards.py) were chosen on synthetic workloads over many hash salts
 (experiments/study_shards_estimators.py); the reference-trace tests below
 only measure them."""
@@ -64,26 +64,23 @@ def test_fixed_size_8192_within_001(name, reference, request):
 def test_fixed_rate_001_within_001_on_oltp(oltp_lis, reference):
     keys, exact = reference(oltp_lis)
     err, approx = mae(keys, exact, rate=0.01)
-    assert approx.meta["estimator"] == DEFAULT_ESTIMATOR == "keys"
-    # the sketch's count of all pages (186,880 by the ARC paper)
+    assert approx.meta["estimator"] == DEFAULT_ESTIMATOR == "stack"
+    # the sketches' count of all pages (186,880 by the ARC paper)
     assert approx.meta["all_keys_estimate"] == pytest.approx(186_880, rel=0.05)
+    assert 64 <= approx.meta["slices"] <= 128
     assert err <= 0.01
 
 
-def test_fixed_rate_001_on_cloudphysics_is_sampling_noise_bound(cloudphysics_txt, reference):
-    # Issue 2 asks 0.01 here; it is not met (0.0212 with the shipped hash).
-    # 48,974 unique pages at R = 0.01 leave ~490 sampled keys and ~1,140
-    # sampled references, so one miss ratio has a standard error of
-    # ~0.02-0.03.  Re-salting the hash over 20 draws gives a mean MAE of
-    # 0.021 ("keys"), 0.038 (split), 0.035 (SHARDS_adj) and 0.084 (ratio):
-    # the ratio estimator's 0.009 on the unsalted sample is one lucky draw,
-    # not a better estimator.  We hold it to the noise bound instead and
-    # meet 0.01 with the fixed-size variant above.
+def test_fixed_rate_001_within_001_on_cloudphysics(cloudphysics_txt, reference):
+    # 48,974 unique pages at R = 0.01 leave ~490 sampled keys: an estimator
+    # that sees the sample alone cannot expect 0.01 here (the oracles below);
+    # "stack" also counts every reference by time slice
     keys, exact = reference(cloudphysics_txt)
-    err, _ = mae(keys, exact, rate=0.01)
-    assert err <= 0.05
+    err, approx = mae(keys, exact, rate=0.01)
+    assert approx.meta["estimator"] == "stack"
+    assert err <= 0.01
     err10, _ = mae(keys, exact, rate=0.1)
-    assert err10 <= 0.02
+    assert err10 <= 0.01
 
 
 def test_fixed_rate_001_on_cloudphysics_against_the_oracles(cloudphysics_txt, reference):
@@ -94,18 +91,21 @@ def test_fixed_rate_001_on_cloudphysics_against_the_oracles(cloudphysics_txt, re
     # issue's 0.01 lies below it, and split, which sees the sample alone,
     # stays near it.  "keys" also sees a sketch of every reference, so its
     # floor is the oracle that divides by the exact key rate instead
-    # (0.014); it must beat the sample-alone floor.
+    # (0.014); it must beat the sample-alone floor.  "stack" counts every
+    # reference by time slice and uses the sample only inside the counts'
+    # brackets: it must go below both floors, and below 0.01 on average.
     keys, exact = reference(cloudphysics_txt)
     sizes = sizes_for(exact.meta["unique"])
     truth = exact.at(sizes)
     dist = stack_distances(keys)
     threshold = rate_threshold(0.01)
     unique = exact.meta["unique"]
-    split, ours, oracle, oracle_keys = [], [], [], []
+    split, ours, stacked, oracle, oracle_keys = [], [], [], [], []
     for salt in SALTS:
         salted = keys ^ np.uint64(salt)          # a fresh sample, the same LRU behaviour
         split.append(mae(salted, exact, rate=0.01, estimator="split")[0])
-        ours.append(mae(salted, exact, rate=0.01)[0])
+        ours.append(mae(salted, exact, rate=0.01, estimator="keys")[0])
+        stacked.append(mae(salted, exact, rate=0.01)[0])
         picked = dist[hash64(salted) < np.uint64(threshold)]
         misses = misses_from_distances(picked, sizes, 0.01 * len(keys))
         oracle.append(float(np.mean(np.abs(misses - truth))))
@@ -114,11 +114,14 @@ def test_fixed_rate_001_on_cloudphysics_against_the_oracles(cloudphysics_txt, re
         oracle_keys.append(float(np.mean(np.abs(misses - truth))))
     print(f"\nR = 0.01 over {len(SALTS)} salts: oracle MAE {np.mean(oracle):.4f}, "
           f"split {np.mean(split):.4f}; key-rate oracle {np.mean(oracle_keys):.4f}, "
-          f"keys {np.mean(ours):.4f}")
+          f"keys {np.mean(ours):.4f}; stack {np.mean(stacked):.4f} "
+          f"(worst {max(stacked):.4f})")
     assert np.mean(oracle) > 0.01
     assert np.mean(split) <= 1.5 * np.mean(oracle)
     assert np.mean(oracle_keys) < np.mean(ours) < 0.8 * np.mean(oracle)
     assert np.mean(ours) <= 1.8 * np.mean(oracle_keys)
+    assert np.mean(stacked) < 0.01 < np.mean(oracle_keys)
+    assert max(stacked) < np.mean(oracle_keys)
 
 
 SALTS = hash_salts(20)      # those of experiments/study_shards_*.py
@@ -180,30 +183,34 @@ def test_fixed_size_bounds_the_sample_and_lowers_the_threshold():
     assert engine.rate == pytest.approx(1000 / 100_000, rel=0.15)
 
 
-def test_presampled_batches_give_the_same_curve():
+@pytest.mark.parametrize("estimator", ["stack", "keys"])
+def test_presampled_batches_give_the_same_curve(estimator):
+    # what the agent feeds -- the kernel's sampled keys of a batch, at a
+    # higher rate than ours, and the sketch of all its accesses -- gives the
+    # curve of the unsampled batches ("stack": one time slice per batch on
+    # both sides)
     keys = gen.zipf(50_000, 0.9, seed=8).next(400_000)
-    whole = Shards(rate=0.01)
-    whole.feed(keys)
-    pre = Shards(rate=0.01)
-    blind = Shards(rate=0.01)
+    whole = Shards(rate=0.01, estimator=estimator, slice_refs=0)
+    pre = Shards(rate=0.01, estimator=estimator)
+    blind = Shards(rate=0.01, estimator=estimator)
     for part in np.array_split(keys, 8):
-        # the kernel sampled at a higher rate; we re-filter at ours.  It
-        # also sends the sketch of every access it saw.
+        whole.feed(part)
         kept = part[sample_mask_index(part, rate_threshold(0.05))]
         sketch = hll.empty()
         hll.add(sketch, part)
-        pre.feed(kept, total_accesses=len(part))
-        pre.add_sketch(sketch)
+        pre.feed(kept, total_accesses=len(part), sketch=sketch)
         blind.feed(kept, total_accesses=len(part))
     a, b = whole.mrc(), pre.mrc()
-    assert a.meta["estimator"] == b.meta["estimator"] == "keys"
+    assert a.meta["estimator"] == b.meta["estimator"] == estimator
     assert np.array_equal(a.sizes, b.sizes)
     assert np.allclose(a.miss_ratio, b.miss_ratio, atol=1e-12)
     assert pre.accesses == len(keys)
+    if estimator == "stack":
+        assert b.meta["slices"] == 8
     # without the sketch the sample's key count is all there is: "split",
     # and the curve says so
     c = blind.mrc(a.sizes)
-    assert c.meta["estimator"] == "split" and c.meta["estimator_asked"] == "keys"
+    assert c.meta["estimator"] == "split" and c.meta["estimator_asked"] == estimator
     assert blind.sketch() is None
     assert np.allclose(c.miss_ratio, shards_mrc(keys, 0.01, sizes=a.sizes,
                                                 estimator="split").miss_ratio, atol=1e-12)
@@ -308,7 +315,7 @@ def test_key_count_part_lies_between_nothing_and_everything():
         assert math.isfinite(x) and min(0.0, dev) - 1e-12 <= x <= max(0.0, dev) + 1e-12
 
 
-@pytest.mark.parametrize("mode", [{"rate": 0.05}, {"max_samples": 2000}])
+@pytest.mark.parametrize("mode", [{"rate": 0.05, "estimator": "keys"}, {"max_samples": 2000}])
 def test_per_key_counts_follow_the_sample(mode):
     engine = Shards(**mode)
     stream = gen.zipf(40_000, 0.8, seed=9)
@@ -327,7 +334,7 @@ def test_per_key_counts_follow_the_sample(mode):
 
 def test_estimator_names_and_the_adj_keyword():
     keys = gen.zipf(20_000, 0.9, seed=5).next(60_000)
-    assert shards_mrc(keys, rate=0.05).meta["estimator"] == DEFAULT_ESTIMATOR == "keys"
+    assert shards_mrc(keys, rate=0.05).meta["estimator"] == DEFAULT_ESTIMATOR == "stack"
     assert shards_mrc(keys, max_samples=500).meta["estimator"] == DEFAULT_SIZE_ESTIMATOR \
         == "split"
     assert shards_mrc(keys, rate=0.05, adj=True).meta["estimator"] == "adj"
@@ -335,6 +342,13 @@ def test_estimator_names_and_the_adj_keyword():
     assert shards_mrc(keys, rate=0.05, adj=True, estimator="split").meta["estimator"] == "split"
     with pytest.raises(ValueError, match="unknown SHARDS estimator"):
         Shards(rate=0.05, estimator="magic")
+    with pytest.raises(ValueError, match="needs a fixed rate"):
+        Shards(max_samples=500, estimator="stack")
+    # at rate 1 the sample is the stream and the curve exact, whatever the
+    # estimator
+    exact = exact_lru_mrc(keys)
+    whole = shards_mrc(keys, rate=1.0, sizes=[10, 100, 1000], estimator="stack")
+    assert np.array_equal(whole.miss_ratio, exact.at([10, 100, 1000]))
     hist, bin_pages, rate, accesses = Shards(rate=0.05, adj=True).take_histogram()
     with pytest.raises(ValueError, match="per-key counts"):
         curve_from_histogram(np.array([1.0, 2.0]), 1, 0.05, 100, [1, 2], estimator="split")

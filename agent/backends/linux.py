@@ -1,9 +1,11 @@
 """The `linux` backend: a real host.
 
-Each interval it asks the sampler for its counters and sampled keys, feeds
-every watched cgroup's curve builder, reads the cgroup's memory files and
-turns it all into one TenantReport per cgroup.  Directives become memory
-limits through the cgroup files, under the safety rules.
+Several times an interval (tick(), config sampling.slices) it asks the
+sampler for its counters, sampled keys and distinct-page sketches and
+feeds every watched cgroup's curve builder one time slice.  Each interval
+(collect()) it reads the cgroup's memory files and turns it all into one
+TenantReport per cgroup.  Directives become memory limits through the
+cgroup files, under the safety rules.
 
 Without root, BPF or the tracepoints it runs in stats-only mode: reports
 carry what the cgroup files say (limits, usage, refaults, v1 charge
@@ -81,6 +83,7 @@ class Watched:
     last_stats: cgroups.CgroupStats | None = None
     threshold: int = 0
     totals: Counters = field(default_factory=Counters)   # cumulative, for metrics
+    interval: Counters | None = None     # counted since the last report
     policy: str = "linux"
 
 
@@ -219,20 +222,55 @@ class LinuxBackend:
         return NodeInfo(self.cfg.node_id, self.memory_bytes, version,
                         self.has_cache_ext, list(self.policies), "linux")
 
-    def collect(self) -> list[TenantReport]:
-        self._refresh()
-        snap: dict[int, tuple[int, Counters]] = {}
-        records: dict[int, np.ndarray] = {}
-        sketches: dict[int, np.ndarray] = {}
-        if self.sampler is not None:
+    def tick(self) -> None:
+        """One time slice: feed every builder what the kernel counted, sampled
+        and sketched since the last tick.  The agent ticks sampling.slices
+        times an interval (collect() makes the last tick); the builders'
+        "stack" estimator counts every page read by slice from the sketches."""
+        if self.sampler is None:
+            return
+        try:
+            # the loader hands over the records read before it answers a
+            # command, so these keys are those the counters count (give or
+            # take the few read between the two commands)
+            _, snap = self.sampler.counters()
+            records = self.sampler.drain()
+            sketches = self.sampler.sketches()
+        except SamplerUnavailable as err:
+            self._lose_sampler(str(err))
+            return
+        for w in self.watched.values():
+            counted = snap.get(w.cgid)
+            if counted is None or self.sampler is None:
+                continue
+            d = counted[1] - w.last_counters
+            w.last_counters = counted[1]
+            w.totals = counted[1]
+            w.interval = d if w.interval is None else w.interval + d
+            if w.builder is not None:
+                self._feed(w, d, records.get(w.cgid), sketches.get(w.cgid))
+
+    def _feed(self, w: Watched, d: Counters, recs, sketch) -> None:
+        keys = np.zeros(0, np.uint64)
+        tids = None
+        if recs is not None and len(recs):
+            acc = recs[recs["op"] == OP_ACCESS]
+            keys, tids = acc["key"], acc["tid"]
+        w.builder.feed(keys, total_accesses=d.accesses, tids=tids, sketch=sketch) \
+            if _takes_tids(w.builder) else \
+            w.builder.feed(keys, total_accesses=d.accesses, sketch=sketch)
+        new_threshold = int(w.builder.threshold)
+        if new_threshold != w.threshold:
+            # fixed-size SHARDS lowers the threshold as keys pile up
             try:
-                _, snap = self.sampler.counters()
-                records = self.sampler.drain()
-                # one window of the builders = one collect: the distinct
-                # pages each cgroup read in it ("keys" SHARDS estimator)
-                sketches = self.sampler.sketches()
+                self.sampler.watch(w.cgid, new_threshold)
+                w.threshold = new_threshold
             except SamplerUnavailable as err:
                 self._lose_sampler(str(err))
+
+    def collect(self) -> list[TenantReport]:
+        self._refresh()
+        self.tick()
         reports = []
         for tenant in list(self.watched):
             w = self.watched[tenant]
@@ -244,37 +282,17 @@ class LinuxBackend:
             except CgroupError as err:
                 log.warning("tenant %s: %s", tenant, err)
                 continue
-            reports.append(self._report(w, stats, snap.get(w.cgid), records.get(w.cgid),
-                                        sketches.get(w.cgid)))
+            reports.append(self._report(w, stats))
         return reports
 
-    def _report(self, w: Watched, stats, counted, recs, sketch=None) -> TenantReport:
+    def _report(self, w: Watched, stats) -> TenantReport:
         now = time.monotonic()
         dt = max(now - w.last_time, 1e-6)
         prev = w.last_stats or stats
-        d = Counters()
-        if counted is not None:
-            d = counted[1] - w.last_counters
-            w.last_counters = counted[1]
-            w.totals = counted[1]
+        counted, w.interval = w.interval, None
+        d = counted or Counters()
         curves = []
         if w.builder is not None and self.sampler is not None:
-            keys = np.zeros(0, np.uint64)
-            tids = None
-            if recs is not None and len(recs):
-                acc = recs[recs["op"] == OP_ACCESS]
-                keys, tids = acc["key"], acc["tid"]
-            w.builder.feed(keys, total_accesses=d.accesses, tids=tids, sketch=sketch) \
-                if _takes_tids(w.builder) else \
-                w.builder.feed(keys, total_accesses=d.accesses, sketch=sketch)
-            new_threshold = int(w.builder.threshold)
-            if new_threshold != w.threshold:
-                # fixed-size SHARDS lowers the threshold as keys pile up
-                try:
-                    self.sampler.watch(w.cgid, new_threshold)
-                    w.threshold = new_threshold
-                except SamplerUnavailable as err:
-                    self._lose_sampler(str(err))
             # the limit must also hold what is not page cache (anon + kernel)
             offset_pages = stats.nonfile_bytes // PAGE
             curves = [shift_by_anon(c, offset_pages) for c in w.builder.snapshot()]

@@ -208,6 +208,9 @@ class SimBackend:
         return NodeInfo(self.node.name, self.node.memory_bytes, 0, True, list(self.policies),
                         "sim")
 
+    def tick(self) -> None:
+        """Nothing between intervals: the virtual clock moves in collect()."""
+
     def collect(self) -> list[TenantReport]:
         return [t.step() for t in self.tenants.values()]
 
