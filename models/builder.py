@@ -25,8 +25,9 @@ The "stack" SHARDS estimator (models/stack.py) works on time slices: a
 window's slices travel with its counts, and merging windows lays the older
 ones' slices before the newer, weighted like their histograms.  A past
 window weighted 0 still serves as history (its keys bound the distances of
-later re-uses); slices whose weight has decayed below STACK_MIN_WEIGHT are
-dropped, and neighbours merge in pairs beyond stack.MAX_SLICES.
+later re-uses); with half_life, slices whose weight has decayed below
+STACK_MIN_WEIGHT of the newest are dropped; neighbours merge in pairs
+beyond stack.MAX_SLICES.
 """
 from __future__ import annotations
 
@@ -76,23 +77,26 @@ def _add_hist(a: np.ndarray, b: np.ndarray, wb: float = 1.0) -> np.ndarray:
     return out
 
 
-def _merge_stack(cur, past, weight: float):
-    """The slices of two windows, the past one's weighted, as one history."""
+def _merge_stack(cur, past, weight: float, decaying: bool):
+    """The slices of two windows, the past one's weighted, as one history.
+    A sliding window's past is one window, weight 0 or not (its keys bound
+    later distances); a decaying past keeps every window, so its oldest
+    slices go once they count for almost nothing."""
     if cur is None or past is None:
         # a window without slices (a batch came without its sketch) has no
         # history worth joining
         return cur
     slices = slice_stack.Slices.concat([past[0].weighted(weight), cur[0]])
     records = np.concatenate((past[1], cur[1]))
-    if not len(slices):
-        return slices, records
-    # the oldest slices go once they count for almost nothing; zero-weight
-    # history of the window just before stays (it bounds distances)
-    keep = np.flatnonzero(slices.weight >= STACK_MIN_WEIGHT * max(1.0, slices.weight.max()))
-    if weight > 0 and len(keep) and keep[0] > 0:
-        slices = slice_stack.Slices(slices.sketches[keep[0]:], slices.accesses[keep[0]:],
-                                    slices.first[keep[0]:], slices.weight[keep[0]:])
-        records = records[records["slice"].astype(np.int64) >= slices.first[0]]
+    if decaying and len(slices):
+        faded = slices.weight < STACK_MIN_WEIGHT * slices.weight.max()
+        first_kept = int(np.argmin(faded)) if not faded.all() else len(slices)
+        if first_kept:
+            slices = slice_stack.Slices(slices.sketches[first_kept:],
+                                        slices.accesses[first_kept:],
+                                        slices.first[first_kept:], slices.weight[first_kept:])
+            records = records[records["slice"].astype(np.int64) >= slices.first[0]] \
+                if len(slices) else records[:0]
     return slices.coarsen(), records
 
 
@@ -259,7 +263,8 @@ class MRCBuilder:
                         else cur.all_keys + weight * past.all_keys)
         return _Window(hist, bin_pages, cur.rate,
                        cur.accesses + weight * past.accesses, mini, key_stats,
-                       all_keys, _merge_stack(cur.stack, past.stack, weight))
+                       all_keys, _merge_stack(cur.stack, past.stack, weight,
+                                              self.half_life is not None))
 
     # -- output ---------------------------------------------------------------
     def snapshot(self) -> list[MRC]:

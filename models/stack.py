@@ -120,9 +120,10 @@ class Slices:
         return Slices(self.sketches, self.accesses, self.first, self.weight * factor)
 
     def coarsen(self, max_slices: int = MAX_SLICES) -> "Slices":
-        """At most max_slices, merging neighbours in pairs (register
-        maximum) within runs of equal weight, oldest first: the curve of a
-        window keeps its own counting weight."""
+        """At most max_slices: every run of equal weight (a window's
+        slices) is halved, neighbours merging in pairs (register maximum,
+        a run's odd one out staying), until few enough; a window's
+        references keep their own counting weight."""
         out = self
         while len(out) > max_slices:
             w = out.weight

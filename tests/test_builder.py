@@ -152,3 +152,29 @@ def test_an_lru_builder_keeps_its_size_grid_across_windows():
     distinct = len(np.unique(keys))
     assert before.sizes[-1] == pytest.approx(distinct, rel=0.1)
     assert after.sizes[-1] == pytest.approx(distinct, rel=0.1)
+
+
+def test_stack_keeps_the_past_window_as_history_and_bounds_a_decaying_one():
+    keys = gen.zipf(20_000, 0.9, seed=12).next(400_000)
+    # sliding: the current window almost full weighs the past at 1 %, yet
+    # its slices stay, so no re-use of its keys looks older than the history
+    b = MRCBuilder(("lru",), rate=0.05)
+    b.feed(keys[:100_000])
+    b.end_window()
+    b.feed(keys[100_000:199_000])
+    (curve,) = b.snapshot()
+    assert curve.meta["estimator"] == "stack"
+    assert curve.meta["beyond_share"] == 0.0
+    assert curve.meta["accesses"] == pytest.approx(99_000 + 0.01 * 100_000, rel=1e-6)
+    # decaying: every window joins the past, the faded ones leave
+    d = MRCBuilder(("lru",), rate=0.05, half_life=0.5)
+    for part in np.array_split(keys, 20):
+        d.feed(part)
+        d.end_window()
+    slices, records = d._past.stack
+    assert len(slices) <= 128
+    # 2^-(2 * 5) < 1e-3: no more than the last five windows are left
+    assert slices.accesses.sum() <= 5 * 20_000
+    assert records["slice"].min() >= slices.first[0]
+    (curve,) = d.snapshot()
+    assert curve.meta["estimator"] == "stack" and 0 < curve.meta["beyond_share"] < 1
