@@ -42,7 +42,10 @@ def oltp_minisims(oltp):
         "and that access is another page, in the sample with probability R; "
         "the miniature decides on the next sampled access instead, which "
         "sampling makes the same page (8.9% of sampled OLTP accesses repeat "
-        "the previous key vs 0.009% unsampled), so it hits far more often")))])
+        "the previous key vs 0.009% unsampled), so per sampled reference it "
+        "misses less (0.786 vs 0.855 at 31,951 pages); the scaled estimate, "
+        "right where busy pages hit, then counts the sample's 18% surplus "
+        "of busy pages' references as MRU's misses and lands above (0.930)")))])
 def test_minisim_mae_on_oltp(oltp, oltp_minisims, policy):
     full = rt.full_mrc(oltp, policy, SIZES)
     mini = oltp_minisims[policy]
