@@ -178,6 +178,15 @@ def _pairs(s: int):
     return i, j, lag_class(j - i)
 
 
+def _bracket(C: np.ndarray, i: np.ndarray, j: np.ndarray):
+    """Where the reuse distance of a key last seen in slice i and seen again
+    in slice j >= i lies: at least the keys of the slices strictly between
+    (none when i + 1 >= j), below all keys of slices i..j."""
+    s = len(C)
+    low = np.where(i + 1 < j, C[np.minimum(i + 1, s - 1), np.maximum(j - 1, 0)], 0.0)
+    return low, C[i, j]
+
+
 def _strata(C: np.ndarray, accesses: np.ndarray, weight: np.ndarray):
     """What the counts say, as strata of references: (references, bracket
     low, bracket high, lag class) for every slice pair i < j and for re-use
@@ -187,17 +196,17 @@ def _strata(C: np.ndarray, accesses: np.ndarray, weight: np.ndarray):
     i, j, cls = _pairs(s)
     diag = np.diag(C)
     nxt = np.minimum(i + 1, s - 1)
-    inner = i + 1 < j
     new_i = C[i, j] - C[i, j - 1]              # keys of j not in slices i..j-1
-    new_next = np.where(inner, C[nxt, j] - C[nxt, j - 1], diag[j])
+    new_next = np.where(i + 1 < j, C[nxt, j] - C[nxt, j - 1], diag[j])
     first = diag.copy()                        # keys of j not in slices 0..j-1
     first[1:] = C[0, 1:] - C[0, :-1]
     refs = np.concatenate(((new_next - new_i) * weight[j],
                            np.maximum(accesses - diag, 0.0) * weight))
-    low = np.concatenate((np.where(inner, C[nxt, j - 1], 0.0), np.zeros(s)))
-    high = np.maximum(np.concatenate((C[i, j], diag)), low)
+    within = np.arange(s)
+    low, high = (np.concatenate(pair) for pair in zip(_bracket(C, i, j),
+                                                       _bracket(C, within, within)))
     classes = np.concatenate((cls, np.zeros(s, np.int64)))
-    return refs, low, high, classes, float(np.dot(first, weight))
+    return refs, low, np.maximum(high, low), classes, float(np.dot(first, weight))
 
 
 class _Shapes:
@@ -254,8 +263,7 @@ def stack_misses(slices: Slices, records: np.ndarray, key_rate: float,
     rw = w[col]
     dist = rec["between"].astype(np.float64) / key_rate
     ri, rj = prev[reuse], col[reuse]
-    lo = np.where(ri + 1 <= rj - 1, C[np.minimum(ri + 1, s - 1), np.maximum(rj - 1, 0)], 0.0)
-    hi = C[ri, rj]
+    lo, hi = _bracket(C, ri, rj)
     width = hi - lo
     u = np.clip((dist[reuse] - lo) / np.where(width > 0, width, np.inf), 0.0, 1.0)
     rcls = lag_class(rj - ri)
