@@ -179,7 +179,8 @@ class MRCBuilder:
         current one.  total_accesses = unsampled accesses the batch stands
         for (None: len(keys), the keys are unsampled).  `sketch`: the
         HyperLogLog registers of those accesses (models/hll.py), which the
-        "keys" estimator needs when the keys come pre-sampled."""
+        "stack" and "keys" estimators need when the keys come pre-sampled
+        ("stack" makes each such batch one time slice)."""
         keys = as_keys(keys)
         total = len(keys) if total_accesses is None else int(total_accesses)
         if total < 0:

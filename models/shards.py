@@ -40,8 +40,8 @@ treats that difference is the estimator (the `estimator` keyword):
   misses-per-reference slope instead of as hits was tried on the same
   synthetic workloads (a one-off run, not kept in the script) and
   lost badly on skewed workloads, whose hottest keys a sample usually misses.
-- "keys" (the default at a fixed rate): the deviation is measured instead
-  of inferred.  Next to the
+- "keys" (the default at a fixed rate before "stack"): the deviation is
+  measured instead of inferred.  Next to the
   sample, every reference goes into a HyperLogLog sketch of the distinct
   keys (models/hll.py, about 1.6 % error, a few nanoseconds a reference),
   so the realised key rate R' = sampled keys / all keys is known (the
