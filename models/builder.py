@@ -202,9 +202,12 @@ class MRCBuilder:
             return
         self.shards.feed(keys, total, sketch=sketch)
         if self.minisim is not None:
-            idx = sample_mask_index(keys, self.minisim_threshold)
-            self.minisim.feed(keys[idx], None if tids is None else tids[idx],
-                              accesses=total)
+            if total == len(keys):      # the full stream: positions are known
+                self.minisim.feed_unsampled(keys, tids)
+            else:
+                idx = sample_mask_index(keys, self.minisim_threshold)
+                self.minisim.feed(keys[idx], None if tids is None else tids[idx],
+                                  accesses=total)
         self._cur_accesses += total
         self.total_accesses += total
         if self.window is not None and self._cur_accesses >= self.window:

@@ -261,6 +261,9 @@ def compute(trace, plan: Plan, progress: bool = True) -> dict:
         per_key = 1.0 / trace.rate      # accesses each key stands for
 
         def feed_minisim(k, t):
+            if not from_sample:         # the full stream: positions are known
+                minisim.feed_unsampled(k, t)
+                return
             idx = sample_mask_index(k, thr)
             minisim.feed(k[idx], None if t is None else t[idx],
                          accesses=int(round(len(k) * per_key)))

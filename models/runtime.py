@@ -40,6 +40,7 @@ import numpy as np
 from cachepilot.errors import UserError
 from cachepilot.models import _runtime, shards
 from cachepilot.models.mrc import MRC
+from cachepilot.models.mruchain import MRUChain
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POLICY_INCLUDE = REPO_ROOT / "bpf" / "include"
@@ -238,7 +239,14 @@ class MiniSim:
     this is the SHARDS_adj correction (Waldspurger et al., FAST'15), which
     removes most of the error that a few hot sampled keys cause.  Without
     the count it is sampled misses / sampled accesses
-    (meta["estimator"] says which)."""
+    (meta["estimator"] says which).
+
+    MRU is the exception: its miniature is no model of the full cache (see
+    models/mruchain.py), so while every batch came with the positions of
+    its sampled keys in the full stream (:meth:`feed_unsampled` knows them;
+    :meth:`feed` takes them as `positions`), MRU's curve is the chain
+    model's (meta["estimator"] = "chain"); a batch without positions
+    falls back to MRU's miniature for good."""
 
     def __init__(self, policies, sizes_pages, rate: float):
         if isinstance(policies, str):
@@ -258,16 +266,34 @@ class MiniSim:
         self._window = {k: (0, 0) for k in self._caches}
         self.sampled = 0           # sampled accesses in the current window
         self.accesses = 0          # full-stream accesses, when told
+        self.chain = MRUChain(self.sizes, self.rate) if "mru" in self.policies else None
 
-    def feed(self, sampled_keys, tids=None, accesses: int | None = None):
+    def feed(self, sampled_keys, tids=None, accesses: int | None = None,
+             positions=None, repeats: int | None = None):
         """Feed keys that are already sampled (cp_hash64(key) < threshold).
         `accesses`: how many accesses of the full stream this batch stands
-        for (sampled or not), for the scaled-back estimate."""
+        for (sampled or not), for the scaled-back estimate.  `positions`:
+        where among those accesses each sampled key was (increasing), and
+        `repeats`: how many of them repeated the page of the access before
+        -- what MRU's chain model needs (without positions MRU falls back
+        to its miniature from here on)."""
         keys = _keys(sampled_keys)
         tids = _tids(tids, len(keys))
         if accesses is not None:
             if int(accesses) < len(keys):
                 raise UserError("accesses must count at least the sampled keys")
+        if self.chain is not None:
+            if positions is None or accesses is None:
+                self.chain = None
+            else:
+                try:
+                    self.chain.feed(keys, positions, int(accesses), repeats)
+                except ValueError as err:
+                    raise UserError(str(err)) from None
+        self._feed_caches(keys, tids, accesses)
+
+    def _feed_caches(self, keys, tids, accesses):
+        if accesses is not None:
             self.accesses += int(accesses)
         if len(keys) == 0:
             return
@@ -277,15 +303,20 @@ class MiniSim:
 
     def feed_unsampled(self, keys, tids=None):
         """Sample the full stream at this MiniSim's rate, then feed it."""
-        n = len(_keys(keys))
+        keys = _keys(keys)
+        n = len(keys)
+        if self.chain is not None:
+            self.chain.feed_unsampled(keys, self.threshold)
         keys, tids = sample(keys, self.rate, tids)
-        self.feed(keys, tids, accesses=n)
+        self._feed_caches(keys, tids, n)
 
     def reset_counts(self):
         """Start a new counting window; cache contents are kept."""
         for k, cache in self._caches.items():
             st = cache.stats
             self._window[k] = (st["accesses"], st["misses"])
+        if self.chain is not None:
+            self.chain.reset_counts()
         self.sampled = 0
         self.accesses = 0
 
@@ -307,10 +338,15 @@ class MiniSim:
                 else:
                     ratios.append(miss / acc if acc else 1.0)
                 misses_full.append(miss / self.rate)
+            estimator = "scaled" if scaled else "sampled"
+            if p == "mru" and self.chain is not None and self.sampled:
+                ratios = self.chain.miss_ratios().tolist()
+                misses_full = [r * self.accesses for r in ratios]
+                estimator = "chain"
             meta = {"sampled_accesses": int(self.sampled),
                     "mini_sizes": self.mini_sizes.tolist(),
                     "est_misses": misses_full,
-                    "estimator": "scaled" if scaled else "sampled"}
+                    "estimator": estimator}
             if scaled:
                 meta["accesses"] = int(self.accesses)
             out.append(MRC(self.sizes, np.array(ratios), p, "minisim",
