@@ -16,7 +16,8 @@ import numpy as np
 
 from cachepilot.agent import cgroups
 from cachepilot.agent.curves import make_builder, shift_by_anon
-from cachepilot.agent.sampler import Counters, Sampler, SamplerUnavailable, why_unavailable
+from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable, access_batch,
+                                      why_unavailable)
 from cachepilot.models.mrc import MRC
 
 PAGE = 4096
@@ -98,7 +99,7 @@ def profile_cgroup(path: str, duration_s: float, *, rate: float = 0.01,
     try:
         builder = make_builder(policies, rate=rate, max_pages=max_pages)
         sampler.watch(cgid, int(builder.threshold))
-        _, snap = sampler.counters()
+        last_ns, snap = sampler.counters()
         base = snap.get(cgid, (0, Counters()))[1]
         sampler.drain()
         sampler.sketches()          # the first slice starts now
@@ -115,16 +116,16 @@ def profile_cgroup(path: str, duration_s: float, *, rate: float = 0.01,
             done = (now - start >= warmup_s + duration_s) if until is None \
                 else (not in_warmup and until())
             time.sleep(0 if done else poll_s)
-            _, snap = sampler.counters()
+            now_ns, snap = sampler.counters()
             cur = snap.get(cgid, (0, last))[1]
             recs = sampler.drain(cgid).get(cgid)
             # each poll is one time slice of the "stack" estimator
             sketch = sampler.sketches().get(cgid)
             d = cur - last
             last = cur
-            keys = recs["key"][recs["op"] == 0] if recs is not None and len(recs) \
-                else np.zeros(0, np.uint64)
-            builder.feed(keys, total_accesses=d.accesses, sketch=sketch)
+            keys, _, positions = access_batch(recs, last_ns, now_ns, d.accesses)
+            last_ns = now_ns
+            builder.feed(keys, total_accesses=d.accesses, sketch=sketch, positions=positions)
             fed += d.accesses
             if int(builder.threshold) != sampler_threshold(snap, cgid):
                 sampler.watch(cgid, int(builder.threshold))

@@ -14,6 +14,11 @@ sample), the mean absolute error of
              back by 1/R over all accesses, the SHARDS_adj form)
   chain      the chain model (models/mruchain.py), what MiniSim and the
              CLI give for MRU when the full stream is at hand
+  timed      the chain model as the agent runs it: the sample handed over
+             in ticks of TICK accesses, each key's position interpolated
+             from an arrival time (agent.sampler.access_batch; arrivals
+             bursty, the rate changing up to fivefold every 5,000
+             accesses), repeats not counted
 
 and, once per workload, the chain model with every access sampled (R = 1):
 the model's own error, with no sampling in it.
@@ -40,7 +45,8 @@ from cachepilot.models.shards import SALT_SEED, hash_salts, rate_threshold
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 TRACES = HERE.parents[1] / "shared" / "traces"
-ESTIMATES = ("miniature", "chain")
+ESTIMATES = ("miniature", "chain", "timed")
+TICK = 30_000         # accesses per agent tick in "timed"
 FLOOR = 1e-4          # the plot's bottom: smaller errors are drawn there
 
 
@@ -72,6 +78,26 @@ def chain(keys, sizes, rate):
     return model.miss_ratios()
 
 
+def timed(keys, sizes, rate):
+    from cachepilot.agent.sampler import access_batch
+    from cachepilot.models.shards import sample_mask_index
+    from cachepilot.models.traces.records import RECORD_DTYPE
+    rng = np.random.default_rng(len(keys))
+    speed = np.repeat(rng.uniform(0.2, 1.0, len(keys) // 5000 + 1), 5000)[:len(keys)]
+    arrival = np.cumsum(rng.exponential(1000.0, len(keys)) / speed).astype(np.int64)
+    model = MRUChain(sizes, rate)
+    threshold = rate_threshold(rate)
+    for lo in range(0, len(keys), TICK):
+        part = keys[lo:lo + TICK]
+        idx = sample_mask_index(part, threshold).astype(np.int64)
+        recs = np.zeros(len(idx), RECORD_DTYPE)
+        recs["key"], recs["time_ns"] = part[idx], arrival[lo + idx]
+        got, _, positions = access_batch(recs, arrival[lo - 1] if lo else 0,
+                                         arrival[lo + len(part) - 1], len(part))
+        model.feed(got, positions, len(part))
+    return model.miss_ratios()
+
+
 def miniature(keys, sizes, rate):
     sim = runtime.MiniSim("mru", sizes, rate)
     sim.feed(runtime.sample(keys, rate)[0], accesses=len(keys))
@@ -87,7 +113,7 @@ def study(keys, rate, n_salts):
     for salt in [0] + hash_salts(n_salts):
         salted = keys ^ np.uint64(salt) if salt else keys
         row = {"salt": salt}
-        for name, fn in (("miniature", miniature), ("chain", chain)):
+        for name, fn in (("miniature", miniature), ("chain", chain), ("timed", timed)):
             row[name] = float(np.mean(np.abs(fn(salted, sizes, rate) - exact)))
         rows.append(row)
         print(f"\r  salt {len(rows)}/{n_salts + 1}", end="", file=sys.stderr)
@@ -113,20 +139,20 @@ def plot(results, rate, path):
 
     fig, ax = plt.subplots(figsize=(8, 4))
     names = list(results)
-    colours = {"miniature": "tab:orange", "chain": "tab:blue"}
+    colours = {"miniature": "tab:orange", "chain": "tab:blue", "timed": "tab:green"}
     for i, name in enumerate(names):
         for j, est in enumerate(ESTIMATES):
             vals = [max(FLOOR, r[est]) for r in results[name]["rows"]]
-            x = i * 3 + j
+            x = i * 4 + j
             ax.scatter([x] * len(vals), vals, s=12, alpha=0.6, color=colours[est],
                        label=est if i == 0 else None)
-        ax.scatter([i * 3 + 1], [max(FLOOR, results[name]["chain_every_access_sampled"])],
+        ax.scatter([i * 4 + 1], [max(FLOOR, results[name]["chain_every_access_sampled"])],
                    marker="x",
                    color="black", label="chain at R = 1 (model only)" if i == 0 else None)
     ax.axhline(0.02, color="red", linestyle="--", label="issue target 0.02")
     ax.set_yscale("log")
     ax.set_ylim(FLOOR / 2, 1)
-    ax.set_xticks([i * 3 + 0.5 for i in range(len(names))], names, rotation=20, fontsize=8)
+    ax.set_xticks([i * 4 + 1 for i in range(len(names))], names, rotation=20, fontsize=8)
     ax.set_ylabel("MAE vs exact MRU (1-100 % of unique pages)\n(below 1e-4 drawn at 1e-4)")
     ax.set_title(f"MRU at R = {rate}, one dot per hash salt")
     ax.legend(fontsize=8)
@@ -147,7 +173,7 @@ def main(argv=None) -> int:
     results = {}
     print(f"MRU at R = {args.rate}: MAE vs exact, mean/p90/max over {args.salts} salts")
     print(f"{'workload':16s} {'accesses':>10s} {'unique':>8s}"
-          f" {'miniature':>20s} {'chain':>20s}  ratio  chain@R=1")
+          f" {'miniature':>20s} {'chain':>20s} {'timed':>20s}  ratio  chain@R=1")
     for name, keys in workloads():
         print(f"{name}:", file=sys.stderr)
         r = study(keys, args.rate, args.salts)
@@ -155,7 +181,7 @@ def main(argv=None) -> int:
         o = r["over_salts"]
         fmt = lambda e: f"{o[e]['mean']:.4f}/{o[e]['p90']:.4f}/{o[e]['max']:.4f}"
         print(f"{name:16s} {r['accesses']:>10,} {r['unique']:>8,}"
-              f" {fmt('miniature'):>20s} {fmt('chain'):>20s}"
+              f" {fmt('miniature'):>20s} {fmt('chain'):>20s} {fmt('timed'):>20s}"
               f"  {o['miniature']['mean'] / max(o['chain']['mean'], 1e-12):5.1f}x"
               f"  {r['chain_every_access_sampled']:.4f}", flush=True)
     out = Path(args.out)

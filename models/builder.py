@@ -174,13 +174,17 @@ class MRCBuilder:
 
     # -- input ----------------------------------------------------------------
     def feed(self, keys, total_accesses: int | None = None, tids=None,
-             sketch=None) -> None:
+             sketch=None, positions=None) -> None:
         """A batch of keys, unsampled or pre-sampled at a threshold >= the
         current one.  total_accesses = unsampled accesses the batch stands
         for (None: len(keys), the keys are unsampled).  `sketch`: the
         HyperLogLog registers of those accesses (models/hll.py), which the
         "stack" and "keys" estimators need when the keys come pre-sampled
-        ("stack" makes each such batch one time slice)."""
+        ("stack" makes each such batch one time slice).  `positions`: where
+        among those accesses each pre-sampled key was (increasing; the
+        agent interpolates them from the records' times), which MRU's chain
+        model needs (models/mruchain.py); without them MRU's curve is its
+        miniature's."""
         keys = as_keys(keys)
         total = len(keys) if total_accesses is None else int(total_accesses)
         if total < 0:
@@ -193,6 +197,8 @@ class MRCBuilder:
             tids = np.ascontiguousarray(np.asarray(tids, dtype=np.uint32).reshape(-1))
             if len(tids) != len(keys):
                 raise ValueError("tids and keys differ in length")
+        if positions is not None and np.shape(positions) != (len(keys),):
+            raise ValueError("positions and keys differ in length")
         if self.window is not None and self._cur_accesses + total > self.window \
                 and len(keys) > 1 and total == len(keys):
             # Unsampled input: split the batch at the window boundary.
@@ -207,7 +213,9 @@ class MRCBuilder:
             else:
                 idx = sample_mask_index(keys, self.minisim_threshold)
                 self.minisim.feed(keys[idx], None if tids is None else tids[idx],
-                                  accesses=total)
+                                  accesses=total,
+                                  positions=None if positions is None
+                                  else np.asarray(positions, np.int64)[idx])
         self._cur_accesses += total
         self.total_accesses += total
         if self.window is not None and self._cur_accesses >= self.window:
@@ -298,7 +306,8 @@ class MRCBuilder:
                 ratios = np.where(acc > 0, misses / np.maximum(acc, 1e-300), 1.0)
                 curve = MRC(sizes, np.clip(ratios, 0.0, 1.0), policy, "minisim",
                             self.minisim_rate,
-                            {"accesses": float(acc[0]) if len(acc) else 0.0})
+                            {"accesses": float(acc[0]) if len(acc) else 0.0,
+                             "estimator": self.minisim.estimator(policy)})
             curve.meta["window_accesses"] = float(both.accesses)
             out.append(curve)
         return out

@@ -338,11 +338,10 @@ class MiniSim:
                 else:
                     ratios.append(miss / acc if acc else 1.0)
                 misses_full.append(miss / self.rate)
-            estimator = "scaled" if scaled else "sampled"
-            if p == "mru" and self.chain is not None and self.sampled:
+            estimator = self.estimator(p)
+            if estimator == "chain":
                 ratios = self.chain.miss_ratios().tolist()
                 misses_full = [r * self.accesses for r in ratios]
-                estimator = "chain"
             meta = {"sampled_accesses": int(self.sampled),
                     "mini_sizes": self.mini_sizes.tolist(),
                     "est_misses": misses_full,
@@ -352,6 +351,14 @@ class MiniSim:
             out.append(MRC(self.sizes, np.array(ratios), p, "minisim",
                            self.rate, meta))
         return out
+
+    def estimator(self, policy: str) -> str:
+        """How `policy`'s curve is estimated now: "chain" (MRU's chain
+        model), "scaled" (miniature misses / R over all accesses) or
+        "sampled" (miniature misses / sampled accesses)."""
+        if policy == "mru" and self.chain is not None and self.sampled:
+            return "chain"
+        return "scaled" if self.accesses > 0 else "sampled"
 
     def caches(self) -> dict:
         """The miniature caches, keyed by (policy, miniature size)."""

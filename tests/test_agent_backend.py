@@ -369,3 +369,23 @@ def test_agent_follows_a_controller_over_tls_with_a_token(tmp_path):
         assert rec.tenants["n1-t0"].limit_bytes == 40 * MiB
     finally:
         served.stop(0)
+
+
+def test_access_batch_orders_by_time_and_interpolates_positions():
+    from cachepilot.agent.sampler import access_batch
+    from cachepilot.models.traces.records import RECORD_DTYPE
+    recs = np.zeros(6, RECORD_DTYPE)
+    recs["key"] = [10, 11, 12, 13, 14, 15]
+    recs["time_ns"] = [1_500, 1_100, 1_100, 1_900, 1_000, 1_950]
+    recs["op"] = [0, 0, 0, 0, 1, 0]            # an insert is not an access
+    recs["tid"] = [7, 8, 9, 7, 7, 7]
+    keys, tids, pos = access_batch(recs, 1_000, 2_000, 100)
+    # time order (ties keep their order), the insert dropped
+    assert keys.tolist() == [11, 12, 10, 13, 15] and tids.tolist() == [8, 9, 7, 7, 7]
+    # 10 % of the way -> position 10; the same instant -> the next one
+    assert pos.tolist() == [10, 11, 50, 90, 95]
+    # more records than counted accesses (the counters lag): still distinct
+    # positions within the batch
+    keys, _, pos = access_batch(recs, 1_000, 2_000, 2)
+    assert pos.tolist() == [0, 1, 2, 3, 4]
+    assert len(access_batch(None, 0, 1, 10)[0]) == 0

@@ -178,3 +178,26 @@ def test_stack_keeps_the_past_window_as_history_and_bounds_a_decaying_one():
     assert records["slice"].min() >= slices.first[0]
     (curve,) = d.snapshot()
     assert curve.meta["estimator"] == "stack" and 0 < curve.meta["beyond_share"] < 1
+
+
+def test_presampled_batches_with_positions_give_mru_its_chain_model():
+    # the agent's batches: the kernel's sampled keys with positions (from
+    # their times) -- MRU's curve is the chain model's, as it is when the
+    # whole stream is fed; without positions it is the miniature's
+    keys = gen.get_scan(30_000, 0.9, seed=5).next(300_000)[0]
+    sizes = [300, 3000, 30000]
+    whole = MRCBuilder(("fifo", "mru"), rate=0.05, sizes=sizes)
+    located = MRCBuilder(("fifo", "mru"), rate=0.05, sizes=sizes)
+    blind = MRCBuilder(("fifo", "mru"), rate=0.05, sizes=sizes)
+    for part in np.array_split(keys, 6):
+        whole.feed(part)
+        idx = sample_mask_index(part, located.threshold).astype(np.int64)
+        located.feed(part[idx], total_accesses=len(part), positions=idx)
+        blind.feed(part[idx], total_accesses=len(part))
+    w, l, b = (x.snapshot()[1] for x in (whole, located, blind))
+    assert w.meta["estimator"] == l.meta["estimator"] == "chain"
+    assert b.meta["estimator"] == "scaled"
+    # the same but for the repeats, which only the whole stream counts
+    assert np.abs(w.miss_ratio - l.miss_ratio).max() <= 0.02
+    with pytest.raises(ValueError, match="positions"):
+        located.feed(keys[:3], total_accesses=10, positions=[1, 2])

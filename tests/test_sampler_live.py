@@ -148,7 +148,7 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
         os.mkdir(parent / "web")
         os.mkdir(parent / "batch")
         cfg = config_from_dict({"roots": [root], "cgroups": ["*"], "interval_s": 1,
-                                "policies": ["lru", "linux", "s3fifo"],
+                                "policies": ["lru", "linux", "s3fifo", "mru"],
                                 "sampling": {"rate": 0.5, "ring_bytes": 65536},
                                 "prometheus": {"port": 0}})
         backend = LinuxBackend(cfg)
@@ -163,8 +163,8 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             assert set(reports) == {"web", "batch"}
             web, batch = reports["web"], reports["batch"]
             assert web.accesses_per_s > 0 and batch.accesses_per_s > 0
-            assert [c.policy for c in web.curves] == ["lru", "linux", "s3fifo"]
-            assert [c.policy for c in batch.curves] == ["lru", "linux", "s3fifo"]
+            assert [c.policy for c in web.curves] == ["lru", "linux", "s3fifo", "mru"]
+            assert [c.policy for c in batch.curves] == ["lru", "linux", "s3fifo", "mru"]
             cw, cb = web.curves[0], batch.curves[0]
             # separate curves: web re-reads a 16 MiB file, batch a 64 MiB one,
             # so at 24 MiB web's misses are (nearly) gone and batch's are not
@@ -172,6 +172,15 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             ab = (24 << 20) // 4096 + cb.meta.get("anon_offset_pages", 0)
             assert cw.at(aw) < 0.2 < cb.at(ab)
             assert web.miss_ratio > 0 and batch.miss_ratio > 0
+            # MRU's curve is the chain model's, on positions interpolated
+            # from the records' times: uniform random reads of 4,096 pages
+            # miss about 1 - C/4096 at C pages (any policy does on such a
+            # stream), and only first reads once the file fits
+            mru = web.curves[3]
+            assert mru.meta["estimator"] == "chain", mru.meta
+            half = 2048 + cw.meta.get("anon_offset_pages", 0)
+            assert 0.4 < mru.at(half) < 0.75 and mru.at(aw) < 0.2, \
+                (mru.at(half), mru.at(aw))
             # the kernel's sketches reached the builders, one per time slice
             # (the tick, then collect's): the LRU curve is the "stack"
             # estimator's, over each file's pages (4,096 and 16,384)

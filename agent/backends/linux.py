@@ -19,13 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from cachepilot.agent import cgroups, damon
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
-                                      why_unavailable)
+                                      access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
 from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
 
@@ -33,7 +31,6 @@ log = logging.getLogger("cachepilot.agent")
 
 BTF = Path("/sys/kernel/btf/vmlinux")
 PAGE = 4096
-OP_ACCESS = 0
 
 
 def kernel_has_cache_ext(btf: Path = BTF) -> bool:
@@ -85,6 +82,7 @@ class Watched:
     totals: Counters = field(default_factory=Counters)   # cumulative, for metrics
     interval: Counters | None = None     # counted since the last report
     policy: str = "linux"
+    last_tick_ns: int | None = None      # monotonic ns of the last counters read
 
 
 class LinuxBackend:
@@ -186,7 +184,7 @@ class LinuxBackend:
                     w.threshold = int(builder.threshold)
                     self.sampler.watch(cgid, w.threshold)
                     # counters may be left over from an earlier watch of this id
-                    _, snap = self.sampler.counters()
+                    w.last_tick_ns, snap = self.sampler.counters()
                     w.last_counters = snap.get(cgid, (0, Counters()))[1]
                 except SamplerUnavailable as err:
                     self._lose_sampler(str(err))
@@ -233,7 +231,7 @@ class LinuxBackend:
             # the loader hands over the records read before it answers a
             # command, so these keys are those the counters count (give or
             # take the few read between the two commands)
-            _, snap = self.sampler.counters()
+            now_ns, snap = self.sampler.counters()
             records = self.sampler.drain()
             sketches = self.sampler.sketches()
         except SamplerUnavailable as err:
@@ -248,17 +246,19 @@ class LinuxBackend:
             w.totals = counted[1]
             w.interval = d if w.interval is None else w.interval + d
             if w.builder is not None:
-                self._feed(w, d, records.get(w.cgid), sketches.get(w.cgid))
+                self._feed(w, d, records.get(w.cgid), sketches.get(w.cgid), now_ns)
+            w.last_tick_ns = now_ns
 
-    def _feed(self, w: Watched, d: Counters, recs, sketch) -> None:
-        keys = np.zeros(0, np.uint64)
-        tids = None
-        if recs is not None and len(recs):
-            acc = recs[recs["op"] == OP_ACCESS]
-            keys, tids = acc["key"], acc["tid"]
-        w.builder.feed(keys, total_accesses=d.accesses, tids=tids, sketch=sketch) \
-            if _takes_tids(w.builder) else \
-            w.builder.feed(keys, total_accesses=d.accesses, sketch=sketch)
+    def _feed(self, w: Watched, d: Counters, recs, sketch, now_ns: int) -> None:
+        # the first tick of a cgroup starts at its first record
+        start = w.last_tick_ns
+        if start is None:
+            start = int(recs["time_ns"].min()) - 1 if recs is not None and len(recs) \
+                else now_ns - 1
+        keys, tids, positions = access_batch(recs, start, now_ns, d.accesses)
+        extra = {name: value for name, value in (("tids", tids), ("positions", positions))
+                 if _takes(w.builder, name)}
+        w.builder.feed(keys, total_accesses=d.accesses, sketch=sketch, **extra)
         new_threshold = int(w.builder.threshold)
         if new_threshold != w.threshold:
             # fixed-size SHARDS lowers the threshold as keys pile up
@@ -360,9 +360,9 @@ class LinuxBackend:
             self.sampler = None
 
 
-def _takes_tids(builder) -> bool:
+def _takes(builder, parameter: str) -> bool:
     import inspect
     try:
-        return "tids" in inspect.signature(builder.feed).parameters
+        return parameter in inspect.signature(builder.feed).parameters
     except (TypeError, ValueError):
         return False
