@@ -82,7 +82,7 @@ class MRUChain:
         self.colds = 0                    # distinct sampled pages seen
         self.evicting_from = np.full(k, np.iinfo(np.int64).max)
         self._last: dict[int, int] = {}   # sampled page -> position of last use
-        self._last_key = None             # the previous access's key (unsampled feeds)
+        self._last_key = None             # the last key of the last unsampled feed
         self._bin_start = np.zeros(0, dtype=np.int64)
         self._bin_hit = np.zeros((0, k))
         self._stratum_start = 0
@@ -116,7 +116,7 @@ class MRUChain:
             if cut > end:
                 break
             part = pos < cut
-            self._pend(keys[part], pos[part], repeats, cut - max(start, self._stratum_start), accesses)
+            self._pend(keys[part], pos[part], repeats, cut - start, accesses)
             keys, pos = keys[~part], pos[~part]
             self.position = cut
             self._close(commit=True)
@@ -150,8 +150,9 @@ class MRUChain:
             done += len(part)
 
     def reset_counts(self) -> None:
-        """End the counting window here (the open stratum is cut and
-        counted in the window that ends); history is kept."""
+        """End the counting window here: the open stratum is cut, its
+        accesses belong to the window that ends (read it first); the
+        history the chains follow is kept."""
         if self.position > self._stratum_start:
             self._close(commit=True)
         self.misses[:] = 0.0
