@@ -52,6 +52,8 @@ last HISTORY_BINS bins (links further back use the oldest bin kept).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from cachepilot.models.shards import sample_mask_index
@@ -90,6 +92,7 @@ class MRUChain:
         self._pend_pos: list[np.ndarray] = []
         self._pend_repeats = 0.0
         self._repeats_known = True
+        self._estimated = None            # (state, _Stratum) of the open stratum
         # the counting window
         self.misses = np.zeros(k)
         self.accesses = 0.0
@@ -119,7 +122,7 @@ class MRUChain:
             self._pend(keys[part], pos[part], repeats, cut - start, accesses)
             keys, pos = keys[~part], pos[~part]
             self.position = cut
-            self._close(commit=True)
+            self._close()
             start = cut
         self._pend(keys, pos, repeats, end - start, accesses)
         self.position = end
@@ -133,10 +136,15 @@ class MRUChain:
         elif accesses:
             self._pend_repeats += float(repeats) * share / accesses
 
-    def feed_unsampled(self, keys, threshold: int) -> None:
+    def feed_unsampled(self, keys, threshold: int, sampled=None) -> None:
         """The full stream: sample it under `threshold` (cp_hash64(key) <
-        threshold) and count its repeats exactly, stratum by stratum."""
+        threshold) and count its repeats exactly, stratum by stratum.
+        `sampled`: the indices of the keys under the threshold, when the
+        caller has them already."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if sampled is None:
+            sampled = sample_mask_index(keys, threshold)
+        sampled = np.asarray(sampled, dtype=np.int64)
         done = 0
         while done < len(keys):
             room = self._stratum_start + self.stratum_width - self.position
@@ -145,7 +153,8 @@ class MRUChain:
             if self._last_key is not None and len(part) and part[0] == self._last_key:
                 rep += 1
             self._last_key = part[-1]
-            idx = sample_mask_index(part, threshold).astype(np.int64)
+            lo, hi = np.searchsorted(sampled, [done, done + len(part)])
+            idx = sampled[lo:hi] - done
             self.feed(part[idx], idx, len(part), rep)
             done += len(part)
 
@@ -154,7 +163,7 @@ class MRUChain:
         accesses belong to the window that ends (read it first); the
         history the chains follow is kept."""
         if self.position > self._stratum_start:
-            self._close(commit=True)
+            self._close()
         self.misses[:] = 0.0
         self.accesses = 0.0
         self.sampled = 0
@@ -165,17 +174,42 @@ class MRUChain:
         window has nothing to go on)."""
         misses, accesses = self.misses.copy(), self.accesses
         if self.position > self._stratum_start:
-            m, a = self._close(commit=False)
-            misses += m
-            accesses += a
+            st = self._stratum()
+            misses += st.misses
+            accesses += st.accesses
         if accesses <= 0:
             return np.ones(len(self.sizes))
         return np.clip(misses / accesses, 0.0, 1.0)
 
     # -- one stratum ----------------------------------------------------------
-    def _close(self, commit: bool):
-        """Estimate the stratum [_stratum_start, position); with `commit`,
-        add it to the window and to the history and open the next one."""
+    def _close(self) -> None:
+        """Add the open stratum to the window and to the history, and open
+        the next one."""
+        st = self._stratum()
+        self._last.update(st.last_here)
+        self.colds += st.colds
+        self.evicting_from = st.evicting
+        self._bin_start, self._bin_hit = st.bin_start, st.bin_hit
+        self.misses += st.misses
+        self.accesses += st.accesses
+        self.sampled += st.sampled
+        self._stratum_start = self.position
+        self._pend_keys, self._pend_pos = [], []
+        self._pend_repeats = 0.0
+        self._repeats_known = True
+        self._estimated = None
+
+    def _stratum(self) -> "_Stratum":
+        """The estimate of the open stratum [_stratum_start, position), made
+        once however often it is asked for (a snapshot, then the end of its
+        window, read the same stratum)."""
+        state = (self.position, len(self._pend_keys), self._pend_repeats,
+                 self._repeats_known)
+        if self._estimated is None or self._estimated[0] != state:
+            self._estimated = (state, self._estimate())
+        return self._estimated[1]
+
+    def _estimate(self) -> "_Stratum":
         start, end = self._stratum_start, self.position
         keys = np.concatenate(self._pend_keys) if self._pend_keys else np.zeros(0, np.uint64)
         pos = np.concatenate(self._pend_pos) if self._pend_pos else np.zeros(0, np.int64)
@@ -188,12 +222,7 @@ class MRUChain:
         prev = np.full(m, -1, dtype=np.int64)
         last_here = {}
         if m:
-            order = np.argsort(keys, kind="stable")
-            sk = keys[order]
-            same = sk[1:] == sk[:-1]
-            prev[order[1:][same]] = pos[order[:-1][same]]
-            first_here = order[np.concatenate(([True], ~same))]
-            lasts = order[np.concatenate((~same, [True]))]
+            prev, first_here, lasts = previous_use(keys, pos)
             for i in first_here.tolist():
                 prev[i] = self._last.get(int(keys[i]), -1)
             last_here = dict(zip(keys[lasts].tolist(), pos[lasts].tolist()))
@@ -277,20 +306,36 @@ class MRUChain:
             misses = np.minimum(firsts + share * body_n, n_here)
             accesses = float(n_here)
 
-        if commit:
-            self._last.update(last_here)
-            self.colds += len(cold_pos)
-            self.evicting_from = evicting
-            keep = max(0, len(all_start) - HISTORY_BINS)
-            self._bin_start, self._bin_hit = all_start[keep:], all_hit[keep:]
-            self.misses += misses
-            self.accesses += accesses
-            self.sampled += m
-            self._stratum_start = end
-            self._pend_keys, self._pend_pos = [], []
-            self._pend_repeats = 0.0
-            self._repeats_known = True
-        return misses, accesses
+        keep = max(0, len(all_start) - HISTORY_BINS)
+        return _Stratum(misses, accesses, m, len(cold_pos), last_here, evicting,
+                        all_start[keep:], all_hit[keep:])
+
+
+@dataclass
+class _Stratum:
+    """One stratum's estimate, and the history it leaves."""
+    misses: np.ndarray          # per size
+    accesses: float
+    sampled: int
+    colds: int                  # sampled pages first seen in it
+    last_here: dict             # sampled page -> its last position in it
+    evicting: np.ndarray        # MRUChain.evicting_from once it is done
+    bin_start: np.ndarray       # the bins kept after it, and their hit ratios
+    bin_hit: np.ndarray
+
+
+def previous_use(keys: np.ndarray, pos: np.ndarray):
+    """For accesses to `keys` at increasing positions `pos` (at least one):
+    the position of each one's previous access to its key among them (-1
+    for none), and the indices of each key's first and last access."""
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    same = sk[1:] == sk[:-1]
+    prev = np.full(len(keys), -1, dtype=np.int64)
+    prev[order[1:][same]] = pos[order[:-1][same]]
+    first = order[np.concatenate(([True], ~same))]
+    last = order[np.concatenate((~same, [True]))]
+    return prev, first, last
 
 
 def exact_miss_ratios(keys, sizes) -> np.ndarray:
@@ -304,12 +349,8 @@ def exact_miss_ratios(keys, sizes) -> np.ndarray:
     n = len(keys)
     if n == 0:
         raise ValueError("no accesses")
-    order = np.argsort(keys, kind="stable")
-    sk = keys[order]
-    prev = np.full(n, -1, dtype=np.int64)
-    same = sk[1:] == sk[:-1]
-    prev[order[1:][same]] = order[:-1][same]
     t = np.arange(n)
+    prev, _, _ = previous_use(keys, t)
     cold, repeat = prev < 0, prev == t - 1
     end = np.where(cold | repeat, t, prev + 1)
     while True:

@@ -304,11 +304,11 @@ class MiniSim:
     def feed_unsampled(self, keys, tids=None):
         """Sample the full stream at this MiniSim's rate, then feed it."""
         keys = _keys(keys)
-        n = len(keys)
+        tids = _tids(tids, len(keys))
+        idx = shards.sample_mask_index(keys, self.threshold)
         if self.chain is not None:
-            self.chain.feed_unsampled(keys, self.threshold)
-        keys, tids = sample(keys, self.rate, tids)
-        self._feed_caches(keys, tids, n)
+            self.chain.feed_unsampled(keys, self.threshold, idx)
+        self._feed_caches(keys[idx], None if tids is None else tids[idx], len(keys))
 
     def reset_counts(self):
         """Start a new counting window; cache contents are kept."""
