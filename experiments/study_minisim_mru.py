@@ -30,7 +30,6 @@ Writes experiments/results/study_minisim_mru.json and .png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,8 @@ from cachepilot.models import generators as gen
 from cachepilot.models import runtime
 from cachepilot.models.mruchain import MRUChain, exact_miss_ratios
 from cachepilot.models.shards import SALT_SEED, hash_salts, rate_threshold
+
+import study_output
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -184,14 +185,10 @@ def main(argv=None) -> int:
               f" {fmt('miniature'):>20s} {fmt('chain'):>20s} {fmt('timed'):>20s}"
               f"  {o['miniature']['mean'] / max(o['chain']['mean'], 1e-12):5.1f}x"
               f"  {r['chain_every_access_sampled']:.4f}", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"rate": args.rate, "salts": args.salts, "salt_seed": SALT_SEED,
            "sizes": "12 log-spaced, 1-100 % of unique pages", "workloads": results,
            "seconds": time.perf_counter() - t0}
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
-    plot(results, args.rate, out.with_suffix(".png"))
-    print(f"wrote {out.with_suffix('.json')} and .png ({doc['seconds']:.0f} s)")
+    study_output.write(args.out, doc, lambda png: plot(results, args.rate, png))
     return 0
 
 

@@ -39,7 +39,6 @@ experiments/results/study_shards_estimators.json and .png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -52,6 +51,8 @@ from cachepilot.models.exact import miss_ratios
 from cachepilot.models.shards import (ESTIMATORS, SALT_SEED, Shards, curve_from_histogram,
                                       frequency_cv2, hash_salts, key_count_factor,
                                       shards_mrc)
+
+import study_output
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -294,8 +295,6 @@ def main(argv=None):
             print(f"  {t:17s} {mode:10s} " + "  ".join(
                 f"{e} {v['mean']:.4f}/{v['p90']:.4f}" for e, v in errs.items()))
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {
         "protocol": "estimators chosen on synthetic workloads over hash salts; "
                     "reference traces measured unsalted afterwards",
@@ -310,9 +309,7 @@ def main(argv=None):
         "reference_traces_over_salts": real_salted,
         "seconds": time.perf_counter() - t0,
     }
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
-    plot(rows, names, real, chosen, out.with_suffix(".png"))
-    print(f"wrote {out.with_suffix('.json')} and .png ({doc['seconds']:.0f} s)")
+    study_output.write(args.out, doc, lambda png: plot(rows, names, real, chosen, png))
     return 0
 
 

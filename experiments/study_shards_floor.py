@@ -34,7 +34,6 @@ Writes experiments/results/study_shards_floor.json and .png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,8 @@ import numpy as np
 from cachepilot.models.exact import (COLD, as_keys, misses_from_distances,
                                     stack_distances)
 from cachepilot.models.shards import SALT_SEED, hash64, hash_salts, rate_threshold, shards_mrc
+
+import study_output
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -154,14 +155,10 @@ def main(argv=None) -> int:
     if not results:
         print("error: no reference trace found under " + str(TRACES), file=sys.stderr)
         return 1
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"rate": args.rate, "salts": args.salts, "salt_seed": SALT_SEED,
            "sizes": "50 log-spaced, 1-100 % of unique pages", "traces": results,
            "seconds": time.perf_counter() - t0}
-    out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
-    plot(results, args.rate, out.with_suffix(".png"))
-    print(f"wrote {out.with_suffix('.json')} and .png ({doc['seconds']:.0f} s)")
+    study_output.write(args.out, doc, lambda png: plot(results, args.rate, png))
     return 0
 
 
