@@ -4,7 +4,7 @@
 PY       := .venv/bin/python
 PIP      := .venv/bin/pip
 STAMP    := .venv/.installed
-APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd \
+APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-source-6.12 \
             libzstd-dev fio rocksdb-tools iproute2 python3-venv
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

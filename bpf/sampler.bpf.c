@@ -254,16 +254,18 @@ static __always_inline struct cp_watch *find_watch(__u64 cgid)
 }
 
 /*
- * The counters of a memory cgroup if it is watched, else NULL.  The CPU's
- * cached answer for the same css and the same watch generation is reused;
- * otherwise the watch maps are read and the answer cached.
+ * The read system calls a task has made, or 0 on a kernel built without
+ * task I/O accounting (CONFIG_TASK_XACCT), whose task_io_accounting has no
+ * syscr.  The guard must name syscr itself: ioac exists either way, and a
+ * read of a field the running kernel lacks fails CO-RE relocation and the
+ * whole object with it.  Without the count, two reads of one range by the
+ * same task that follow each other look like one split read.
  */
-/* The read system calls a task has made (0 without task I/O accounting). */
 static __always_inline __u64 task_syscr(struct task_struct *task)
 {
-	if (!bpf_core_field_exists(task->ioac))
+	if (!bpf_core_field_exists(task->ioac.syscr))
 		return 0;
-	return task->ioac.syscr;
+	return BPF_CORE_READ(task, ioac.syscr);
 }
 
 /*
@@ -291,6 +293,11 @@ static __always_inline bool rest_of_read(struct task_struct *task, struct addres
 	return rest;
 }
 
+/*
+ * The counters of a memory cgroup if it is watched, else NULL.  The CPU's
+ * cached answer for the same css and the same watch generation is reused;
+ * otherwise the watch maps are read and the answer cached.
+ */
 static __always_inline struct cp_counters *watched(struct cp_cpu *cpu,
 						   struct cgroup_subsys_state *css)
 {

@@ -36,41 +36,12 @@ from cachepilot.errors import UserError
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POLICY_DIR = REPO_ROOT / "bpf" / "policies"
 POLICY_INCLUDE = REPO_ROOT / "bpf" / "include"
-PATCHED_VMLINUX_H = REPO_ROOT / "kernel" / "out" / "vmlinux.h"
-HOST_BTF = Path("/sys/kernel/btf/vmlinux")
+BPF_DIR = REPO_ROOT / "bpf"
+POLICY_VMLINUX_H = BPF_DIR / "out" / "policies" / "vmlinux.h"
 BPFFS_ROOT = Path("/sys/fs/bpf/cachepilot")
 
 CP_TID_REGISTERED = 1 << 31
 PID_MAX_LIMIT = 1 << 22        # the kernel's upper bound on pid_max
-
-# The cache_ext types of the kernel contract, for compiling against a kernel
-# that does not have them (any kernel but ours): the stand-in is the host's
-# BTF dump followed by these declarations.
-CONTRACT_TYPES = """
-struct cache_ext_list_node;
-
-struct cache_ext_eviction_ctx {
-\tu32 request;
-\tu32 nr_candidates;
-\tstruct folio *candidates[32];
-};
-
-struct cache_ext_admit_ctx {
-\tu64 ino;
-\tu64 index;
-};
-
-struct cache_ext_ops {
-\ts32 (*init)(struct mem_cgroup *memcg);
-\tvoid (*evict_folios)(struct cache_ext_eviction_ctx *ctx,
-\t\t\t     struct mem_cgroup *memcg);
-\tvoid (*folio_added)(struct folio *folio);
-\tvoid (*folio_accessed)(struct folio *folio);
-\tvoid (*folio_evicted)(struct folio *folio);
-\tbool (*admit_folio)(struct cache_ext_admit_ctx *ctx);
-\tchar name[32];
-};
-"""
 
 # Smoke workload of `policy check`: hot set, uniform background, a scan and
 # a loop, so every kind of policy meets something it handles well or badly.
@@ -186,72 +157,42 @@ def _tool(name: str) -> str:
     return path
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    d = Path(base) / "cachepilot" / "bpf"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+def _make_bpf(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([_tool("make"), "-s", "-C", str(BPF_DIR), *args],
+                          capture_output=True, text=True)
 
 
-def vmlinux_for_bpf(explicit: str | None = None) -> tuple[Path, str]:
-    """The vmlinux.h to compile policies against, and what it is: an
-    explicit one, the patched kernel's (kernel/out/vmlinux.h from
-    kernel/build), the running kernel's if it has cache_ext, or a stand-in
-    (the running kernel's BTF plus the contract's cache_ext types)."""
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise UserError(f"{path}: no such vmlinux.h")
-        return path, f"{path} (given)"
-    if PATCHED_VMLINUX_H.is_file() and \
-            "struct cache_ext_ops {" in PATCHED_VMLINUX_H.read_text(errors="replace"):
-        return PATCHED_VMLINUX_H, \
-            f"patched cache_ext kernel ({PATCHED_VMLINUX_H.relative_to(REPO_ROOT)})"
-    if not HOST_BTF.is_file():
-        raise UserError(f"no vmlinux.h: the patched kernel is not built "
-                        f"(kernel/build) and {HOST_BTF} is absent; "
-                        f"pass --vmlinux")
-    release = os.uname().release
-    out_dir = _cache_dir() / f"vmlinux-{release}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    host = out_dir / "vmlinux_host.h"
-    if not host.is_file():
-        dump = subprocess.run([_tool("bpftool"), "btf", "dump", "file",
-                               str(HOST_BTF), "format", "c"],
-                              capture_output=True, text=True)
-        if dump.returncode != 0:
-            raise UserError(f"bpftool could not dump {HOST_BTF}: "
-                            f"{dump.stderr.strip().splitlines()[-1:]}")
-        host.write_text(dump.stdout)
-    if "struct cache_ext_ops {" in host.read_text(errors="replace"):
-        return host, f"running kernel {release} (has cache_ext)"
-    standin = out_dir / "vmlinux.h"
-    body = ("/* stand-in: running kernel's BTF + the cache_ext contract */\n"
-            "#ifndef CP_STANDIN_VMLINUX_H\n#define CP_STANDIN_VMLINUX_H\n"
-            '#include "vmlinux_host.h"\n' + CONTRACT_TYPES + "#endif\n")
-    if not standin.is_file() or standin.read_text() != body:
-        standin.write_text(body)
-    return standin, (f"stand-in: running kernel {release} BTF + cache_ext "
-                     f"contract types (the patched kernel is not built)")
+def bpf_types() -> str:
+    """Have bpf/Makefile choose the types policies compile against (the
+    running kernel's if it has cache_ext, else the patched tree's, else a
+    compile-only stand-in) and say which it chose."""
+    proc = _make_bpf("out/policies/vmlinux.h")
+    if proc.returncode != 0:
+        lines = (proc.stderr.strip() or proc.stdout.strip() or "failed").splitlines()
+        raise UserError(f"no types to compile policies against: {lines[-1]}")
+    return POLICY_VMLINUX_H.with_name("vmlinux.h.source").read_text().strip()
 
 
-def compile_bpf(path: Path, vmlinux_h: Path, out: Path | None = None) -> Path:
-    """clang -target bpf against vmlinux_h; returns the object file."""
-    clang = _tool("clang")
-    if out is None:
-        out = _cache_dir() / (path.name.replace(".bpf.c", "") + ".bpf.o")
-    proc = subprocess.run(
-        [clang, "-O2", "-g", "-target", "bpf", "-D__TARGET_ARCH_x86",
-         "-Wall", "-Wno-unused-function",
-         "-I", str(POLICY_INCLUDE), "-I", str(vmlinux_h.parent),
-         "-c", str(path), "-o", str(out)],
-        capture_output=True, text=True)
+def compile_bpf(path: Path, out: Path, vmlinux_h: Path | None = None) -> Path:
+    """Compile a policy source into a struct_ops object through bpf/Makefile's
+    `object` target, the recipe every policy object is built with; returns
+    the object file.  `vmlinux_h` overrides the types (a file named
+    vmlinux.h)."""
+    extra = []
+    if vmlinux_h is not None:
+        vmlinux_h = Path(vmlinux_h)
+        if vmlinux_h.name != "vmlinux.h" or not vmlinux_h.is_file():
+            raise UserError(f"{vmlinux_h}: --vmlinux must name an existing "
+                            f"file called vmlinux.h")
+        extra.append(f"VMLINUX_DIR={vmlinux_h.resolve().parent}")
+    proc = _make_bpf("object", f"SRC={Path(path).resolve()}",
+                     f"OBJ={Path(out).resolve()}", *extra)
     if proc.returncode != 0:
         lines = proc.stderr.strip().splitlines()
-        errors = [ln for ln in lines if "error" in ln]
+        errors = [ln for ln in lines if "error" in ln and "make" not in ln]
         first = (errors or lines or ["clang failed"])[0]
         raise UserError(f"{path}: does not compile for BPF: {first}")
-    return out
+    return Path(out)
 
 
 def elf_sections(path: Path) -> list[str]:
@@ -368,9 +309,9 @@ def run_check(args) -> int:
         report["bpf"] = "skipped"
         print("bpf build: skipped (--no-bpf)")
     else:
-        vmlinux_h, btf_desc = vmlinux_for_bpf(args.vmlinux)
+        btf_desc = f"{args.vmlinux} (given)" if args.vmlinux else bpf_types()
         with tempfile.TemporaryDirectory() as tmp:
-            obj = compile_bpf(path, vmlinux_h, Path(tmp) / "policy.bpf.o")
+            obj = compile_bpf(path, Path(tmp) / "policy.bpf.o", args.vmlinux)
             sections = elf_sections(obj)
             if ".struct_ops.link" not in sections:
                 raise UserError(f"{path}: the BPF object has no "

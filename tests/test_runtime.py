@@ -136,18 +136,23 @@ def test_admission_and_tids():
 # -- misbehaving policies --------------------------------------------------
 
 def test_policy_proposing_duplicates():
-    load_test_policy("bad_duplicate")
+    load_test_policy("bad_dup")
     keys = stream(seed=7)
-    cache = rt.Cache("bad_duplicate", 64)
+    cache = rt.Cache("bad_dup", 64)
     misses = cache.access(keys)
     st = cache.stats
     # the first copy is accepted, the others ignored and counted; with one
     # page needed per miss the duplicates never show, so lower the limit
     assert st["rejected_duplicate"] == 0
+    # every call fills all 32 slots with its first candidate: a request
+    # for one page sees 31 of them as beyond its request
+    assert st["rejected_excess"] == 31 * st["requests"]
+    excess = st["rejected_excess"]
     cache.capacity_pages = 10          # one reclaim of 54 pages: 32 + 22
     st = cache.stats
     assert st["cached"] == 10
     assert st["rejected_duplicate"] == 31 + 21
+    assert st["rejected_excess"] - excess == 10     # the second call's
     assert st["fallback_evictions"] == 31 + 21
     assert st["requests"] == (misses - 64) + 2
     # it evicts in FIFO order through the fallback too, so the survivors
@@ -187,14 +192,14 @@ def test_policy_proposing_nothing():
 
 
 def test_policy_proposing_too_many():
-    load_test_policy("bad_too_many")
+    load_test_policy("bad_many")
     keys = stream(seed=10)
-    cache = rt.Cache("bad_too_many", 30)
+    cache = rt.Cache("bad_many", 30)
     misses = cache.access(keys)
     st = cache.stats
     assert st["requests"] == misses - 30
-    # each request wants 1, gets a claim of 40: 39 ignored
-    assert st["rejected_excess"] == 39 * st["requests"]
+    # each request wants 1, gets a claim of 1000: 999 ignored
+    assert st["rejected_excess"] == 999 * st["requests"]
     assert st["accepted"] == st["evictions"] == misses - 30
     assert st["fallback_evictions"] == 0
     assert misses == ref_misses("fifo", keys, 30)

@@ -143,17 +143,22 @@ int cache_ext_list_score(struct mem_cgroup *memcg, __u64 list,
 struct folio *cache_ext_node_folio(struct cache_ext_list_node *node) __ksym;
 
 /*
- * Keep the full struct folio in every object's BTF.  A policy that only
- * passes folio pointers around would carry a forward declaration of it,
- * and libbpf refuses to match a kfunc prototype whose folio is FWD against
- * the kernel's STRUCT ("func_proto incompatible with vmlinux").  Never
- * called: libbpf leaves out .text functions that no program calls.
+ * Keep the contract's structs complete in every object's BTF.  clang emits
+ * a struct that an object only reaches through pointers as a forward
+ * declaration, and libbpf then finds a kfunc's prototype (a FWD folio or
+ * list node) incompatible with the kernel's complete one ("func_proto
+ * incompatible with vmlinux").  One unused global holding them by value,
+ * in a section libbpf ignores, makes clang emit them in full.
  */
-static __attribute__((used, noinline)) unsigned long
-cp_folio_btf_anchor(struct folio *folio)
-{
-	return BPF_CORE_READ(folio, index);
-}
+struct cp_btf_anchor {
+	struct folio folio;
+	struct cache_ext_list_node node;
+	struct mem_cgroup memcg;
+	struct cache_ext_eviction_ctx ectx;
+	struct cache_ext_admit_ctx actx;
+};
+struct cp_btf_anchor cp_btf_anchor
+	__attribute__((unused, section(".cp_btf_anchor")));
 
 #define BPF_STRUCT_OPS(name, args...) \
 	SEC("struct_ops/" #name) BPF_PROG(name, ##args)
@@ -255,9 +260,6 @@ typedef __u64 u64;
 typedef __s32 s32;
 typedef __s64 s64;
 
-#define CACHE_EXT_MAX_CANDIDATES 32
-#define CACHE_EXT_OPS_NAME_LEN 32
-
 #define BPF_ANY 0
 #define BPF_NOEXIST 1
 #define BPF_EXIST 2
@@ -289,27 +291,7 @@ struct folio {
 
 struct mem_cgroup;	/* the runtime's instance; opaque to policies */
 
-struct cache_ext_eviction_ctx {
-	__u32 request;
-	__u32 nr_candidates;
-	struct folio *candidates[CACHE_EXT_MAX_CANDIDATES];
-};
-
-struct cache_ext_admit_ctx {
-	__u64 ino;
-	__u64 index;
-};
-
-struct cache_ext_ops {
-	s32 (*init)(struct mem_cgroup *memcg);
-	void (*evict_folios)(struct cache_ext_eviction_ctx *ctx,
-			     struct mem_cgroup *memcg);
-	void (*folio_added)(struct folio *folio);
-	void (*folio_accessed)(struct folio *folio);
-	void (*folio_evicted)(struct folio *folio);
-	bool (*admit_folio)(struct cache_ext_admit_ctx *ctx);
-	char name[CACHE_EXT_OPS_NAME_LEN];
-};
+#include "cache_ext_types.h"
 
 enum cp_map_type { CP_MAP_HASH = 1, CP_MAP_ARRAY = 2, CP_MAP_LRU_HASH = 9 };
 
