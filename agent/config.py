@@ -6,13 +6,22 @@
     cgroups:        paths or globs (relative to each root, or absolute) of
                     cgroups to watch; each becomes a tenant named by its
                     path under the root
-    tenants:        named tenants: {name, cgroup, throughput, floor, ceiling}
+    tenants:        named tenants: {name, cgroup, throughput, floor, ceiling,
+                    policy_threads}; policy_threads names the threads an
+                    application-informed policy treats specially, by a rule
+                    matched among the cgroup's threads every interval:
+                    {policy: {role: {comm: GLOB, cmdline: GLOB}}}, e.g.
+                    {get_scan: {scan_threads: {comm: "db_scan*"}},
+                     admit_filter: {bypass_threads: {comm: "rocksdb:low*"}}}
+                    (roles and their tid maps: agent/threads.py)
     interval_s:     seconds between reports
     sampling:       {rate, max_samples (fixed-size SHARDS), ring_bytes, slices}
     policies:       curves to build (default: lru, plus the library's policies
                     when the MRC engine offers them)
     safety:         {floor, anon_margin, anon_margin_ratio, max_step}
     limit_knob:     v2 only: "max" (memory.max) or "high" (memory.high)
+    cache_ext:      {policy_dir, pin_root}: where policy objects are loaded
+                    from and where their links are pinned in bpffs
     prometheus:     {address, port}; port 0 turns the endpoint off
     controller:     {address, token_file, ca_file, server_name, insecure}
 
@@ -28,6 +37,7 @@ from typing import Any, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Field,
                       ValidationError, model_validator)
 
+from cachepilot.agent.threads import PolicyThreads, ThreadRule, unknown_key_message
 from cachepilot.configfile import Bytes, read_yaml
 from cachepilot.errors import UserError
 
@@ -60,6 +70,11 @@ class TenantSpec(_Strict):
     throughput: Throughput = Field(default_factory=AccessesThroughput)
     floor: Bytes | None = None
     ceiling: Bytes | None = None
+    policy_threads: PolicyThreads | None = None
+
+    def thread_rules(self) -> dict[str, dict[str, ThreadRule]]:
+        """{policy: {role: rule}} of `policy_threads` (empty without it)."""
+        return self.policy_threads.rules() if self.policy_threads else {}
 
 
 class Sampling(_Strict):
@@ -93,6 +108,15 @@ class PrometheusEndpoint(_Strict):
     port: int = Field(9105, ge=0, le=65535)
 
 
+class CacheExt(_Strict):
+    """Where cache_ext policy objects are loaded from (a directive names a
+    policy; only <policy_dir>/<name>.bpf.o can be loaded) and where their
+    links are pinned in bpffs.  Defaults: bpf/out/policies beside the agent,
+    /sys/fs/bpf/cachepilot."""
+    policy_dir: Path | None = None
+    pin_root: Path = Path("/sys/fs/bpf/cachepilot")
+
+
 class ControllerLink(_Strict):
     address: str = Field(min_length=1)
     token_file: Path | None = None
@@ -114,6 +138,7 @@ class AgentConfig(_Strict):
     safety: Safety = Field(default_factory=Safety)
     limit_knob: Literal["max", "high"] = "max"
     prometheus: PrometheusEndpoint = Field(default_factory=PrometheusEndpoint)
+    cache_ext: CacheExt = Field(default_factory=CacheExt)
     controller: ControllerLink | None = None
 
     @model_validator(mode="after")
@@ -137,6 +162,10 @@ def _format(path: str, err: ValidationError) -> str:
             msg = msg[len("Value error, "):]
         got = e.get("input")
         tail = "" if isinstance(got, (dict, list)) or got is None else f", got {got!r}"
+        if e["type"] == "extra_forbidden":
+            msg, tail = unknown_key_message(e["loc"]) or "unknown key", ""
+        elif e["type"] == "model_type":
+            msg = "expected a mapping"
         out.append(f"{path}: {key}: {msg[0].lower() + msg[1:]}{tail}")
     return "; ".join(out)
 
@@ -154,6 +183,8 @@ def load_config(path) -> AgentConfig:
     p, data = read_yaml(path)
     cfg = config_from_dict(data, str(p))
     base = p.resolve().parent
+    if cfg.cache_ext.policy_dir is not None and not cfg.cache_ext.policy_dir.is_absolute():
+        cfg.cache_ext.policy_dir = base / cfg.cache_ext.policy_dir
     if cfg.controller:
         for attr in ("token_file", "ca_file"):
             v = getattr(cfg.controller, attr)

@@ -51,8 +51,13 @@ class Directive:
 
 @dataclass
 class ApplyResult:
+    """What a node did with one directive.  The limit and the policy are
+    reported apart: a kernel without cache_ext, or a policy the kernel
+    refused, fails the policy part while the limit part may still be ok."""
     tenant: str
     applied_limit_bytes: int
-    applied_policy: str
-    ok: bool
-    message: str = ""                 # why something was refused or clamped
+    applied_policy: str               # the policy running after, read back
+    ok: bool                          # the limit part
+    message: str = ""                 # why the limit was refused or clamped
+    policy_ok: bool = True            # the policy part (True: nothing asked)
+    policy_message: str = ""          # what was done, or why not

@@ -68,8 +68,12 @@ def test_apply_writes_memory_max_under_the_rules_and_reports_refusals(tmp_path):
         Directive("nobody", 100 * MiB, "lru")])}
     assert res["web"].ok and res["web"].applied_limit_bytes == 400 * MiB
     assert (root / "web" / "memory.max").read_text() == str(400 * MiB)
-    # the policy cannot be attached on this host: said so, limit still set
-    assert "policy" in res["web"].message
+    # the policy cannot be attached on this host: the policy part fails and
+    # says why, the limit part stands on its own, and what runs is reported
+    assert not res["web"].policy_ok
+    assert "no cache_ext" in res["web"].policy_message
+    assert res["web"].applied_policy == "linux"
+    assert res["db"].policy_ok and res["db"].policy_message == ""
     assert res["db"].ok and res["db"].applied_limit_bytes == 64 * MiB
     assert "floor" in res["db"].message
     assert not res["nobody"].ok and "unknown tenant" in res["nobody"].message

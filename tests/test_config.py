@@ -165,3 +165,64 @@ def test_parse_bytes(text, value):
 def test_parse_bytes_refuses(text):
     with pytest.raises(ValueError):
         parse_bytes(text)
+
+
+# -- the agent's config: a tenant's policy thread rules (agent/threads.py) ----
+
+AGENT_TENANT = """
+roots: [/sys/fs/cgroup/memory]
+tenants:
+  - name: kv
+    cgroup: kv
+    policy_threads:
+{}
+"""
+
+
+def agent_config(tmp_path, policy_threads: str):
+    from cachepilot.agent.config import load_config as load_agent_config
+    body = textwrap.indent(textwrap.dedent(policy_threads).strip(), " " * 6)
+    return load_agent_config(write(tmp_path, AGENT_TENANT.format(body), "agent.yaml"))
+
+
+def test_agent_tenant_policy_threads_load(tmp_path):
+    cfg = agent_config(tmp_path, """
+        get_scan: {scan_threads: {comm: "db_scan*"}}
+        admit_filter: {bypass_threads: {comm: "rocksdb:low*", cmdline: "*db_bench*"}}
+        """)
+    rules = cfg.tenants[0].thread_rules()
+    assert set(rules) == {"get_scan", "admit_filter"}
+    assert rules["get_scan"]["scan_threads"].comm == "db_scan*"
+    assert rules["get_scan"]["scan_threads"].cmdline is None
+    assert rules["admit_filter"]["bypass_threads"].cmdline == "*db_bench*"
+    plain = agent_config(tmp_path, "{}")          # none given: no rules
+    assert plain.tenants[0].thread_rules() == {}
+
+
+@pytest.mark.parametrize("body, key, expect", [
+    ("get_scn: {scan_threads: {comm: a*}}", "tenants[0].policy_threads.get_scn",
+     "unknown policy; expected one of admit_filter, get_scan"),
+    ("get_scan: {bypass_threads: {comm: a*}}",
+     "tenants[0].policy_threads.get_scan.bypass_threads",
+     "unknown role of get_scan; expected scan_threads"),
+    ("admit_filter: {bypass_threads: {name: a*}}",
+     "tenants[0].policy_threads.admit_filter.bypass_threads.name",
+     "unknown key; expected `comm` and/or `cmdline`"),
+    ("get_scan: {scan_threads: {}}", "tenants[0].policy_threads.get_scan.scan_threads",
+     "needs `comm`"),
+    ("get_scan: {scan_threads: {comm: ''}}",
+     "tenants[0].policy_threads.get_scan.scan_threads.comm", "non-empty glob"),
+    ("get_scan: {scan_threads: {comm: 7}}",
+     "tenants[0].policy_threads.get_scan.scan_threads.comm", "valid string"),
+    ("get_scan: {scan_threads: {comm: 'rocksdb:high_priority*'}}",
+     "tenants[0].policy_threads.get_scan.scan_threads.comm", "at most 15 bytes"),
+    ("get_scan: {}", "tenants[0].policy_threads.get_scan", "at least one role: scan_threads"),
+    ("get_scan: 'db_scan*'", "tenants[0].policy_threads.get_scan", "expected a mapping"),
+])
+def test_agent_policy_threads_errors_name_key_and_expectation(tmp_path, body, key, expect):
+    with pytest.raises(UserError) as err:
+        agent_config(tmp_path, body)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(str(tmp_path / "agent.yaml")), msg
+    assert f": {key}: " in msg, msg
+    assert expect in msg, msg

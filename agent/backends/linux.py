@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachepilot.agent import cgroups, damon
+from cachepilot.agent import cgroups, damon, threads
+from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
+                                        running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
@@ -81,8 +83,9 @@ class Watched:
     threshold: int = 0
     totals: Counters = field(default_factory=Counters)   # cumulative, for metrics
     interval: Counters | None = None     # counted since the last report
-    policy: str = "linux"
+    policy: str = "linux"                # running, as the kernel last said
     last_tick_ns: int | None = None      # monotonic ns of the last counters read
+    tids: dict | None = None             # tid maps last written, from thread rules
 
 
 class LinuxBackend:
@@ -117,7 +120,22 @@ class LinuxBackend:
                         "any cgroup are reclaimed below its limit, so miss ratios can run "
                         "above the curves", damon.describe(reclaimers))
         self.sampler_totals = {"events": 0, "samples": 0, "drops": 0}
+        self.actuator: PolicyActuator | None = None
+        self.no_actuation_reason = "this kernel has no cache_ext"
+        if self.has_cache_ext:
+            act = PolicyActuator(cfg.roots, self.default_policy,
+                                 policy_dir=cfg.cache_ext.policy_dir or POLICY_DIR,
+                                 pin_root=cfg.cache_ext.pin_root)
+            self.no_actuation_reason = act.why_unavailable()
+            if self.no_actuation_reason:
+                log.warning("cache_ext policies cannot be attached: %s",
+                            self.no_actuation_reason)
+            else:
+                self.actuator = act
         self._refresh()
+        if self.actuator is not None:
+            for line in self.actuator.adopt({w.cgid: w.path for w in self.watched.values()}):
+                log.info("cache_ext: %s", line)
 
     # -- what we watch -------------------------------------------------------
     def _policies(self) -> list[str]:
@@ -173,7 +191,7 @@ class LinuxBackend:
             if spec is not None and spec.throughput.source == "prometheus":
                 tp = PrometheusSource(spec.throughput)
             w = Watched(tenant, path, cgid, spec, builder, tp, time.monotonic(),
-                        policy=self.default_policy)
+                        policy=running_policy(path, self.default_policy))
             try:
                 w.last_stats = cgroups.read_stats(path)
             except CgroupError as err:
@@ -193,7 +211,16 @@ class LinuxBackend:
 
     def _drop(self, tenant: str, why: str):
         w = self.watched.pop(tenant)
-        log.warning("cgroup %s (tenant %s) %s; dropped from the reports", w.path, tenant, why)
+        gone = ""
+        if self.actuator is not None and not os.path.isdir(w.path):
+            # the kernel detached its policy with it; the pins are ours
+            try:
+                if self.actuator.forget(w.cgid):
+                    gone = "; its policy's pins removed"
+            except PolicyError as err:
+                gone = f"; its policy's pins stay: {err}"
+        log.warning("cgroup %s (tenant %s) %s; dropped from the reports%s", w.path, tenant,
+                    why, gone)
         if self.sampler is not None:
             try:
                 self.sampler.unwatch(w.cgid)
@@ -282,8 +309,36 @@ class LinuxBackend:
             except CgroupError as err:
                 log.warning("tenant %s: %s", tenant, err)
                 continue
+            w.policy = running_policy(w.path, self.default_policy)
+            self._follow_thread_rules(w)
             reports.append(self._report(w, stats))
         return reports
+
+    def _rule_tids(self, w: Watched, policy: str) -> dict[str, list[int]] | None:
+        """The tid maps the tenant's thread rules give `policy`, or None."""
+        rules = w.spec.thread_rules().get(policy) if w.spec is not None else None
+        if not rules:
+            return None
+        try:
+            return threads.policy_tids(w.path, policy, rules)
+        except cgroups.CgroupError:
+            return None
+
+    def _follow_thread_rules(self, w: Watched) -> None:
+        """Once an interval: the running policy's tid maps follow the threads
+        the tenant's rules match (thread pools grow, processes restart)."""
+        if self.actuator is None:
+            return
+        tids = self._rule_tids(w, w.policy)
+        if tids is None or tids == w.tids:
+            return
+        try:
+            self.actuator.set_tids(w.path, tids)
+            w.tids = tids
+            log.info("tenant %s: %s threads: %s", w.tenant, w.policy,
+                     "; ".join(f"{m} {len(t)}" for m, t in tids.items()))
+        except PolicyError as err:
+            log.warning("tenant %s: thread rules not applied: %s", w.tenant, err)
 
     def _report(self, w: Watched, stats) -> TenantReport:
         now = time.monotonic()
@@ -324,14 +379,19 @@ class LinuxBackend:
     def _apply_one(self, d: Directive) -> ApplyResult:
         w = self.watched.get(d.tenant)
         if w is None:
-            return ApplyResult(d.tenant, 0, "", False, f"unknown tenant {d.tenant!r} on this node")
+            return ApplyResult(d.tenant, 0, "", False, f"unknown tenant {d.tenant!r} on this node",
+                               policy_ok=False)
         if not cgroups.is_under(w.path, self.cfg.roots):
-            return ApplyResult(d.tenant, 0, w.policy, False,
-                               f"{w.path} is outside the configured roots; not touched")
+            msg = f"{w.path} is outside the configured roots; not touched"
+            return ApplyResult(d.tenant, 0, w.policy, False, msg, False, msg)
+        # the policy first: the reclaim a new limit causes is the new policy's
+        policy_ok, policy_msg = self._apply_policy(w, d.policy)
+        applied_policy = w.policy
         try:
             stats = cgroups.read_stats(w.path)
         except CgroupError as err:
-            return ApplyResult(d.tenant, 0, w.policy, False, str(err))
+            return ApplyResult(d.tenant, 0, applied_policy, False, str(err),
+                               policy_ok, policy_msg)
         spec = w.spec
         dec = cgroups.safe_limit(
             d.limit_bytes, stats.effective_limit_bytes, stats.anon_bytes, self.rules,
@@ -342,17 +402,32 @@ class LinuxBackend:
         try:
             applied = cgroups.write_limit(w.path, dec.limit, self.cfg.limit_knob)
         except CgroupError as err:
-            return ApplyResult(d.tenant, stats.effective_limit_bytes, w.policy, False,
-                               f"limit not changed: {err}")
-        if d.policy and d.policy != w.policy:
-            if not self.has_cache_ext:
-                notes.append(f"policy {d.policy!r} is advisory: this kernel has no cache_ext")
-            else:
-                notes.append(f"policy {d.policy!r} not attached: this agent does not "
-                             "attach cache_ext policies yet")
+            return ApplyResult(d.tenant, stats.effective_limit_bytes, applied_policy, False,
+                               f"limit not changed: {err}", policy_ok, policy_msg)
         log.info("tenant %s: limit %d -> %d bytes%s", d.tenant, stats.effective_limit_bytes,
                  applied, f" ({'; '.join(notes)})" if notes else "")
-        return ApplyResult(d.tenant, applied, w.policy, True, "; ".join(notes))
+        return ApplyResult(d.tenant, applied, applied_policy, True, "; ".join(notes),
+                           policy_ok, policy_msg)
+
+    def _apply_policy(self, w: Watched, policy: str) -> tuple[bool, str]:
+        """Attach, swap or detach the tenant's policy; (ok, what happened).
+        A refusal leaves the cgroup with the policy it ran, and says why."""
+        w.policy = running_policy(w.path, self.default_policy)
+        if not policy or policy == w.policy:
+            return True, ""
+        if self.actuator is None:
+            return False, f"policy {policy!r} not attached: {self.no_actuation_reason}"
+        try:
+            done = self.actuator.apply(w.path, policy, w.cgid, self._rule_tids(w, policy))
+        except PolicyError as err:
+            w.policy = running_policy(w.path, self.default_policy)
+            log.warning("tenant %s: policy %s refused, %s keeps running: %s", w.tenant,
+                        policy, w.policy, err)
+            return False, f"policy {policy!r} refused: {err}"
+        w.policy = running_policy(w.path, self.default_policy)
+        w.tids = None          # the new instance's maps: rewrite next interval
+        log.info("tenant %s: policy %s", w.tenant, done)
+        return True, done
 
     def close(self):
         if self.sampler is not None:
