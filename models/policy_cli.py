@@ -367,10 +367,13 @@ def _bpftool_json(args: list[str]):
 
 
 def pinned_tid_map(args) -> Path:
+    """The pinned tid map to fill: --policy-map, or the one policyctl (and
+    so the agent) pins for the policy attached to --cgroup:
+    <bpffs>/cachepilot/<cgroup id>/<map>."""
     if args.policy_map:
         return Path(args.policy_map)
     if not (args.cgroup and args.policy):
-        raise UserError("say which map: --policy-map PATH, or --cgroup NAME "
+        raise UserError("say which map: --policy-map PATH, or --cgroup DIR "
                         "with --policy NAME, or --trace/--out for a "
                         "simulator trace")
     src = policy_source(args.policy)
@@ -379,8 +382,12 @@ def pinned_tid_map(args) -> Path:
     maps = tid_maps(src)
     if not maps:
         raise UserError(f"policy {args.policy!r} takes no thread ids")
-    cgroup = args.cgroup.strip("/").replace("/", "_") or "root"
-    return BPFFS_ROOT / cgroup / maps[0]
+    try:
+        cgroup_id = os.stat(args.cgroup).st_ino
+    except OSError as err:
+        raise UserError(f"--cgroup {args.cgroup}: {err.strerror} (give the "
+                        f"cgroup's directory)") from None
+    return BPFFS_ROOT / str(cgroup_id) / maps[0]
 
 
 def register_in_kernel(map_path: Path, tids, remove=False) -> int:
@@ -482,15 +489,16 @@ def register(subparsers):
         "register-tids",
         help="register threads with an application-informed policy",
         description="Kernel: add the thread ids to the policy's pinned tid "
-        "map (--policy-map PATH, or --cgroup/--policy for the loader's pin "
-        f"{BPFFS_ROOT}/<cgroup>/<map>).  Simulator: copy a CPACCESS trace "
+        "map (--policy-map PATH, or --cgroup DIR with --policy for the pin "
+        f"policyctl and the agent make, {BPFFS_ROOT}/<cgroup id>/<map>).  Simulator: copy a CPACCESS trace "
         "marking the threads' accesses as registered (--trace IN --out OUT).")
     q.add_argument("tids", nargs="*", metavar="TID")
     q.add_argument("--threads-of", action="append", metavar="PID",
                    help="also every current thread of process PID "
                    "(repeatable)")
     q.add_argument("--policy-map", help="pinned tid map in bpffs")
-    q.add_argument("--cgroup", help="cgroup the policy is attached to")
+    q.add_argument("--cgroup", help="directory of the cgroup the policy is "
+                   "attached to")
     q.add_argument("--policy", help="policy name (with --cgroup)")
     q.add_argument("--trace", help="simulator: CPACCESS trace to annotate")
     q.add_argument("--out", help="simulator: annotated copy to write")

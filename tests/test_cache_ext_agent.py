@@ -234,3 +234,50 @@ def test_policyctl_usage_and_empty_list(tmp_path):
     assert policyctl("frobnicate").returncode == 2
     p = policyctl("--pin-root", str(tmp_path / "none"), "list")
     assert p.returncode == 0 and p.stdout == ""
+
+
+def bpffs_ok() -> bool:
+    return os.geteuid() == 0 and Path("/sys/fs/bpf").is_dir() and \
+        subprocess.run(["mountpoint", "-q", "/sys/fs/bpf"]).returncode == 0
+
+
+def dump_tids(pin: Path) -> set[int]:
+    import json
+    dump = json.loads(subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(pin)],
+                                     check=True, capture_output=True, text=True).stdout)
+    return {int.from_bytes(bytes(int(b, 16) for b in e["key"]), "little") for e in dump}
+
+
+@need_loader
+@pytest.mark.skipif(not bpffs_ok(), reason="needs root and bpffs at /sys/fs/bpf")
+def test_policyctl_tids_replaces_the_set_in_the_pinned_map(tmp_path, capsys):
+    """The pin layout the agent, policyctl and `policy register-tids
+    --cgroup` share: <pin root>/<cgroup id>/<map>."""
+    from cachepilot.main import main
+    pins = Path(f"/sys/fs/bpf/cachepilot-test-{os.getpid()}")
+    cgroup = tmp_path / "cg"
+    cgroup.mkdir()
+    pin = pins / str(os.stat(cgroup).st_ino) / "gs_tids"
+    pin.parent.mkdir(parents=True)
+    try:
+        subprocess.run(["bpftool", "map", "create", str(pin), "type", "hash", "key", "4",
+                        "value", "1", "entries", "64", "name", "gs_tids"], check=True)
+        p = policyctl("--pin-root", str(pins), "tids", str(cgroup), "gs_tids", "5,6", "7")
+        assert p.returncode == 0, p.stderr
+        assert dump_tids(pin) == {5, 6, 7}
+        p = policyctl("--pin-root", str(pins), "tids", str(cgroup), "gs_tids", "6")
+        assert p.returncode == 0 and dump_tids(pin) == {6}
+        p = policyctl("--pin-root", str(pins), "tids", str(cgroup), "af_tids", "6")
+        assert p.returncode == 1 and "no map af_tids pinned" in p.stderr
+        # register-tids finds the same pin from the cgroup's directory
+        import cachepilot.models.policy_cli as pc
+        old = pc.BPFFS_ROOT
+        pc.BPFFS_ROOT = pins
+        try:
+            assert main(["policy", "register-tids", "99", "--cgroup", str(cgroup),
+                         "--policy", "get_scan"]) == 0
+        finally:
+            pc.BPFFS_ROOT = old
+        assert dump_tids(pin) == {6, 99}
+    finally:
+        subprocess.run(["rm", "-rf", str(pins)])

@@ -248,3 +248,47 @@ def test_a_cgroup_deleted_under_its_policy(env, caplog):
     b.collect()                             # carries on, says nothing more
     assert len([r for r in caplog.records if "pins removed" in r.getMessage()]) == 1
     make_cgroup(c)
+
+
+def tids_in(pin: Path) -> set[int]:
+    dump = json.loads(subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(pin)],
+                                     check=True, capture_output=True, text=True).stdout)
+    return {int.from_bytes(bytes(int(b, 16) for b in e["key"]), "little") for e in dump}
+
+
+def test_thread_rules_fill_the_running_policys_tid_map(env, tmp_path, caplog):
+    """get_scan's scan threads named by a rule: the attach carries the
+    matching threads, and every interval the map follows them."""
+    cg = ROOT / "a"
+    scanner = tmp_path / "cpscanner"            # its comm is "cpscanner"
+    scanner.symlink_to("/bin/sleep")
+
+    def start():
+        p = subprocess.Popen([str(scanner), "300"])
+        (cg / "cgroup.procs").write_text(str(p.pid))
+        return p
+
+    cfg = config()
+    cfg["tenants"][0]["policy_threads"] = {"get_scan": {"scan_threads": {"comm": "cpscan*"}}}
+    b = LinuxBackend(config_from_dict(cfg), start_sampler=False)
+    first = start()
+    second = None
+    try:
+        res = apply(b, "a", "get_scan")
+        assert res.policy_ok, res.policy_message
+        pin = PINS / str(os.stat(cg).st_ino) / "gs_tids"
+        assert tids_in(pin) == {first.pid}
+        second = start()
+        b.collect()
+        assert tids_in(pin) == {first.pid, second.pid}
+        first.kill()
+        first.wait()
+        b.collect()
+        assert tids_in(pin) == {second.pid}
+        print(f"gs_tids followed the rule: {sorted(tids_in(pin))}")
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        assert apply(b, "a", "linux").policy_ok

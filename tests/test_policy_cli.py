@@ -193,8 +193,12 @@ def test_register_tids_refuses_a_map_that_is_not_a_tid_map(capsys):
         pin.unlink()
     rc, _, err = run(capsys, "policy", "register-tids", "5",
                      "--cgroup", "tenant-a", "--policy", "get_scan")
+    assert rc == 2 and "give the cgroup's directory" in err
+    # an existing cgroup directory: the pin policyctl makes, by cgroup id
+    rc, _, err = run(capsys, "policy", "register-tids", "5",
+                     "--cgroup", "/", "--policy", "get_scan")
     assert rc == 2
-    assert "/sys/fs/bpf/cachepilot/tenant-a/gs_tids" in err
+    assert f"/sys/fs/bpf/cachepilot/{os.stat('/').st_ino}/gs_tids" in err
 
 
 LIBRARY = ["lfu", "s3fifo", "lhd", "mglru", "hyperbolic", "get_scan",
