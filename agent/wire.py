@@ -148,9 +148,11 @@ def directive_from_pb(msg: pb.Directive) -> Directive:
 
 def apply_result_to_pb(r: ApplyResult) -> pb.ApplyResult:
     return pb.ApplyResult(tenant=r.tenant, applied_limit_bytes=int(r.applied_limit_bytes),
-                          applied_policy=r.applied_policy, ok=bool(r.ok), message=r.message)
+                          applied_policy=r.applied_policy, ok=bool(r.ok), message=r.message,
+                          policy_refused=not r.policy_ok, policy_message=r.policy_message)
 
 
 def apply_result_from_pb(msg: pb.ApplyResult) -> ApplyResult:
     return ApplyResult(tenant=msg.tenant, applied_limit_bytes=int(msg.applied_limit_bytes),
-                       applied_policy=msg.applied_policy, ok=bool(msg.ok), message=msg.message)
+                       applied_policy=msg.applied_policy, ok=bool(msg.ok), message=msg.message,
+                       policy_ok=not msg.policy_refused, policy_message=msg.policy_message)

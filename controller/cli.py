@@ -36,7 +36,8 @@ def register(subparsers):
     sub = p.add_subparsers(dest="admin_command", metavar="ACTION")
     sub.required = True
     sub.add_parser("status", help="nodes, pool, rounds")
-    sub.add_parser("tenants", help="tenants: SLO, throughput, limit, policy")
+    sub.add_parser("tenants", help="tenants: SLO, throughput, limit, policy running and "
+                   "directed, the node's answer")
     s = sub.add_parser("set-slo", help="set a tenant's minimum throughput")
     s.add_argument("tenant")
     s.add_argument("min_throughput", type=float)
@@ -139,15 +140,24 @@ def _print_admin(action, reply):
         for n in reply.nodes:
             age = "never" if n.seconds_since_report < 0 else f"{n.seconds_since_report:.1f}s ago"
             print(f"  {n.node_id:16} {n.state:10} {n.memory_bytes / (1 << 20):8.0f} MiB  "
-                  f"{n.backend or '-':5} reports {n.reports} (last {age})")
+                  f"{n.backend or '-':5} reports {n.reports} (last {age})"
+                  + ("  policies advisory (no cache_ext)" if n.advisory else ""))
     elif action == "tenants":
         print(f"{'tenant':16} {'node':10} {'SLO':>10} {'ops/s':>10} {'met':4} "
-              f"{'limit':>9} policy")
+              f"{'limit':>9} {'running':10} directed")
         for t in reply.tenants:
             slo = f"{t.slo_min_throughput:,.0f}" if t.has_slo else "-"
             met = ("yes" if t.slo_met else "NO") if (t.has_slo and t.reported) else "-"
+            directed = (t.policy or "-") + (" (advice)" if t.advisory else "")
             print(f"{t.name:16} {t.node:10} {slo:>10} {t.throughput:10,.0f} {met:4} "
-                  f"{t.limit_bytes / (1 << 20):6.0f} MiB {t.policy}")
+                  f"{t.limit_bytes / (1 << 20):6.0f} MiB {t.running_policy or '-':10} "
+                  f"{directed}")
+            # what the node said about the last directive: refusals and
+            # clamps are the operator's business
+            if t.applied == "refused":
+                print(f"{'':16} node REFUSED: {t.applied_message}")
+            elif t.applied_message:
+                print(f"{'':16} node: {t.applied_message}")
     elif action in ("set-slo", "clear-slo"):
         before = f"{reply.previous:g}" if reply.had_slo else "none"
         after = f"{reply.current:g}" if reply.has_slo else "none"

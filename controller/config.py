@@ -65,6 +65,14 @@ class ControlSpec(_Strict):
     # gain exceeds `autopilot_threshold` for `autopilot_k` intervals in a row.
     autopilot_threshold: float = Field(0.05, ge=0)
     autopilot_k: int = Field(3, ge=1)
+    # Model watchdog (engine/watchdog.py): after a switch, watch the first
+    # `watchdog_intervals` intervals the new policy is reported running; if
+    # its mean observed miss ratio exceeds what the old policy's curve
+    # predicted by more than `watchdog_margin`, switch back and keep the
+    # tenant off the new policy for `watchdog_cooldown` rounds.
+    watchdog_intervals: int = Field(3, ge=1)
+    watchdog_margin: float = Field(0.05, ge=0, le=1)
+    watchdog_cooldown: int = Field(20, ge=0)
     # Size SLO tenants for min_throughput x (1 + slo_headroom) where the
     # node has the memory (after every SLO's plain need), against noise.
     slo_headroom: float = Field(0.05, ge=0, le=1)

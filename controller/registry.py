@@ -63,6 +63,14 @@ class NodeRecord:
     def in_pool(self) -> bool:
         return self.state in (REGISTERED, REPORTING)
 
+    @property
+    def advisory(self) -> bool:
+        """Whether policy directives are only advice on this node: a linux
+        host whose kernel has no cache_ext cannot swap policies (the sim
+        backend emulates swaps)."""
+        return self.info is not None and self.info.backend == "linux" and \
+            not self.info.has_cache_ext
+
 
 class Registry:
     def __init__(self, config, clock=time.monotonic):

@@ -62,6 +62,7 @@ class Engine:
     A round sees only the reporting node's reports; EngineState carries the
     models, streaks and targets across rounds, and a fresh state (after a
     restart) starts from the limits and policies every report carries.
+    `advisory` says the node cannot swap policies (NodeRecord.advisory).
     Returns (directives for that node, predicted SLO violations, log entries).
     """
 
@@ -70,8 +71,9 @@ class Engine:
         self._engine = engine
         self.state = engine.EngineState()
 
-    def decide(self, node: str, reports: list[TenantReport], config):
-        d = self._engine.decide(self.state, {node: reports}, config)
+    def decide(self, node: str, reports: list[TenantReport], config, advisory: bool = False):
+        d = self._engine.decide(self.state, {node: reports}, config,
+                                advisory_nodes={node} if advisory else ())
         return list(d.directives.get(node, [])), list(d.violations), list(d.log)
 
 
@@ -112,9 +114,12 @@ class Controller:
             for a in applied:
                 if not a.ok:
                     self._note(node_id, a.tenant, "refused-by-node", a.message)
+                if not a.policy_ok:
+                    self._note(node_id, a.tenant, "refused-by-node", a.policy_message)
             self._observe(reports)
             start = time.perf_counter()
-            directives, violations, entries = self.engine.decide(node_id, reports, self.config)
+            directives, violations, entries = self.engine.decide(node_id, reports, self.config,
+                                                                 advisory=rec.advisory)
             took = time.perf_counter() - start
             self.metrics.loop_latency.observe(took)
             self.latencies.append(took)
@@ -188,7 +193,8 @@ class Controller:
             return
         get = entry.get if isinstance(entry, dict) else (lambda k, d=None: getattr(entry, k, d))
         detail = {k: get(k) for k in ("predicted", "observed", "predicted_gain",
-                                      "observed_gain", "before", "after")
+                                      "observed_gain", "before", "after",
+                                      "predicted_miss", "observed_miss")
                   if get(k) is not None}
         self.log.append(LogRecord(int(get("round", self.rounds) or self.rounds), time.time(),
                                   get("node", node) or node, get("tenant", "") or "",
@@ -218,7 +224,8 @@ class Controller:
                     node_id=rec.name, state=rec.state, memory_bytes=rec.memory_bytes,
                     seconds_since_report=since, reports=rec.reports,
                     backend=rec.info.backend if rec.info else "",
-                    has_cache_ext=bool(rec.info and rec.info.has_cache_ext), peer=rec.peer))
+                    has_cache_ext=bool(rec.info and rec.info.has_cache_ext), peer=rec.peer,
+                    advisory=rec.advisory))
             return pb.StatusReply(nodes=nodes, rounds=self.rounds, uptime_s=now - self.started,
                                   pool_bytes=self.registry.pool_bytes(), tls=self.tls,
                                   violations=sum(len(v) for v in self.last_violations.values()))
@@ -230,6 +237,7 @@ class Controller:
                 rec = self.registry.nodes[t.node]
                 r = rec.tenants.get(t.name)
                 d = rec.directives.get(t.name)
+                a = rec.applied.get(t.name)
                 book = self.books[t.name]
                 out.append(pb.TenantStatus(
                     name=t.name, node=t.node, has_slo=t.slo is not None,
@@ -239,7 +247,11 @@ class Controller:
                     limit_bytes=d.limit_bytes if d else (r.limit_bytes if r else 0),
                     policy=d.policy if d else (r.policy if r else ""),
                     priority=t.priority, miss_ratio=r.miss_ratio if r else 0.0,
-                    reason=self.last_reason.get(t.name, ""), reported=r is not None))
+                    reason=self.last_reason.get(t.name, ""), reported=r is not None,
+                    running_policy=r.policy if r else "", advisory=rec.advisory,
+                    applied="" if a is None else "ok" if a.ok and a.policy_ok else "refused",
+                    applied_message="; ".join(m for m in (a.message, a.policy_message) if m)
+                    if a else ""))
             return pb.TenantsReply(tenants=out)
 
     def set_slo(self, tenant: str, min_throughput: float) -> pb.SLOReply:

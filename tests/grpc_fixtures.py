@@ -60,9 +60,10 @@ class EchoEngine:
         self.script = script or {}
         self.calls = []
 
-    def decide(self, node, reports, config):
+    def decide(self, node, reports, config, advisory=False):
         from cachepilot.agent.types import Directive
         self.calls.append((node, [r.tenant for r in reports]))
+        self.advisory = advisory
         out, log = [], []
         for r in reports:
             limit, policy = self.script.get(r.tenant, (r.limit_bytes, r.policy))

@@ -21,8 +21,11 @@ def make(tenants, nodes=None, **control):
 class Loop:
     """Applies directives to synthetic tenants and reports back."""
 
-    def __init__(self, cfg, synth, limits=None, policies=None):
+    def __init__(self, cfg, synth, limits=None, policies=None, swaps=True, advisory=()):
+        # swaps=False: the node applies limits but never a policy (a kernel
+        # without cache_ext); advisory: the nodes decide() is told of
         self.cfg, self.synth = cfg, synth
+        self.swaps, self.advisory = swaps, advisory
         self.state = engine.EngineState()
         per_node = {}
         for t in cfg.tenants:
@@ -42,11 +45,13 @@ class Loop:
         return out
 
     def step(self, nodes=None):
-        d = engine.decide(self.state, self.reports(nodes), self.cfg)
+        d = engine.decide(self.state, self.reports(nodes), self.cfg,
+                          advisory_nodes=self.advisory)
         for ds in d.directives.values():
             for x in ds:
                 self.limit[x.tenant] = x.limit_bytes
-                self.policy[x.tenant] = x.policy
+                if self.swaps:
+                    self.policy[x.tenant] = x.policy
         self.decisions.append(d)
         return d
 
@@ -230,6 +235,75 @@ def test_autopilot_follows_a_phase_change_within_k_windows():
         if loop.policy["a"] == "s3fifo" and switched_at is None:
             switched_at = i + 1
     assert switched_at is not None and switched_at <= 3
+
+
+# -- the policy in force is the one reported running ----------------------------
+
+def test_a_directive_never_applied_is_not_taken_as_in_force():
+    # The node ignores policy directives (and does not say it cannot swap):
+    # the engine must go on seeing linux run, not the s3fifo it directed.
+    synth = {"a": tenant("a", 0.8, 0.8, POLS, better={"s3fifo": 1.6, "lru": 0.9})}
+    cfg = make([{"name": "a", "node": "n1", "ceiling_bytes": "256MiB"}], autopilot_k=3)
+    loop = Loop(cfg, synth, swaps=False)
+    directed = []
+    for _ in range(6):
+        d = loop.step()
+        directed.append(d.directives["n1"][0].policy)
+        assert d.plans["a"].running_policy == "linux"
+    st = loop.state.tenants["a"]
+    assert st.running == "linux" and loop.policy["a"] == "linux"
+    # the switch is directed at K, and -- not having happened -- again K
+    # rounds later, each time logged from linux
+    assert directed == ["linux", "linux", "s3fifo"] * 2
+    sw = [e for d in loop.decisions for e in d.log if e.kind == "policy"]
+    assert [(e.round, e.before, e.after) for e in sw] == [(3, "linux", "s3fifo"),
+                                                          (6, "linux", "s3fifo")]
+    # between them the allocation read the curve of what runs
+    assert loop.decisions[3].plans["a"].curve_policy == "linux"
+
+
+def test_a_policy_changed_behind_the_engines_back_is_noticed():
+    synth = {"a": tenant("a", 0.8, 0.8, POLS, better={"s3fifo": 1.6, "lru": 0.7})}
+    cfg = make([{"name": "a", "node": "n1", "ceiling_bytes": "256MiB"}], autopilot_k=2)
+    loop = Loop(cfg, synth)
+    for _ in range(4):
+        loop.step()
+    assert loop.policy["a"] == "s3fifo"
+    loop.policy["a"] = "lru"          # someone re-attached another policy
+    d = loop.step()
+    assert d.plans["a"].curve_policy == "lru"     # sized for what runs
+    loop.step()
+    assert loop.policy["a"] == "s3fifo"           # and switched back by the autopilot
+    sw = [e for e in loop.decisions[-1].log if e.kind == "policy"]
+    assert [(e.before, e.after) for e in sw] == [("lru", "s3fifo")]
+
+
+def test_advisory_nodes_recommend_once_and_size_on_the_running_curve():
+    # s3fifo needs far less memory for the SLO than the linux that runs; a
+    # node that cannot swap must be sized for linux, and the recommendation
+    # logged once, not every K rounds.
+    synth = {"a": tenant("a", 0.8, 0.8, POLS, better={"s3fifo": 2.0, "lru": 0.9}),
+             "b": tenant("b", 2.0, 1.2)}         # wants every page it can get
+    slo = synth["a"].throughput(float(synth["a"].curves["linux"].at(0.5 * PAGES)))
+    cfg = make([{"name": "a", "node": "n1", "slo": {"min_throughput": slo},
+                 "ceiling_bytes": "600MiB"},
+                {"name": "b", "node": "n1"}], autopilot_k=3, max_step_fraction=0.2)
+    loop = Loop(cfg, synth, swaps=False, advisory={"n1"})
+    for _ in range(12):
+        d = loop.step()
+    assert d.directives["n1"][0].policy == "s3fifo"          # the recommendation
+    assert "advisory" in d.directives["n1"][0].reason
+    plan = d.plans["a"]
+    assert plan.curve_policy == "linux" and plan.running_policy == "linux"
+    assert loop.true_throughput("a") >= slo * 0.99            # met under linux
+    need = plan.slo_need_bytes
+    assert loop.limit["a"] >= need["linux"] * 0.99 > 1.5 * need["s3fifo"]
+    sw = [e for dd in loop.decisions for e in dd.log if e.kind == "policy"]
+    assert len(sw) == 1 and (sw[0].before, sw[0].after) == ("linux", "s3fifo")
+    assert "advisory" in sw[0].reason and sw[0].predicted_gain > 0
+    # nothing changed on the node, so no observed effect is waited for
+    assert not [e for dd in loop.decisions for e in dd.log
+                if e.kind == "observed" and e.after == "s3fifo"]
 
 
 def test_a_disallowed_policy_is_left_at_once():

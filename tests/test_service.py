@@ -350,3 +350,75 @@ def test_metrics_are_served_over_http(tmp_path):
         ch.close()
     finally:
         served.stop(0)
+
+
+def test_admin_tenants_shows_running_and_directed_policies_and_the_nodes_answer(tmp_path):
+    """The policy a node reports running and the one last directed are two
+    columns; a node's refusal (or note) on the last directive is shown under
+    its tenant; a node without cache_ext is marked advisory and the engine
+    is told so."""
+    import yaml
+
+    from grpc_fixtures import small_config_dict
+    port = _free_port()
+    data = small_config_dict(tmp_path, nodes=("n1", "n2"), listen=f"127.0.0.1:{port}")
+    cfg_path = tmp_path / "ctl.yaml"
+    cfg_path.write_text(yaml.safe_dump(data))
+    from cachepilot.controller.config import load_config
+    engine = EchoEngine({"n1-t0": (16 << 20, "fifo"), "n1-t1": (16 << 20, "fifo"),
+                         "n2-t0": (16 << 20, "fifo")})
+    served = serve(load_config(cfg_path), engine=engine)
+    try:
+        ch, node, admin, md = stubs(load_config(cfg_path), served)
+        s1 = register(node, md, "n1")                     # a sim node: swaps
+        s2 = node.Register(pb.RegisterRequest(node=pb.NodeInfo(
+            node_id="n2", memory_bytes=64 << 20, cgroup_version=2, has_cache_ext=False,
+            policies=["lru", "fifo"], backend="linux")), metadata=md, timeout=5).session
+        reports = {n: [wire.report_to_pb(report(f"{n}-t{i}")) for i in range(2)]
+                   for n in ("n1", "n2")}
+        node.Report(pb.ReportRequest(node_id="n1", session=s1, seq=1, reports=reports["n1"]),
+                    metadata=md)
+        assert engine.advisory is False
+        node.Report(pb.ReportRequest(node_id="n2", session=s2, seq=1, reports=reports["n2"]),
+                    metadata=md)
+        assert engine.advisory is True
+        # n1 refuses to attach fifo for t0 and still runs lru everywhere
+        applied = [pb.ApplyResult(tenant="n1-t0", applied_limit_bytes=16 << 20,
+                                  applied_policy="lru", ok=True, policy_refused=True,
+                                  policy_message="policy 'fifo': attach failed: EPERM"),
+                   pb.ApplyResult(tenant="n1-t1", applied_limit_bytes=16 << 20,
+                                  applied_policy="fifo", ok=True)]
+        node.Report(pb.ReportRequest(node_id="n1", session=s1, seq=2, reports=reports["n1"],
+                                     applied=applied), metadata=md)
+        ch.close()
+
+        def admin_cli(*args):
+            out = subprocess.run([sys.executable, "-m", "cachepilot", "admin", "--config",
+                                  str(cfg_path), "--target", f"localhost:{port}", *args],
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return out.stdout
+        text = admin_cli("tenants")
+        lines = text.splitlines()
+        header = lines[0].split()
+        assert header[-2:] == ["running", "directed"]
+        rows = {ln.split()[0]: ln.split() for ln in lines[1:] if not ln.startswith(" ")}
+        assert rows["n1-t0"][-2:] == ["lru", "fifo"]
+        assert rows["n1-t1"][-2:] == ["lru", "fifo"]
+        assert rows["n2-t0"][-3:] == ["lru", "fifo", "(advice)"]
+        after_t0 = lines[lines.index(next(ln for ln in lines if ln.startswith("n1-t0"))) + 1]
+        assert "REFUSED" in after_t0 and "attach failed: EPERM" in after_t0
+        view = json.loads(admin_cli("--json", "tenants"))
+        t0 = next(t for t in view["tenants"] if t["name"] == "n1-t0")
+        assert (t0["running_policy"], t0["policy"], t0["applied"]) == ("lru", "fifo", "refused")
+        assert "advisory" not in t0
+        assert next(t for t in view["tenants"] if t["name"] == "n2-t1")["advisory"] is True
+        status = admin_cli("status")
+        n2 = next(ln for ln in status.splitlines() if ln.strip().startswith("n2"))
+        assert "policies advisory" in n2
+        assert "advisory" not in next(ln for ln in status.splitlines()
+                                      if ln.strip().startswith("n1"))
+        log = admin_cli("log")
+        assert "refused-by-node" in log and "EPERM" in log
+    finally:
+        served.stop(0)

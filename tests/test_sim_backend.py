@@ -99,6 +99,20 @@ def test_refused_and_clamped_directives_are_reported_not_raised():
     assert b.current()["c"] == {"limit_bytes": 8 * MiB, "policy": "lru", "phase": -1}
 
 
+def test_reports_say_the_policy_that_runs_not_the_one_directed():
+    # The controller takes the reported policy as the one in force: after a
+    # refused swap the sim must go on reporting what it runs.
+    t = tenant("c", [{"kind": "uniform", "footprint": "8MiB"}], policies=["lru", "fifo"])
+    b = SimBackend(config([t]), "n")
+    (res,) = b.apply([Directive("c", 8 * MiB, "mru")])
+    assert not res.ok
+    assert run(b, 1)[0][0].policy == "lru"
+    (res,) = b.apply([Directive("c", 8 * MiB, "fifo")])
+    assert res.ok and res.applied_policy == "fifo"
+    assert run(b, 1)[0][0].policy == "fifo"
+    assert b.tenants["c"].cache.policy == "fifo"          # the cache really swapped
+
+
 def test_same_seed_same_run_and_different_seed_differs():
     tl = [tenant("z", [{"kind": "zipf", "skew": 0.9, "footprint": "64MiB"}])]
     a = [r[0].miss_ratio for r in run(SimBackend(config(tl, seed=3), "n"), 3)]

@@ -8,14 +8,24 @@ and tenants may come and go between rounds.  `state` (EngineState) carries
 the throughput models, autopilot streaks, last targets and the decision log;
 decide() updates it in place and also returns it as Decision.state.
 
+The policy in force is the one the node reports running (read back from the
+kernel), not the one last directed: a directive that was refused or not yet
+applied changes nothing.  On an advisory node -- one that cannot swap
+policies, such as a host whose kernel lacks cache_ext -- the engine still
+chooses and logs the policy it would run, and keeps its autopilot streak on
+that recommendation (so it does not recommend the same switch again every
+K rounds), but sizes the tenant on the curve of the policy actually running.
+
 Same state + same reports + same config -> same decision: rows are taken in
 sorted order and nothing is random.
 
 A round, per tenant and then per node:
   1. add the (miss ratio, throughput) observation; refit the throughput
      model (engine/model.py);
-  2. score every allowed policy at the current size; the autopilot decides
-     whether to switch (engine/autopilot.py);
+  2. judge the last switch against what happened (engine/watchdog.py) and
+     switch back if it did worse than promised; otherwise score every
+     allowed policy at the current size and let the autopilot decide whether
+     to switch (engine/autopilot.py);
   3. read the curve of the policy that will be in force backwards for the
      least size meeting the SLO (and, for the record, under every policy);
   4. serve SLOs by priority, give the rest by marginal throughput on the
@@ -27,12 +37,13 @@ A round, per tenant and then per node:
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import numpy as np
 
 from cachepilot.agent.types import Directive, TenantReport
-from cachepilot.controller.engine import allocate, model
-from cachepilot.controller.engine.autopilot import choose_policy
+from cachepilot.controller.engine import allocate, model, watchdog
+from cachepilot.controller.engine.autopilot import PolicyChoice, choose_policy
 from cachepilot.controller.engine.curves import CurveBank
 from cachepilot.controller.engine.types import (Decision, EngineState, LogEntry,
                                                 Observations, TenantPlan, TenantState,
@@ -75,11 +86,14 @@ def _refit(obs, slots, priors, ctl):
 
 
 def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
-           node_memory: dict[str, int] | None = None) -> Decision:
+           node_memory: dict[str, int] | None = None,
+           advisory_nodes: Collection[str] = ()) -> Decision:
     """One decision round over the live nodes' reports (see the module doc).
 
     node_memory overrides the config's memory per node (e.g. the capacity
-    a node registered with); nodes in neither are ignored with a note."""
+    a node registered with); nodes in neither are ignored with a note.
+    advisory_nodes names the nodes that cannot swap policies (the service
+    knows from their registration); every other node is taken to swap."""
     state.round += 1
     rnd = state.round
     ctl = config.control
@@ -129,6 +143,8 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         if st.slot < 0:
             st.slot = obs.new_slot()
         st.node = nodes[ni]
+        st.running = r.policy
+        st.rounds += 1
         p = spec.model or ctl.prior
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         tstates.append(st)
@@ -146,6 +162,9 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     curves, row_tenant, row_policy = [], [], []
     row_of: list[dict[str, int]] = []          # per tenant: policy -> bank row
     allowed_of: list[list[str]] = []
+    # per tenant: the bank row of the running policy's curve, allowed or not
+    # (it is what the tenant gets until something else runs)
+    run_row = np.full(nt, -1, dtype=np.int64)
     node_pol = [set(node_specs[n].policies) if n in node_specs and
                 node_specs[n].policies is not None else None for n in nodes]
     for i, (ni, spec, r) in enumerate(rows):
@@ -163,6 +182,13 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
                 row_tenant.append(i)
                 row_policy.append(p)
         row_of.append(mine)
+        if r.policy in mine:
+            run_row[i] = mine[r.policy]
+        elif r.policy in by_policy:
+            run_row[i] = len(curves)
+            curves.append(by_policy[r.policy])
+            row_tenant.append(i)
+            row_policy.append(r.policy)
     bank = CurveBank(curves)
     row_tenant = np.asarray(row_tenant, dtype=np.int64)
 
@@ -189,21 +215,30 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     else:
         score = np.zeros(0)
     # ... and the curve the allocation reads: the policy that will be in
-    # force (the new one when switching, else the one reported in force)
-    choices = []
+    # force (the new one when switching, else the one reported running; on
+    # an advisory node always the one running)
+    advisory = [n in advisory_nodes for n in nodes]
+    choices: list[PolicyChoice] = []
+    verdicts: list[watchdog.Verdict | None] = []
+    before_pol: list[str] = []               # the policy a switch leaves
     alloc_row = np.full(nt, -1, dtype=np.int64)
-    old_row = np.full(nt, -1, dtype=np.int64)
     score_l = score.tolist()
+    current_l = current.tolist()
     for i, (ni, spec, r) in enumerate(rows):
-        st = tstates[i]
-        cur = st.policy if st.policy is not None else r.policy
         mine = row_of[i]
-        ch = choose_policy(cur, allowed_of[i], {p: score_l[k] for p, k in mine.items()},
-                           st, ctl.autopilot_threshold, ctl.autopilot_k)
+        cur, ch, verdict = _choose(tstates[i], r, advisory[ni], allowed_of[i],
+                                   {p: score_l[k] for p, k in mine.items()},
+                                   current_l[i], ctl)
         choices.append(ch)
-        k_old = mine.get(r.policy, -1)
-        old_row[i] = k_old
-        alloc_row[i] = mine.get(ch.policy, -1) if (ch.switched or k_old < 0) else k_old
+        verdicts.append(verdict)
+        before_pol.append(cur)
+        k_run = int(run_row[i])
+        if advisory[ni]:
+            alloc_row[i] = k_run
+        elif ch.switched or k_run < 0:
+            alloc_row[i] = mine.get(ch.policy, -1)
+        else:
+            alloc_row[i] = k_run
     has_curve = alloc_row >= 0
 
     # -- 3. SLO needs -----------------------------------------------------------
@@ -261,11 +296,11 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         ar = alloc_row[cr]
         pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, target[cr]))
         pred_new[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, new[cr]))
-    # before: the policy in force at the limit in force
-    orr = np.flatnonzero(old_row >= 0)
+    # before: the policy running at the limit in force
+    orr = np.flatnonzero(run_row >= 0)
     if len(orr):
         pred_old[orr] = model.throughput(a[orr], b[orr],
-                                         bank.miss_at(old_row[orr], current[orr]))
+                                         bank.miss_at(run_row[orr], current[orr]))
 
     # -- 5. outputs ---------------------------------------------------------------
     log: list[LogEntry] = []
@@ -297,7 +332,8 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         target_b = int(tgt_i) * PAGE
         why = []
         if not curve_i:
-            why.append("no curve yet: limit held")
+            why.append(f"no curve for the running {r.policy} yet: limit held"
+                       if advisory[ni] else "no curve yet: limit held")
         elif slo_on:
             if granted_i:
                 why.append(f"SLO {slo_i:g}/s needs {need_m} MiB under {row_policy[arow]}")
@@ -309,6 +345,8 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
             why.append(f"held: {tgt_m} MiB is within the hysteresis")
         elif abs(tgt_i - n_i) >= 1:
             why.append(f"stepping toward {tgt_m} MiB")
+        if advisory[ni] and ch.policy != r.policy:
+            why.append(f"advisory: the node cannot swap policies; {r.policy} keeps running")
         if ch.reason != "keep" and ch.reason:
             why.append(ch.reason)
         reason = "; ".join(why)
@@ -322,31 +360,47 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         # log what changed, with its predicted effect
         prev_limit = r.limit_bytes
         moved = limit_b != prev_limit and abs(limit_b - prev_limit) >= hyst_b[ni]
-        if ch.switched or moved:
-            kind = "policy" if ch.switched else "limit"
-            before = r.policy if ch.switched else str(prev_limit)
-            after = ch.policy if ch.switched else str(limit_b)
+        switched = ch.switched and not advisory[ni]
+        if ch.switched and advisory[ni]:
+            # A recommendation: the node keeps running what it runs, so there
+            # is no effect to observe.  Predictions: each policy's score.
+            k_new, k_cur = mine.get(ch.policy), mine.get(before_pol[i])
+            pa_ = _num(score_l[k_new]) if k_new is not None else None
+            pb_ = _num(score_l[k_cur]) if k_cur is not None else None
+            _record(state, log, LogEntry(
+                rnd, node, spec.name, "policy", before_pol[i], ch.policy, reason,
+                predicted=pa_, predicted_before=pb_,
+                predicted_gain=(pa_ / pb_ - 1.0) if pb_ and pa_ is not None else None,
+                observed_before=float(r.throughput)), observe=False)
+        if switched or moved:
+            verdict = verdicts[i]
+            kind = "limit" if not switched else "watchdog" if verdict is not None else "policy"
+            before = r.policy if switched else str(prev_limit)
+            after = ch.policy if switched else str(limit_b)
             pb_, pa_ = _num(pred_old_l[i]), _num(pred_new_l[i])
             gain = (pa_ / pb_ - 1.0) if pb_ and pa_ is not None else None
             e = LogEntry(rnd, node, spec.name, kind, before, after, reason,
                          predicted=pa_, predicted_before=pb_, predicted_gain=gain,
                          observed_before=float(r.throughput))
-            log.append(e)
-            state.log.append(e)
-            state.pending.setdefault(spec.name, []).append([e, OBSERVE_AFTER])
+            if kind == "watchdog":
+                e.predicted_miss = {verdict.new: verdict.predicted_new,
+                                    verdict.old: verdict.predicted_old}
+                e.observed_miss = verdict.observed
+            _record(state, log, e)
 
         st.policy = ch.policy
         st.target_bytes = target_b
         st.limit_bytes = limit_b
         st.last_round = rnd
         plan_rows.append((spec.name, node, ch.policy, row_policy[arow] if curve_i else None,
-                          target_b, limit_b, p, mine, slo_on, lb_i, st.a, st.b, st.fitted))
+                          r.policy, target_b, limit_b, p, mine, slo_on, lb_i,
+                          st.a, st.b, st.fitted))
 
     def plans() -> dict[str, TenantPlan]:
         # Built when asked for: tables and tests want them, the control
         # loop does not, and they are a tenth of a round.
         out = {}
-        for (name, node, pol, cpol, tgt, lim, p, mine, slo_on, lb_i, a_i, b_i,
+        for (name, node, pol, cpol, running, tgt, lim, p, mine, slo_on, lb_i, a_i, b_i,
              fit_i) in plan_rows:
             if slo_on:
                 needs = {p_: (max(need_rows_l[k], lb_i) * PAGE if need_rows_l[k] != math.inf
@@ -354,10 +408,37 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
             else:
                 needs = dict.fromkeys(mine, lb_i * PAGE)
             out[name] = TenantPlan(name, node, pol, cpol, tgt, lim, _num(p), needs,
-                                   (a_i, b_i, fit_i))
+                                   (a_i, b_i, fit_i), running)
         return out
 
     return Decision(rnd, directives, violations, log, notes, state, plans)
+
+
+def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str],
+            scores: dict[str, float], limit_pages: float, ctl):
+    """One tenant's policy for this round: (the policy in force, the
+    choice, the watchdog's verdict or None).
+
+    In force is what the node reports running -- except on an advisory
+    node, where nothing we direct ever runs and the autopilot follows its
+    own last recommendation instead.  A switch the node carried out goes on
+    probation; a failed probation sends the tenant back to the old policy."""
+    if advisory:
+        cur = st.policy if st.policy is not None else r.policy
+        return cur, choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold,
+                                  ctl.autopilot_k), None
+    cur = r.policy
+    verdict = watchdog.check(st, r, limit_pages, ctl.watchdog_intervals,
+                             ctl.watchdog_margin, ctl.watchdog_cooldown)
+    if verdict is not None and verdict.old in allowed:
+        st.streak, st.streak_policy = 0, None
+        return cur, PolicyChoice(verdict.old, True, verdict.old, 0.0,
+                                 f"watchdog: back to {verdict.old}: {verdict.reason}"), verdict
+    ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
+                       watchdog.held_off(st))
+    if ch.switched and cur in allowed:
+        watchdog.start(st, ch.policy, cur)
+    return cur, ch, verdict
 
 
 def _indexes(state: EngineState, config):
@@ -376,6 +457,15 @@ def _indexes(state: EngineState, config):
 
 def _num(v) -> float | None:
     return v if v is not None and math.isfinite(v) else None
+
+
+def _record(state: EngineState, log: list, entry: LogEntry, observe: bool = True) -> None:
+    """Log a decision; with `observe`, fill in its observed effect from the
+    report OBSERVE_AFTER rounds later."""
+    log.append(entry)
+    state.log.append(entry)
+    if observe:
+        state.pending.setdefault(entry.tenant, []).append([entry, OBSERVE_AFTER])
 
 
 def _observe_effects(state: EngineState, rows, rnd: int, log: list) -> None:

@@ -6,11 +6,13 @@ replaces the policy in force only when it beats it by more than
 `autopilot_threshold` (relative) in `autopilot_k` consecutive rounds: a
 single noisy window never flips a policy, a real phase change does within
 K windows.  A policy the tenant is not (or no longer) allowed is left at
-once.  Ties go to the policy in force, then to the alphabetically first,
-so the choice is deterministic.
+once.  Policies the watchdog holds off (engine/watchdog.py) are treated as
+not allowed for as long as it holds them.  Ties go to the policy in force,
+then to the alphabetically first, so the choice is deterministic.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from cachepilot.controller.engine.types import TenantState
@@ -26,12 +28,17 @@ class PolicyChoice:
 
 
 def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
-                  st: TenantState, threshold: float, k: int) -> PolicyChoice:
+                  st: TenantState, threshold: float, k: int,
+                  held_off: Collection[str] = ()) -> PolicyChoice:
     """Update st's streak and say which policy to direct.
 
-    current: the policy in force (last directed, else reported);
+    current: the policy in force (decide() says which that is);
     allowed: policies the tenant may use (sorted); scores: modelled
-    throughput at the current size for each allowed policy with a curve."""
+    throughput at the current size for each allowed policy with a curve;
+    held_off: policies the watchdog does not let it use for now."""
+    if held_off:
+        allowed = [p for p in allowed if p not in held_off]
+        scores = {p: v for p, v in scores.items() if p not in held_off}
     if not scores:
         st.streak, st.streak_policy = 0, None
         return PolicyChoice(current, False, None, 0.0, "no curves to compare")
@@ -40,8 +47,9 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
         min(p for p, v in scores.items() if v >= top * (1 - 1e-12))
     if current not in allowed:
         st.streak, st.streak_policy = 0, None
-        return PolicyChoice(best, True, best, float("inf"),
-                            f"{current} is not an allowed policy")
+        why = "is held off by the watchdog" if current in held_off else \
+            "is not an allowed policy"
+        return PolicyChoice(best, True, best, float("inf"), f"{current} {why}")
     base = scores.get(current)
     gain = float("inf") if not base else top / base - 1.0
     if best == current or gain <= threshold:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cachepilot.agent.types import Directive
+from cachepilot.controller.engine.watchdog import Probation
 
 
 @dataclass
@@ -17,12 +18,19 @@ class TenantState:
     a: float = 0.0                  # fitted seconds per op at m = 0
     b: float = 0.0                  # fitted extra seconds per op per unit m
     fitted: bool = False            # (a, b) from data rather than the prior
-    policy: str | None = None       # policy last directed
+    running: str | None = None      # policy the node last reported running
+    policy: str | None = None       # policy last directed (on advisory nodes
+                                    # a recommendation the node cannot follow)
     target_bytes: int | None = None  # where the allocation wants it
     limit_bytes: int | None = None  # limit last directed (after the step)
     streak: int = 0                 # consecutive rounds a switch looked worth it
     streak_policy: str | None = None
     last_round: int = -1
+    rounds: int = 0                 # decision rounds this tenant took part in
+    # The watchdog (engine/watchdog.py): the switch it is judging, and the
+    # policies held off after a switch back -> the last of `rounds` they are.
+    probation: Probation | None = None
+    held_until: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -32,7 +40,7 @@ class LogEntry:
     round: int
     node: str
     tenant: str
-    kind: str                       # "policy", "limit" or "observed"
+    kind: str                       # "policy", "limit", "watchdog" or "observed"
     before: str                     # old policy / limit (bytes, as text)
     after: str
     reason: str
@@ -43,6 +51,10 @@ class LogEntry:
     observed: float | None = None
     observed_gain: float | None = None
     decided_round: int | None = None        # for "observed": the decision's round
+    # for "watchdog": mean miss ratio each policy's curve predicted at the
+    # limit, and the mean observed, over the intervals it judged
+    predicted_miss: dict[str, float] | None = None
+    observed_miss: float | None = None
 
     @property
     def message(self) -> str:
@@ -76,6 +88,7 @@ class TenantPlan:
     predicted_throughput: float | None   # at target_bytes
     slo_need_bytes: dict[str, float]    # least limit meeting the SLO, per policy (inf: none)
     model: tuple[float, float, bool]    # (a, b, fitted)
+    running_policy: str = ""            # policy the node reported running
 
 
 @dataclass

@@ -1,0 +1,107 @@
+"""Model watchdog: undo a policy switch that does worse than promised.
+
+The autopilot switches a tenant's eviction policy because the curves say
+the new policy misses less.  A curve can be wrong -- a miniature simulation
+that models a policy badly, a sample that missed part of the workload --
+and then the switch costs what it was meant to gain.  So every switch the
+node carries out goes on probation:
+
+  * over the first `watchdog_intervals` intervals in which the node reports
+    the new policy *running*, the watchdog averages the observed miss ratio
+    and what the curves of those same reports predict at the tenant's limit,
+    for the new policy and for the old one;
+  * if the mean observed miss ratio exceeds the old policy's mean predicted
+    miss ratio by more than `watchdog_margin`, the new policy did worse than
+    staying would have: decide() switches back to the old policy, logs the
+    three numbers, and the autopilot may not pick the new policy again for
+    `watchdog_cooldown` of the tenant's rounds.
+
+Intervals in which the new policy is not reported running (the directive
+not applied yet, or refused) do not count, nor do intervals whose report
+lacks either curve; a later switch replaces the probation.  The comparison
+is with the old policy's prediction, not the new one's: a new policy that
+misses its own promise but still beats the old policy is kept.
+
+Cooldowns count the tenant's own decision rounds (`TenantState.rounds`),
+so they do not depend on how many nodes share the controller.  Nothing
+here is random: the same reports give the same verdicts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Probation:
+    """A switch being watched: the evidence gathered so far."""
+    new: str                        # the policy switched to
+    old: str                        # the policy switched from
+    since: int                      # tenant round of the switch
+    observed: list[float] = field(default_factory=list)        # miss ratios
+    predicted_new: list[float] = field(default_factory=list)   # at the limit
+    predicted_old: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Verdict:
+    """The finding that a switch did worse than the old policy's curve
+    promised, with the means it was judged on."""
+    new: str
+    old: str
+    intervals: int
+    observed: float                 # mean observed miss ratio under `new`
+    predicted_new: float            # mean miss ratio new's curve predicted
+    predicted_old: float            # ... and old's curve
+    margin: float
+    cooldown: int
+
+    @property
+    def reason(self) -> str:
+        return (f"{self.new} missed {self.observed:.3f} over {self.intervals} intervals; "
+                f"curves predicted {self.predicted_new:.3f} under {self.new}, "
+                f"{self.predicted_old:.3f} under {self.old} (margin {self.margin:g}); "
+                f"{self.new} held off for {self.cooldown} rounds")
+
+
+def start(st, new: str, old: str) -> None:
+    """Put a switch from `old` to `new` on probation (replacing any other)."""
+    st.probation = Probation(new, old, st.rounds)
+
+
+def held_off(st) -> set[str]:
+    """Policies the tenant may not be switched to in this round."""
+    if not st.held_until:
+        return set()
+    for p in [p for p, until in st.held_until.items() if st.rounds > until]:
+        del st.held_until[p]
+    return set(st.held_until)
+
+
+def check(st, report, limit_pages: float, intervals: int, margin: float,
+          cooldown: int) -> Verdict | None:
+    """Count this report toward st's probation, if it has one.
+
+    Returns a Verdict (and holds the new policy off for `cooldown` rounds)
+    when the probation ends with the new policy worse than the old policy's
+    prediction by more than `margin`; None otherwise."""
+    pb = st.probation
+    if pb is None or report.policy != pb.new:
+        return None
+    curves = {c.policy: c for c in report.curves}
+    m = report.miss_ratio
+    if pb.new not in curves or pb.old not in curves or not (0.0 <= m <= 1.0):
+        return None             # nothing to judge this interval by
+    pb.observed.append(float(m))
+    pb.predicted_new.append(float(curves[pb.new].at(limit_pages)))
+    pb.predicted_old.append(float(curves[pb.old].at(limit_pages)))
+    if len(pb.observed) < intervals:
+        return None
+    st.probation = None
+    observed, pred_new, pred_old = (math.fsum(v) / len(v) for v in
+                                    (pb.observed, pb.predicted_new, pb.predicted_old))
+    if observed <= pred_old + margin:
+        return None
+    st.held_until[pb.new] = st.rounds + cooldown
+    return Verdict(pb.new, pb.old, len(pb.observed), observed, pred_new, pred_old,
+                   margin, cooldown)

@@ -1,0 +1,188 @@
+"""The model watchdog (controller/engine/watchdog.py): on its own, with
+reports whose curves and observed miss ratios are set by hand, and inside
+decide() in closed loop with a tenant whose curve for one policy lies."""
+import numpy as np
+import pytest
+
+from cachepilot.agent.types import TenantReport
+from cachepilot.controller import engine
+from cachepilot.controller.config import config_from_dict
+from cachepilot.controller.engine import watchdog
+from cachepilot.controller.engine.synthetic import SynthTenant, power_curve
+from cachepilot.controller.engine.types import TenantState
+from cachepilot.models.mrc import MRC
+
+K, MARGIN, COOLDOWN = 3, 0.05, 5
+LIMIT = 1000                       # pages
+
+
+def flat(policy, miss):
+    return MRC(np.array([10, 100_000]), np.array([miss, miss]), policy, "synthetic")
+
+
+def report(policy, observed, predicted):
+    """A report of `policy` running and missing `observed`, whose curves
+    predict predicted[p] for every policy p at any size."""
+    return TenantReport(tenant="t", cgroup="t", interval_s=1.0, accesses_per_s=1e4,
+                        inserts_per_s=1e4 * observed, removals_per_s=0.0, refaults_per_s=0.0,
+                        limit_bytes=LIMIT * 4096, usage_file_bytes=0, usage_anon_bytes=0,
+                        policy=policy, throughput=1e4, miss_ratio=observed,
+                        curves=[flat(p, m) for p, m in predicted.items()])
+
+
+def on_probation():
+    st = TenantState()
+    st.rounds = 10
+    watchdog.start(st, "fifo", "lru")
+    return st
+
+
+def feed(st, reports):
+    """Run check() over reports, one tenant round each; the verdicts."""
+    out = []
+    for r in reports:
+        st.rounds += 1
+        out.append(watchdog.check(st, r, LIMIT, K, MARGIN, COOLDOWN))
+    return out
+
+
+def test_switches_back_when_worse_than_the_old_prediction_by_more_than_the_margin():
+    st = on_probation()
+    pred = {"fifo": 0.05, "lru": 0.30}
+    got = feed(st, [report("fifo", m, pred) for m in (0.40, 0.36, 0.38)])
+    assert got[:2] == [None, None]
+    v = got[2]
+    assert (v.new, v.old, v.intervals) == ("fifo", "lru", 3)
+    assert v.observed == pytest.approx(0.38)
+    assert v.predicted_new == pytest.approx(0.05) and v.predicted_old == pytest.approx(0.30)
+    # the reason carries the three numbers
+    for text in ("0.380", "0.050", "0.300", "fifo", "lru"):
+        assert text in v.reason
+    assert st.probation is None
+    assert watchdog.held_off(st) == {"fifo"}
+
+
+def test_no_switch_back_within_the_margin():
+    # worse than its own curve promised, and a little worse than the old
+    # policy's prediction -- but within the margin: kept
+    st = on_probation()
+    pred = {"fifo": 0.05, "lru": 0.30}
+    got = feed(st, [report("fifo", m, pred) for m in (0.34, 0.35, 0.345)])
+    assert got == [None, None, None]
+    assert st.probation is None            # the probation is over
+    assert watchdog.held_off(st) == set()
+    # ... and just over the margin is a switch back
+    st = on_probation()
+    assert feed(st, [report("fifo", 0.36, pred)] * K)[-1] is not None
+
+
+def test_only_intervals_with_the_new_policy_reported_running_count():
+    st = on_probation()
+    pred = {"fifo": 0.05, "lru": 0.30}
+    # the directive is not applied yet, then refused, then runs
+    reports = [report("lru", 0.9, pred), report("lru", 0.9, pred),
+               report("fifo", 0.5, pred), report("lru", 0.9, pred),
+               report("fifo", 0.5, pred)]
+    assert feed(st, reports) == [None] * 5
+    assert len(st.probation.observed) == 2
+    # an interval without the old policy's curve is not evidence either
+    assert feed(st, [report("fifo", 0.5, {"fifo": 0.05})]) == [None]
+    assert len(st.probation.observed) == 2
+    v = feed(st, [report("fifo", 0.5, pred)])[0]
+    assert v is not None and v.intervals == K and v.observed == pytest.approx(0.5)
+
+
+def test_cooldown_holds_the_policy_off_for_exactly_its_rounds():
+    st = on_probation()
+    pred = {"fifo": 0.05, "lru": 0.30}
+    v = feed(st, [report("fifo", 0.6, pred)] * K)[-1]
+    assert v is not None
+    switched_back = st.rounds
+    held = []
+    for _ in range(COOLDOWN + 2):
+        st.rounds += 1
+        held.append("fifo" in watchdog.held_off(st))
+    assert held == [True] * COOLDOWN + [False, False]
+    assert st.rounds == switched_back + COOLDOWN + 2
+    assert st.held_until == {}
+
+
+def test_a_later_switch_replaces_the_probation():
+    # fifo was heading for a switch back, but the autopilot moved on to
+    # s3fifo first: s3fifo is judged against fifo, and fifo is not held off
+    st = on_probation()
+    pred = {"fifo": 0.30, "lru": 0.10, "s3fifo": 0.20}
+    feed(st, [report("fifo", 0.9, pred)] * (K - 1))
+    watchdog.start(st, "s3fifo", "fifo")
+    assert (st.probation.new, st.probation.old, st.probation.observed) == \
+        ("s3fifo", "fifo", [])
+    assert feed(st, [report("s3fifo", 0.2, pred)] * K) == [None] * K
+    assert watchdog.held_off(st) == set()
+
+
+# -- inside decide() ---------------------------------------------------------------
+
+GiB = 1 << 30
+PAGES = GiB // 4096
+
+
+class LyingTenant(SynthTenant):
+    """Reports `liar`'s curve as a near-zero miss ratio; observes the truth."""
+
+    def report(self, limit_bytes, policy, interval_s=1.0):
+        r = super().report(limit_bytes, policy, interval_s)
+        r.curves = [flat(c.policy, 0.01) if c.policy == self.extra.get("liar") else c
+                    for c in r.curves]
+        return r
+
+
+def closed_loop(liar_factor, rounds, **control):
+    """One tenant, allowed lru and s3fifo, starting on lru, held below its
+    footprint by a ceiling; s3fifo's curve says it barely misses; its true
+    curve is lru's times liar_factor."""
+    lru = power_curve("lru", 0.8 * PAGES, 0.8, 0.01, PAGES)
+    s3 = MRC(lru.sizes, np.minimum(lru.miss_ratio * liar_factor, 1.0), "s3fifo", "synthetic")
+    t = LyingTenant("a", {"lru": lru, "s3fifo": s3}, extra={"liar": "s3fifo"})
+    cfg = config_from_dict({"control": {"autopilot_k": 2, "watchdog_intervals": K,
+                                        "watchdog_margin": MARGIN,
+                                        "watchdog_cooldown": COOLDOWN, **control},
+                            "nodes": [{"name": "n1", "memory_bytes": GiB}],
+                            "tenants": [{"name": "a", "node": "n1",
+                                         "ceiling_bytes": GiB // 4,
+                                         "policies": ["lru", "s3fifo"],
+                                         "initial_policy": "lru"}]})
+    state, limit, policy = engine.EngineState(), GiB // 4, "lru"
+    running, log = [], []
+    for _ in range(rounds):
+        d = engine.decide(state, {"n1": [t.report(limit, policy)]}, cfg)
+        x = d.directives["n1"][0]
+        limit, policy = x.limit_bytes, x.policy
+        running.append(policy)             # what runs in the next interval
+        log += [e for e in d.log if e.kind in ("policy", "watchdog")]
+    return running, log, state
+
+
+def test_decide_switches_back_from_a_lying_curve_and_keeps_off_it():
+    running, log, state = closed_loop(1.6, 30)
+    kinds = [(e.round, e.kind, e.before, e.after) for e in log]
+    first, back = kinds[0], kinds[1]
+    assert first[1:] == ("policy", "lru", "s3fifo")
+    assert back[1:] == ("watchdog", "s3fifo", "lru")
+    assert back[0] == first[0] + K           # K intervals of s3fifo running
+    e = log[1]
+    assert set(e.predicted_miss) == {"s3fifo", "lru"}
+    assert e.predicted_miss["s3fifo"] == pytest.approx(0.01)
+    assert e.observed_miss > e.predicted_miss["lru"] + MARGIN
+    assert f"{e.observed_miss:.3f}" in e.reason
+    # not picked again during the cooldown; picked again (and judged
+    # again) only after it
+    assert running[back[0]:back[0] + COOLDOWN] == ["lru"] * COOLDOWN
+    later = [k for k in kinds[2:] if k[1] == "policy"]
+    assert later and later[0][0] > back[0] + COOLDOWN
+
+
+def test_decide_keeps_a_switch_that_is_worse_than_promised_but_within_the_margin():
+    running, log, state = closed_loop(1.05, 20)
+    assert [(e.kind, e.after) for e in log] == [("policy", "s3fifo")]
+    assert running[-1] == "s3fifo"
+    assert state.tenants["a"].probation is None      # judged, and kept

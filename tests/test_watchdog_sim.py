@@ -1,0 +1,111 @@
+"""The issue's "must show" for the model watchdog: in the sim, a tenant gets a
+policy whose curve is deliberately wrong; the controller switches it back
+within K + 2 intervals, and the log entry gives the predicted and observed
+miss ratios.
+
+`cachepilot run`'s own wiring (controller/run.py: the real controller behind
+loopback gRPC, the real engine, sim nodes through NodeClient) runs one node
+whose backend reports an optimistic lie for one policy: fifo's curve says
+the tenant would barely miss at any size.  The tenant replays a loop larger
+than it may hold, where fifo in truth misses nearly everything and mru, the
+policy it starts with, hits part of the loop."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cachepilot.agent.backends.sim import SimBackend
+from cachepilot.controller import run as run_mod
+from cachepilot.controller.config import config_from_dict
+from cachepilot.models.mrc import MRC
+
+K, MARGIN, COOLDOWN = 3, 0.05, 8
+LIAR, VICTIM = "fifo", "victim"
+INTERVALS = 20
+
+
+class LyingSim(SimBackend):
+    """The sim backend, except that VICTIM's curve for LIAR is a lie."""
+
+    def collect(self):
+        reports = super().collect()
+        for r in reports:
+            if r.tenant == VICTIM:
+                r.curves = [MRC(c.sizes, np.full(len(c.sizes), 0.01), c.policy, c.method,
+                                c.rate, dict(c.meta)) if c.policy == LIAR else c
+                            for c in r.curves]
+        return reports
+
+
+def config():
+    service = {"t_hit_s": 1e-5, "t_miss_s": 1e-4, "concurrency": 4}
+    return config_from_dict({
+        "control": {"autopilot_k": 2, "watchdog_intervals": K, "watchdog_margin": MARGIN,
+                    "watchdog_cooldown": COOLDOWN, "anon_margin_bytes": 0,
+                    "max_step_fraction": 0.25},
+        "controller": {"insecure": True, "listen": "127.0.0.1:0"},
+        "nodes": [{"name": "n", "memory_bytes": "32MiB", "backend": "sim", "seed": 5}],
+        "tenants": [
+            {"name": VICTIM, "node": "n", "floor_bytes": "2MiB", "ceiling_bytes": "24MiB",
+             "policies": ["mru", LIAR], "initial_policy": "mru",
+             "workload": {"accesses_per_interval": 20000, "service": service,
+                          "phases": [{"kind": "loop", "footprint": "48MiB"}]}},
+            {"name": "neighbour", "node": "n", "floor_bytes": "2MiB", "policies": ["lru"],
+             "initial_policy": "lru",
+             "workload": {"accesses_per_interval": 20000, "service": service,
+                          "phases": [{"kind": "zipf", "skew": 1.0, "footprint": "32MiB"}]}},
+        ]}, "watchdog-sim.yaml")
+
+
+@pytest.fixture(scope="module")
+def run():
+    mp = pytest.MonkeyPatch()
+    mp.setattr(run_mod, "SimBackend", LyingSim)
+    try:
+        history, log, controller = run_mod.run_autopilot(config(), INTERVALS)
+    finally:
+        mp.undo()
+    return history[VICTIM], [e for e in log if e.tenant == VICTIM]
+
+
+def test_the_lying_policy_is_switched_to_and_back_within_k_plus_2_intervals(run):
+    history, log = run
+    # one node: decision round r answers the report of interval r, and its
+    # directive governs interval r + 1
+    to_liar = [e for e in log if e.kind == "policy" and e.detail.get("after") == LIAR]
+    back = [e for e in log if e.kind == "watchdog"]
+    assert to_liar and back
+    s, w = to_liar[0].round, back[0].round
+    assert to_liar[0].detail["before"] == "mru"
+    assert back[0].detail["before"] == LIAR and back[0].detail["after"] == "mru"
+    assert s < w <= s + K + 2
+    policy = {h["interval"]: h["policy"] for h in history}
+    assert [policy[i] for i in range(s + 1, w + 1)] == [LIAR] * (w - s)
+    assert policy[w + 1] == "mru"
+
+
+def test_the_watchdog_entry_gives_predicted_and_observed_miss_ratios(run):
+    history, log = run
+    e = next(e for e in log if e.kind == "watchdog")
+    predicted, observed = e.detail["predicted_miss"], e.detail["observed_miss"]
+    assert set(predicted) == {LIAR, "mru"}
+    assert predicted[LIAR] == pytest.approx(0.01)            # the lie
+    assert observed > predicted["mru"] + MARGIN
+    # the observed figure is what the tenant really missed while fifo ran
+    s = next(x for x in log if x.kind == "policy" and x.detail.get("after") == LIAR).round
+    ran = [h["miss_ratio"] for h in history if s < h["interval"] <= e.round]
+    assert observed == pytest.approx(sum(ran) / len(ran))
+    # ... and the message an operator reads carries the three numbers
+    for v in (observed, predicted[LIAR], predicted["mru"]):
+        assert f"{v:.3f}" in e.message
+
+
+def test_the_lying_policy_is_not_picked_again_during_the_cooldown(run):
+    history, log = run
+    w = next(e for e in log if e.kind == "watchdog").round
+    assert INTERVALS >= w + COOLDOWN + 1
+    again = [e.round for e in log if e.kind == "policy" and e.detail.get("after") == LIAR
+             and e.round > w]
+    assert all(r > w + COOLDOWN for r in again), again
+    policy = {h["interval"]: h["policy"] for h in history}
+    assert [policy[i] for i in range(w + 1, w + COOLDOWN + 2)] == ["mru"] * (COOLDOWN + 1)
