@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "cachepilot.models.cli",        # mrc, trace
     "cachepilot.models.policy_cli",  # policy check, policy list, register-tids
     "cachepilot.agent.cli",         # agent, profile
+    "cachepilot.agent.exporter",    # exporter
     "cachepilot.controller.cli",    # controller, run, admin
     "cachepilot.controller.plan_cli",  # plan
 ]
