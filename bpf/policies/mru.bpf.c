@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
  * MRU: evict the most recently accessed page; good for loops larger than
- * the cache.  New and accessed pages go to the head, where eviction starts.
+ * the cache.  Accessed pages go to the head, where eviction starts.  A new
+ * page waits at the tail until it is first read: in the kernel, readahead
+ * inserts pages ahead of the reader, and evicting those first would throw
+ * away the very pages about to be read.  A read that misses inserts and
+ * then accesses its page, so a trace-driven simulation sees no difference.
  */
 #include "cache_ext_policy.h"
 
@@ -29,7 +33,7 @@ void BPF_STRUCT_OPS(mru_evict_folios, struct cache_ext_eviction_ctx *ectx,
 
 void BPF_STRUCT_OPS(mru_folio_added, struct folio *folio)
 {
-	cache_ext_list_add(CP_STATE.list, folio);
+	cache_ext_list_add_tail(CP_STATE.list, folio);
 }
 
 void BPF_STRUCT_OPS(mru_folio_accessed, struct folio *folio)
