@@ -303,19 +303,37 @@ def _pump(pipe, state: AppState, stream: str, out):
     pipe.close()
 
 
-def _pdeathsig_hook():
+def _child_hook(procs_fd: int | None = None):
     """A pre-exec hook that has the child get SIGTERM when the exporter
-    dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG); None if libc has
-    no prctl.  Looked up here, in the parent: the hook itself only calls."""
+    dies, even by SIGKILL (Linux prctl PR_SET_PDEATHSIG), and, given the
+    open cgroup.procs of a cgroup, moves the child into it: the application
+    is the tenant, not the exporter's own interpreter, whose memory would
+    otherwise count against the tenant's limit.  Looked up here, in the
+    parent: the hook itself only calls."""
     try:
         import ctypes
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return None
+        prctl = None
 
     def hook():
-        prctl(1, int(signal.SIGTERM), 0, 0, 0)      # PR_SET_PDEATHSIG = 1
+        if prctl is not None:
+            prctl(1, int(signal.SIGTERM), 0, 0, 0)      # PR_SET_PDEATHSIG = 1
+        if procs_fd is not None:
+            os.write(procs_fd, b"0")    # "0": the writing process itself
     return hook
+
+
+def _open_cgroup(path: str) -> int:
+    """An fd on the cgroup's cgroup.procs (v1 and v2 alike), opened before
+    the child starts so a missing or foreign cgroup is a clear error."""
+    procs = os.path.join(path, "cgroup.procs")
+    if not os.path.isdir(path) or not os.path.exists(procs):
+        raise UserError(f"--cgroup {path}: not a cgroup directory")
+    try:
+        return os.open(procs, os.O_WRONLY)
+    except OSError as err:
+        raise UserError(f"--cgroup {path}: cannot join it: {err.strerror}") from None
 
 
 def _serve(state: AppState, address: str, port: int):
@@ -368,14 +386,25 @@ def run_exporter(args) -> int:
     except OSError as err:
         raise UserError(f"cannot serve metrics on {args.address}:{args.port}: "
                         f"{err.strerror or err}") from None
+    try:
+        procs_fd = _open_cgroup(args.cgroup) if args.cgroup else None
+    except UserError:
+        server.server_close()
+        raise
     # No thread runs yet, so the pre-exec hook is safe.
     try:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True, preexec_fn=_pdeathsig_hook())
-    except OSError as err:
+                                 start_new_session=True,
+                                 preexec_fn=_child_hook(procs_fd),
+                                 pass_fds=() if procs_fd is None else (procs_fd,))
+    except (OSError, subprocess.SubprocessError) as err:
         server.server_close()
-        raise UserError(f"cannot run {command[0]!r}: {err.strerror or err}") from None
+        raise UserError(f"cannot run {command[0]!r}: "
+                        f"{getattr(err, 'strerror', None) or err}") from None
+    finally:
+        if procs_fd is not None:
+            os.close(procs_fd)
     state.up = True
     stop = threading.Event()
 
@@ -466,6 +495,9 @@ def register(sub):
     p.add_argument("--format", choices=FORMATS, default="lines",
                    help="what COMMAND prints (lines)")
     p.add_argument("--name", help="the name label (COMMAND's base name)")
+    p.add_argument("--cgroup", metavar="DIR",
+                   help="run COMMAND in this cgroup (v1 or v2); the exporter "
+                        "itself stays where it is")
     p.add_argument("--linger", type=float, default=0.0, metavar="SECONDS",
                    help="keep serving this long after COMMAND exits (0)")
     p.add_argument("child", nargs=argparse.REMAINDER, metavar="-- COMMAND ARGS",

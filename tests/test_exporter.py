@@ -399,3 +399,28 @@ def test_bad_inputs_give_one_clear_line():
     assert "no command to run" in one_error_line("--port", str(free_port()), "--")
     assert "--linger" in one_error_line("--port", str(free_port()), "--linger", "-1",
                                         "--", "true")
+    assert "not a cgroup directory" in one_error_line(
+        "--port", str(free_port()), "--cgroup", "/nonexistent", "--", "true")
+
+
+V1_MEMORY = "/sys/fs/cgroup/memory"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(f"{V1_MEMORY}/cgroup.procs"),
+                    reason="needs root and a cgroup v1 memory hierarchy")
+def test_only_the_application_joins_the_cgroup(tmp_path):
+    """--cgroup puts COMMAND in the tenant's cgroup and leaves the exporter
+    (a Python interpreter, tens of MiB) out of the tenant's limit."""
+    cg = f"{V1_MEMORY}/cachepilot-test-exporter-{os.getpid()}"
+    os.mkdir(cg)
+    seen = tmp_path / "cgroup"
+    try:
+        p = exporter(free_port(), "--cgroup", cg, "--", "sh", "-c",
+                     f"cat /proc/self/cgroup > {seen}; cat {cg}/cgroup.procs >> {seen}")
+        assert p.wait(timeout=30) == 0
+        text = seen.read_text()
+        assert f"memory:/{os.path.basename(cg)}" in text
+        member_pids = {int(x) for x in text.split() if x.isdigit()}
+        assert p.pid not in member_pids
+    finally:
+        os.rmdir(cg)
