@@ -11,23 +11,28 @@ import sys
 from cachepilot.errors import UserError
 
 # module path -> registers these commands
-COMMAND_MODULES = [
-    "cachepilot.models.cli",        # mrc, trace
-    "cachepilot.models.policy_cli",  # policy check, policy list, register-tids
-    "cachepilot.agent.cli",         # agent, profile
-    "cachepilot.agent.exporter",    # exporter
-    "cachepilot.controller.cli",    # controller, run, admin
-    "cachepilot.controller.plan_cli",  # plan
-]
+# Each component's command module and the commands it registers.
+COMMAND_MODULES = {
+    "cachepilot.models.cli": ("mrc", "trace"),
+    "cachepilot.models.policy_cli": ("policy",),
+    "cachepilot.agent.cli": ("agent", "profile"),
+    "cachepilot.agent.exporter": ("exporter",),
+    "cachepilot.controller.cli": ("controller", "run", "admin"),
+    "cachepilot.controller.plan_cli": ("plan",),
+}
 
 
-def build_parser():
+def build_parser(command: str | None = None):
+    """The parser; given the command being run, only the module that owns
+    it is imported (a small command such as `exporter` should not pay for
+    numpy and gRPC, least of all under emulation), else all of them."""
     parser = argparse.ArgumentParser(
         prog="cachepilot",
         description="An autopilot for the Linux page cache on multi-tenant hosts.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    owners = [m for m, cmds in COMMAND_MODULES.items() if command in cmds]
+    for name in owners or COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as err:
@@ -40,7 +45,8 @@ def build_parser():
 
 
 def main(argv=None):
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
