@@ -8,7 +8,7 @@ APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-sourc
             libzstd-dev fio rocksdb-tools iproute2 python3-venv
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps build bpf clean kernel kernel-test bench
+.PHONY: run test deps build bpf clean kernel kernel-test bench e2e
 
 run: build
 	.venv/bin/cachepilot run --config configs/demo.yaml
@@ -47,6 +47,16 @@ kernel:
 # bpf: the agent's sampler is loaded in the VM too
 kernel-test: kernel bpf
 	kernel/test
+
+# The autopilot end to end on the cache_ext kernel, in the VM: real tenants
+# under (a) an equal split, (b) the controller's limits, (c) its limits and
+# policies; the data disk throttled to a disk's speed (under TCG the host's
+# page cache would make misses nearly free).  Writes
+# experiments/results/e2e_vm.{json,png}.  Not part of make test.
+E2E_DISK := throttling.bps-total=33554432,throttling.iops-total=4000
+e2e: build kernel
+	kernel/vm -H -m 3G -s 2 -t 3600 -D 2G -d "$(E2E_DISK)" \
+		-W experiments/results -a $(CURDIR) kernel/tests/e2e-in-vm.sh
 
 clean:
 	rm -rf .venv build *.egg-info out

@@ -6,6 +6,8 @@
 HOST=/host
 
 hostroot_mount() {
+	# loopback, for gRPC and the exporters' /metrics
+	ifconfig lo 127.0.0.1 up 2>/dev/null || ip link set lo up
 	mkdir -p $HOST
 	mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot $HOST ||
 		return 1
@@ -16,7 +18,12 @@ hostroot_mount() {
 	mount -t devtmpfs devtmpfs $HOST/dev &&
 	mount -t tmpfs tmpfs $HOST/tmp &&
 	mkdir -p $HOST/tmp/data &&
-	mount -o bind /data $HOST/tmp/data
+	mount -o bind /data $HOST/tmp/data || return 1
+	# a writable host folder, when kernel/vm -W shares one
+	mkdir -p $HOST/tmp/results
+	mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 results \
+		$HOST/tmp/results 2>/dev/null || rmdir $HOST/tmp/results
+	return 0
 }
 
 # in_host DIR CMD...: run CMD in DIR of the host's userland

@@ -1,0 +1,424 @@
+"""The machinery of the end-to-end runs (experiments/e2e_host.py on this
+host, experiments/e2e_vm.py in the cache_ext VM): cgroups v1 or v2, the four
+real tenants behind `cachepilot exporter`, the controller and the agent as
+separate processes (gRPC with TLS and a token on loopback), one run of a
+configuration, and the plot.
+
+A configuration is what decides limits and policies:
+    default_equal   the budget split equally, the kernel's own policy
+    limits_only     the controller and the agent, the kernel's own policy only
+    autopilot       the controller and the agent, every allowed policy
+    best_static     a fixed (policy, limit) per tenant, set once
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "experiments" / "results"
+CLI = [sys.executable, "-m", "cachepilot"]
+MiB = 1 << 20
+CONTROLLED = ("limits_only", "autopilot")
+
+
+# -- cgroups (v1 or v2) -------------------------------------------------------
+
+def memory_hierarchy() -> tuple[Path, int]:
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        return v1, 1
+    v2 = Path("/sys/fs/cgroup")
+    if "memory" in (v2 / "cgroup.controllers").read_text().split():
+        return v2, 2
+    raise SystemExit("no memory cgroup hierarchy (v1 /sys/fs/cgroup/memory or v2)")
+
+
+@dataclass
+class Cgroups:
+    root: Path
+    version: int
+
+    def make(self, name: str) -> Path:
+        if self.version == 2:
+            (self.root.parent / "cgroup.subtree_control").write_text("+memory")
+        self.root.mkdir(exist_ok=True)
+        if self.version == 2:
+            (self.root / "cgroup.subtree_control").write_text("+memory")
+        p = self.root / name
+        p.mkdir(exist_ok=True)
+        return p
+
+    def limit_file(self, name: str) -> Path:
+        return self.root / name / ("memory.limit_in_bytes" if self.version == 1
+                                   else "memory.max")
+
+    def set_limit(self, name: str, limit: int):
+        self.limit_file(name).write_text(str(limit))
+
+    def limit(self, name: str) -> int:
+        text = self.limit_file(name).read_text().strip()
+        return 0 if text == "max" else int(text)
+
+    def procs(self, name: str) -> Path:
+        return self.root / name / "cgroup.procs"
+
+
+# -- tenants --------------------------------------------------------------------
+
+@dataclass
+class Tenant:
+    name: str
+    fmt: str                     # exporter format
+    unit: str
+    command: list[str]
+    policies: list[str]          # allowed under the autopilot
+    port: int = 0
+    sim: dict = field(default_factory=dict)      # the sim's workload phase
+    helpers: list[list[str]] = field(default_factory=list)   # more processes in its cgroup
+    threads: dict | None = None  # policy_threads rules of its agent config
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fio(name, path, seconds, **opts) -> list[str]:
+    cmd = ["fio", f"--name={name}", f"--filename={path}", "--time_based",
+           f"--runtime={seconds}", "--invalidate=0", "--fadvise_hint=0",
+           "--status-interval=1", "--output-format=json"]
+    return cmd + [f"--{k}={v}" for k, v in opts.items()]
+
+
+def tenants(data: Path, sizes: dict, seconds: int) -> list[Tenant]:
+    """kv: point lookups (db_bench readrandom, its GETs are the tenant's
+    operations) while a second process, `db_scan` (db_bench by another name,
+    so a thread rule can tell it apart), scans the same database read-only
+    over and over: the GET-SCAN workload.  search: sequential passes over a
+    file larger than its share.  zipf: 4 KiB zipf random reads.  stream: a
+    sequential read of a file no share can hold."""
+    db = data / "db"
+    scanner = data / "db_scan"
+    if not scanner.exists():
+        scanner.symlink_to(shutil.which("db_bench"))
+    common = [f"--db={db}", f"--num={sizes['kv_keys']}", "--value_size=400",
+              "--compression_type=none", "--cache_size=1048576", "--use_existing_db=1",
+              "--open_files=-1"]
+    scan = ("while :; do " + " ".join([str(scanner), "--benchmarks=readseq",
+                                        "--readonly=1", *common]) + " >/dev/null; done")
+    return [
+        Tenant("kv", "db_bench", "GETs", [
+            "db_bench", "--benchmarks=readrandom", *common, "--threads=2",
+            f"--duration={seconds}", "--stats_interval_seconds=1"],
+            policies=["linux", "lru", "s3fifo", "get_scan"],
+            helpers=[["sh", "-c", scan]],
+            threads={"get_scan": {"scan_threads": {"comm": "db_scan*"}}},
+            sim={"kind": "get-scan", "footprint": sizes["kv_bytes"], "skew": 0.0,
+                 "scan_fraction": 0.5, "scan_length": sizes["kv_bytes"]}),
+        Tenant("search", "fio", "64 KiB reads", fio(
+            "search", data / "search", seconds, rw="read", bs="64k"),
+            policies=["linux", "lru", "fifo", "mru"],
+            sim={"kind": "loop", "footprint": sizes["search"]}),
+        Tenant("zipf", "fio", "4 KiB reads", fio(
+            "zipf", data / "zipf", seconds, rw="randread", bs="4k",
+            random_distribution="zipf:1.1", norandommap=1),
+            policies=["linux", "lru", "lfu", "s3fifo"],
+            sim={"kind": "zipf", "footprint": sizes["zipf"], "skew": 1.1}),
+        Tenant("stream", "fio", "1 MiB reads", fio(
+            "stream", data / "stream", seconds, rw="read", bs="1m"),
+            policies=["linux", "lru", "mru"],
+            sim={"kind": "scan", "footprint": sizes["stream"]}),
+    ]
+
+
+def prepare(data: Path, sizes: dict):
+    data.mkdir(parents=True, exist_ok=True)
+    for name in ("search", "zipf", "stream"):
+        f = data / name
+        if not f.exists() or f.stat().st_size != sizes[name]:
+            print(f"  writing {f} ({sizes[name] >> 20} MiB)", flush=True)
+            subprocess.run(["fio", "--name=prep", f"--filename={f}", f"--size={sizes[name]}",
+                            "--rw=write", "--bs=1m"], check=True, capture_output=True)
+    db = data / "db"
+    stamp = db / f".keys-{sizes['kv_keys']}"
+    if not stamp.exists():
+        print(f"  filling {db} ({sizes['kv_keys']} keys)", flush=True)
+        shutil.rmtree(db, ignore_errors=True)
+        subprocess.run(["db_bench", "--benchmarks=fillrandom", f"--db={db}",
+                        f"--num={sizes['kv_keys']}", "--value_size=400",
+                        "--compression_type=none", "--threads=1"],
+                       check=True, capture_output=True)
+        stamp.touch()
+    sizes["kv_bytes"] = sum(p.stat().st_size for p in db.iterdir() if p.is_file())
+
+
+def drop_caches():
+    subprocess.run(["sync"])
+    Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+def scrape(port: int) -> float | None:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("cachepilot_app_operations_total"):
+                    return float(line.rsplit(" ", 1)[1])
+    except OSError:
+        return None
+    return None
+
+
+def start_tenant(t: Tenant, cg: Cgroups, log: Path) -> subprocess.Popen:
+    """The tenant's application in its cgroup, under an exporter that stays
+    outside it (its interpreter is not the tenant's memory)."""
+    return subprocess.Popen([*CLI, "exporter", "--port", str(t.port), "--format", t.fmt,
+                             "--name", t.name, "--cgroup", str(cg.root / t.name), "--",
+                             *t.command],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def start_helper(cmd: list[str], cg: Cgroups, name: str, log: Path) -> subprocess.Popen:
+    procs = cg.procs(name)
+
+    def join():
+        procs.write_text(str(os.getpid()))
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            preexec_fn=join, start_new_session=True)
+
+
+def stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            try:                     # helpers lead their own process group
+                os.killpg(p.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- controller and agent --------------------------------------------------------
+
+def make_tls(folder: Path) -> tuple[Path, Path, Path]:
+    key, cert, token = folder / "key.pem", folder / "cert.pem", folder / "token"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1",
+                    "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    token.write_text(os.urandom(24).hex())
+    return key, cert, token
+
+
+def controller_config(name: str, ts, cg: Cgroups, budget: int, interval: float,
+                      port: int, tls, slos: dict) -> dict:
+    key, cert, token = tls
+    return {
+        "control": {"interval_s": interval, "max_step_fraction": 0.25, "hysteresis": 0.01,
+                    "warmup_intervals": 2, "anon_margin_bytes": 16 * MiB,
+                    "autopilot_k": 2, "lost_after_intervals": 5},
+        "controller": {"listen": f"127.0.0.1:{port}", "tls_cert": str(cert),
+                       "tls_key": str(key), "tls_ca": str(cert), "token_file": str(token)},
+        "nodes": [{"name": "host", "memory_bytes": budget, "backend": "linux",
+                   "cgroup_roots": [str(cg.root)]}],
+        "tenants": [{"name": t.name, "node": "host", "cgroup": t.name,
+                     "floor_bytes": budget // 16,
+                     "policies": t.policies if name == "autopilot" else ["linux"],
+                     **({"slo": {"min_throughput": slos[t.name],
+                                 "source": {"url": f"http://127.0.0.1:{t.port}/metrics",
+                                            "metric": "cachepilot_app_operations",
+                                            "labels": {"name": t.name}}}}
+                        if t.name in slos else {})} for t in ts]}
+
+
+def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port: int,
+                 tls) -> dict:
+    key, cert, token = tls
+    curves = sorted({p for t in ts for p in t.policies}) if name == "autopilot" else ["linux"]
+    return {
+        "node_id": "host", "roots": [str(cg.root)], "interval_s": interval,
+        "memory": budget, "policies": curves,
+        "sampling": {"rate": 0.01, "slices": 8},
+        "safety": {"floor": budget // 16, "anon_margin": 16 * MiB, "max_step": budget // 4},
+        "prometheus": {"port": 0},
+        "tenants": [{"name": t.name, "cgroup": t.name,
+                     **({"policy_threads": t.threads} if t.threads else {}),
+                     "throughput": {"source": "prometheus",
+                                    "url": f"http://127.0.0.1:{t.port}/metrics",
+                                    "metric": "cachepilot_app_operations",
+                                    "labels": {"name": t.name}}} for t in ts],
+        "controller": {"address": f"127.0.0.1:{port}", "token_file": str(token),
+                       "ca_file": str(cert), "server_name": "localhost"}}
+
+
+def running_policy(cg: Cgroups, name: str) -> str:
+    try:
+        for line in (cg.root / name / "memory.cache_ext").read_text().splitlines():
+            if line.startswith("policy "):
+                return line.split()[1]
+    except OSError:
+        pass
+    return "none"
+
+
+def reset_policies(ts, cg: Cgroups):
+    """Back to the kernel's own policy between runs."""
+    for t in ts:
+        if running_policy(cg, t.name) not in ("none", ""):
+            subprocess.run([str(ROOT / "bpf" / "out" / "policyctl"), "detach",
+                            str(cg.root / t.name)], capture_output=True)
+
+
+# -- one run ------------------------------------------------------------------------
+
+def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, intervals: int,
+               work: Path, slos: dict, static: dict | None = None) -> dict:
+    """One run of a configuration from cold caches: per tenant and interval
+    its operations per second, limit and running policy."""
+    reset_policies(ts, cg)
+    drop_caches()
+    for t in ts:
+        t.port = free_port()
+        cg.set_limit(t.name, budget // len(ts))
+    if name == "best_static":
+        for t in ts:
+            policy, limit = static[t.name]
+            cg.set_limit(t.name, limit)
+            if policy != "linux":
+                subprocess.run([str(ROOT / "bpf" / "out" / "policyctl"), "attach",
+                                str(cg.root / t.name), policy], check=True,
+                               capture_output=True)
+    procs, extra = [], {}
+    ctl = agent = None
+    if name in CONTROLLED:
+        port = free_port()
+        tls = make_tls(work)
+        (work / "controller.yaml").write_text(yaml.safe_dump(
+            controller_config(name, ts, cg, budget, interval, port, tls, slos)))
+        (work / "agent.yaml").write_text(yaml.safe_dump(
+            agent_config(name, ts, cg, budget, interval, port, tls)))
+        ctl = subprocess.Popen([*CLI, "controller", "--config", str(work / "controller.yaml")],
+                               stdout=open(work / f"{name}-controller.log", "w"),
+                               stderr=subprocess.STDOUT, cwd=ROOT)
+        time.sleep(2)
+    for t in ts:
+        procs.append(start_tenant(t, cg, work / f"{name}-{t.name}.log"))
+        for i, h in enumerate(t.helpers):
+            procs.append(start_helper(h, cg, t.name, work / f"{name}-{t.name}-helper{i}.log"))
+    if name in CONTROLLED:
+        agent = subprocess.Popen([*CLI, "agent", "--config", str(work / "agent.yaml")],
+                                 stdout=open(work / f"{name}-agent.log", "w"),
+                                 stderr=subprocess.STDOUT, cwd=ROOT)
+    # every exporter up and counting before the first interval (under
+    # emulation a process takes tens of seconds to start)
+    started = time.monotonic()
+    while time.monotonic() - started < 600:
+        if all((scrape(t.port) or 0) > 0 for t in ts):
+            break
+        time.sleep(1.0)
+    extra["startup_s"] = time.monotonic() - started
+    last = {t.name: scrape(t.port) or 0.0 for t in ts}
+    series = {t.name: {"ops_per_s": [], "limit_bytes": [], "policy": []} for t in ts}
+    t0 = time.monotonic()
+    for k in range(1, intervals + 1):
+        time.sleep(max(0.0, t0 + k * interval - time.monotonic()))
+        for t in ts:
+            now = scrape(t.port)
+            ops = (now - last[t.name]) / interval if now is not None else float("nan")
+            last[t.name] = now if now is not None else last[t.name]
+            series[t.name]["ops_per_s"].append(ops)
+            series[t.name]["limit_bytes"].append(cg.limit(t.name))
+            series[t.name]["policy"].append(running_policy(cg, t.name))
+        print(f"    {name} interval {k:>2}/{intervals}: " + "  ".join(
+            f"{t.name} {series[t.name]['ops_per_s'][-1]:>8.0f}/s "
+            f"{series[t.name]['limit_bytes'][-1] >> 20:>4} MiB "
+            f"{series[t.name]['policy'][-1]}" for t in ts), flush=True)
+    if ctl is not None:
+        for what in ("tenants", "log"):
+            got = subprocess.run([*CLI, "admin", "--config", str(work / "controller.yaml"),
+                                  "--json", what], capture_output=True, text=True, cwd=ROOT)
+            try:
+                extra[f"admin_{what}"] = json.loads(got.stdout)
+            except ValueError:
+                extra[f"admin_{what}"] = got.stderr.strip()
+    if agent is not None:
+        extra["agent_cpu_s"] = cpu_seconds(agent.pid)
+        extra["agent_cpu_fraction"] = extra["agent_cpu_s"] / (intervals * interval)
+    stop([p for p in (agent, ctl) if p is not None] + procs)
+    reset_policies(ts, cg)
+    return {"series": series, **extra}
+
+
+def mean_after(values, warmup):
+    v = [x for x in values[warmup:] if x == x]
+    return sum(v) / len(v) if v else float("nan")
+
+
+def plot(result, path: Path, title: str):
+    """Per tenant: operations per second and limit over the first run of
+    every configuration, and the mean ratio to the equal split."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [t["name"] for t in result["tenants"]]
+    configs = list(result["runs"])
+    fig, axes = plt.subplots(2, len(names), figsize=(4 * len(names), 6), squeeze=False)
+    for j, n in enumerate(names):
+        for cfg in configs:
+            r = result["runs"][cfg][0]["series"][n]
+            axes[0][j].plot(r["ops_per_s"], label=cfg)
+            axes[1][j].plot([b / MiB for b in r["limit_bytes"]], label=cfg)
+        ratios = ", ".join(f"{c} {result['ratio'][c][n]:.2f}" for c in configs
+                           if c != "default_equal")
+        axes[0][j].set_title(f"{n}\n{ratios}", fontsize=9)
+        axes[0][j].set_ylabel("ops/s")
+        axes[1][j].set_ylabel("limit (MiB)")
+        axes[1][j].set_xlabel("interval")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def measure(runs: dict, ts, warmup: int) -> tuple[dict, dict, dict]:
+    """Mean ops/s per configuration and tenant over the runs (warm-up left
+    out), each tenant's ratio to default_equal, and the normalised figure:
+    the mean over tenants of those ratios (they count different operations)."""
+    measured = {name: {t.name: sum(mean_after(r["series"][t.name]["ops_per_s"], warmup)
+                                   for r in rs) / len(rs) for t in ts}
+                for name, rs in runs.items()}
+    base = measured["default_equal"]
+    ratio = {name: {t.name: m[t.name] / base[t.name] if base[t.name] else float("nan")
+                    for t in ts} for name, m in measured.items()}
+    normalised = {name: sum(r.values()) / len(r) for name, r in ratio.items()}
+    return measured, ratio, normalised
+
+
+def met_fraction(runs: dict, slos: dict, warmup: int) -> dict:
+    return {name: {t: sum(sum(1 for x in r["series"][t]["ops_per_s"][warmup:] if x >= v)
+                          / max(1, len(r["series"][t]["ops_per_s"]) - warmup)
+                          for r in rs) / len(rs) for t, v in slos.items()}
+            for name, rs in runs.items()}
