@@ -98,7 +98,9 @@ def main(argv=None) -> int:
     print(f"e2e_host: cgroup v{version}, budget {args.budget} MiB, "
           f"{args.intervals} x {args.interval:g} s per run, {args.rounds} round(s)")
     prepare(data, sizes)
-    ts = tenants(data, sizes, int(args.intervals * args.interval + 30))
+    # the workloads outlast the run however long start-up takes: the run
+    # stops them
+    ts = tenants(data, sizes, int(args.intervals * args.interval + 600))
     for t in ts:
         cg.make(t.name)
     runs = {"default_equal": [], "limits_only": []}

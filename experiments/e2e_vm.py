@@ -70,7 +70,9 @@ def main(argv=None) -> int:
     print(f"e2e_vm: budget {args.budget} MiB, {args.intervals} x {args.interval:g} s per run",
           flush=True)
     prepare(data, sizes)
-    ts = tenants(data, sizes, int(args.intervals * args.interval + 60))
+    # the workloads outlast the run however long start-up takes: the run
+    # stops them
+    ts = tenants(data, sizes, int(args.intervals * args.interval + 1800))
     for t in ts:
         cg.make(t.name)
     runs = {c: [] for c in CONFIGS}
