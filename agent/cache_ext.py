@@ -22,6 +22,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachepilot.agent import cgroups
+
 log = logging.getLogger("cachepilot.agent")
 
 BPF_OUT = Path(__file__).resolve().parents[1] / "bpf" / "out"
@@ -126,15 +128,18 @@ class PolicyActuator:
             if not pin.exists():
                 raise PolicyError(f"{before} runs on {cgroup} but no link of ours is "
                                   f"pinned for it; not detached")
-            self._run("detach", cgroup)
-            return f"{before} detached; the kernel's own policy runs"
-        config = [f"{m}={','.join(str(t) for t in ts)}" for m, ts in (tids or {}).items() if ts]
-        verb = "swap" if pin.exists() else "attach"
-        self._run(verb, cgroup, policy, *config)
+            verb, done = "detach", f"{before} detached; the kernel's own policy runs"
+            self._run(verb, cgroup)
+        else:
+            config = [f"{m}={','.join(str(t) for t in ts)}"
+                      for m, ts in (tids or {}).items() if ts]
+            verb = "swap" if pin.exists() else "attach"
+            done = f"{before} -> {policy} ({'swapped live' if verb == 'swap' else 'attached'})"
+            self._run(verb, cgroup, policy, *config)
         after = running_policy(cgroup, self.default)
         if after != policy:
             raise PolicyError(f"policyctl {verb} said ok but {cgroup} runs {after}")
-        return f"{before} -> {policy} ({'swapped live' if verb == 'swap' else 'attached'})"
+        return done
 
     def set_tids(self, cgroup: str, tids: dict[str, list[int]]) -> None:
         """Replace the thread ids in the pinned tid maps of the cgroup's policy."""
@@ -180,12 +185,12 @@ class PolicyActuator:
 
 
 def cgroup_ids_under(roots) -> dict[int, str]:
-    """Every cgroup directory under the roots, by id (its inode number)."""
+    """Every cgroup directory under the roots, by id."""
     found = {}
     for root in roots:
         for dirpath, _, _ in os.walk(root):
             try:
-                found[os.stat(dirpath).st_ino] = dirpath
-            except OSError:
+                found[cgroups.cgroup_id(dirpath)] = dirpath
+            except cgroups.CgroupGone:
                 continue
     return found

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from cachepilot.agent.cache_ext import POLICYCTL, running_policy
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 CLI = [sys.executable, "-m", "cachepilot"]
@@ -278,22 +280,18 @@ def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port:
                        "ca_file": str(cert), "server_name": "localhost"}}
 
 
-def running_policy(cg: Cgroups, name: str) -> str:
-    try:
-        for line in (cg.root / name / "memory.cache_ext").read_text().splitlines():
-            if line.startswith("policy "):
-                return line.split()[1]
-    except OSError:
-        pass
-    return "none"
+def running(cg: Cgroups, name: str) -> str:
+    """The policy a tenant's cgroup runs, as the agent reads it; "none" for
+    the kernel's own."""
+    return running_policy(cg.root / name, "none")
 
 
 def reset_policies(ts, cg: Cgroups):
     """Back to the kernel's own policy between runs."""
     for t in ts:
-        if running_policy(cg, t.name) not in ("none", ""):
-            subprocess.run([str(ROOT / "bpf" / "out" / "policyctl"), "detach",
-                            str(cg.root / t.name)], capture_output=True)
+        if running(cg, t.name) != "none":
+            subprocess.run([str(POLICYCTL), "detach", str(cg.root / t.name)],
+                           capture_output=True)
 
 
 # -- one run ------------------------------------------------------------------------
@@ -312,7 +310,7 @@ def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, interva
             policy, limit = static[t.name]
             cg.set_limit(t.name, limit)
             if policy != "linux":
-                subprocess.run([str(ROOT / "bpf" / "out" / "policyctl"), "attach",
+                subprocess.run([str(POLICYCTL), "attach",
                                 str(cg.root / t.name), policy], check=True,
                                capture_output=True)
     procs, extra = [], {}
@@ -361,7 +359,7 @@ def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, interva
             last[t.name] = now if now is not None else last[t.name]
             series[t.name]["ops_per_s"].append(ops)
             series[t.name]["limit_bytes"].append(cg.limit(t.name))
-            series[t.name]["policy"].append(running_policy(cg, t.name))
+            series[t.name]["policy"].append(running(cg, t.name))
         print(f"    {name} interval {k:>2}/{intervals}: " + "  ".join(
             f"{t.name} {series[t.name]['ops_per_s'][-1]:>8.0f}/s "
             f"{series[t.name]['limit_bytes'][-1] >> 20:>4} MiB "

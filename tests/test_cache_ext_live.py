@@ -31,6 +31,8 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, POLICYCTL, PolicyActuator,
 from cachepilot.agent.config import config_from_dict
 from cachepilot.agent.types import Directive
 
+from test_cache_ext_agent import dump_tids
+
 REPO = Path(__file__).resolve().parents[1]
 CXTEST = REPO / "kernel" / "out" / "tests" / "cxtest"
 TEST_POLICY_DIR = REPO / "bpf" / "out" / "test-policies"
@@ -250,12 +252,6 @@ def test_a_cgroup_deleted_under_its_policy(env, caplog):
     make_cgroup(c)
 
 
-def tids_in(pin: Path) -> set[int]:
-    dump = json.loads(subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(pin)],
-                                     check=True, capture_output=True, text=True).stdout)
-    return {int.from_bytes(bytes(int(b, 16) for b in e["key"]), "little") for e in dump}
-
-
 def test_thread_rules_fill_the_running_policys_tid_map(env, tmp_path, caplog):
     """get_scan's scan threads named by a rule: the attach carries the
     matching threads, and every interval the map follows them."""
@@ -277,15 +273,15 @@ def test_thread_rules_fill_the_running_policys_tid_map(env, tmp_path, caplog):
         res = apply(b, "a", "get_scan")
         assert res.policy_ok, res.policy_message
         pin = PINS / str(os.stat(cg).st_ino) / "gs_tids"
-        assert tids_in(pin) == {first.pid}
+        assert dump_tids(pin) == {first.pid}
         second = start()
         b.collect()
-        assert tids_in(pin) == {first.pid, second.pid}
+        assert dump_tids(pin) == {first.pid, second.pid}
         first.kill()
         first.wait()
         b.collect()
-        assert tids_in(pin) == {second.pid}
-        print(f"gs_tids followed the rule: {sorted(tids_in(pin))}")
+        assert dump_tids(pin) == {second.pid}
+        print(f"gs_tids followed the rule: {sorted(dump_tids(pin))}")
     finally:
         for p in (first, second):
             if p is not None and p.poll() is None:

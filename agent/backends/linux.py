@@ -411,7 +411,8 @@ class LinuxBackend:
 
     def _apply_policy(self, w: Watched, policy: str) -> tuple[bool, str]:
         """Attach, swap or detach the tenant's policy; (ok, what happened).
-        A refusal leaves the cgroup with the policy it ran, and says why."""
+        A refusal leaves the cgroup with the policy it ran, and says why;
+        either way w.policy is what the kernel says runs after."""
         w.policy = running_policy(w.path, self.default_policy)
         if not policy or policy == w.policy:
             return True, ""
@@ -424,7 +425,8 @@ class LinuxBackend:
             log.warning("tenant %s: policy %s refused, %s keeps running: %s", w.tenant,
                         policy, w.policy, err)
             return False, f"policy {policy!r} refused: {err}"
-        w.policy = running_policy(w.path, self.default_policy)
+        # apply() has read back that `policy` runs
+        w.policy = policy
         w.tids = None          # the new instance's maps: rewrite next interval
         log.info("tenant %s: policy %s", w.tenant, done)
         return True, done
