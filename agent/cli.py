@@ -102,21 +102,35 @@ def run_agent(args) -> int:
         while not stop.is_set() and (args.intervals is None or done < args.intervals):
             # time slices of the curves: collect() takes the last one
             start = next_at - cfg.interval_s
+            ticking = 0.0
             for k in range(1, slices):
                 stop.wait(max(0.0, start + k * cfg.interval_s / slices - time.monotonic()))
                 if stop.is_set():
                     break
+                began = time.monotonic()
                 backend.tick()
+                ticking += time.monotonic() - began
             stop.wait(max(0.0, next_at - time.monotonic()))
             if stop.is_set():
                 break
             next_at += cfg.interval_s
+            began = time.monotonic()
             reports = backend.collect()
+            collected = time.monotonic()
             metrics.update(reports, backend)
             if client is not None:
                 outcome = client.step(reports)
                 if not outcome.connected and outcome.error:
                     log.warning("controller: %s", outcome.error)
+            took = time.monotonic() - began
+            if ticking + took > cfg.interval_s / 2:
+                # feeding the curves and the controller's answer take most
+                # of an interval: the next ones start late (a slow host, or
+                # too many policies' miniature simulations for its CPU)
+                log.warning("busy %.1f s of a %.1f s interval (feeding curves %.1f s, "
+                            "last slice and curves %.1f s, controller %.1f s)",
+                            ticking + took, cfg.interval_s, ticking, collected - began,
+                            took - (collected - began))
             if out:
                 out.write(json.dumps({"time": time.time(),
                                       "reports": [report_to_json(r) for r in reports]}) + "\n")

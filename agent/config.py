@@ -7,7 +7,10 @@
                     cgroups to watch; each becomes a tenant named by its
                     path under the root
     tenants:        named tenants: {name, cgroup, throughput, floor, ceiling,
-                    policy_threads}; policy_threads names the threads an
+                    policies, policy_threads}; policies: the curves this
+                    tenant's builder computes (default: the node's
+                    `policies`; fewer is cheaper, as every policy but lru
+                    is a miniature simulation per size); policy_threads names the threads an
                     application-informed policy treats specially, by a rule
                     matched among the cgroup's threads every interval:
                     {policy: {role: {comm: GLOB, cmdline: GLOB}}}, e.g.
@@ -70,6 +73,7 @@ class TenantSpec(_Strict):
     throughput: Throughput = Field(default_factory=AccessesThroughput)
     floor: Bytes | None = None
     ceiling: Bytes | None = None
+    policies: list[str] | None = Field(None, min_length=1)
     policy_threads: PolicyThreads | None = None
 
     def thread_rules(self) -> dict[str, dict[str, ThreadRule]]:
@@ -149,7 +153,26 @@ class AgentConfig(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"tenant names must be unique; repeated: {', '.join(sorted(dup))}")
+        for where, names in [("policies", self.policies)] + [
+                (f"tenants[{i}].policies", t.policies) for i, t in enumerate(self.tenants)]:
+            bad = _unknown_policy(names or [])
+            if bad:
+                raise ValueError(f"{where}: {bad}")
         return self
+
+
+def _unknown_policy(names: list[str]) -> str | None:
+    """Why `names` cannot all be built as curves, or None.  Unchecked when
+    the MRC engine's runtime is not built (the agent then runs LRU only)."""
+    try:
+        from cachepilot.models.runtime import available_policies
+        known = set(available_policies()) | {"lru"}
+    except Exception:   # noqa: BLE001 - engine parts not built
+        return None
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        return (f"unknown policy {unknown[0]!r}; accepted: " + ", ".join(sorted(known)))
+    return None
 
 
 def _format(path: str, err: ValidationError) -> str:

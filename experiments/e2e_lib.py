@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -32,6 +33,8 @@ RESULTS = ROOT / "experiments" / "results"
 CLI = [sys.executable, "-m", "cachepilot"]
 MiB = 1 << 20
 CONTROLLED = ("limits_only", "autopilot")
+# the agent's log line for a directive it applied
+APPLIED = re.compile(r"tenant \S+: (limit \d+ -> \d+ bytes|policy )")
 
 
 # -- cgroups (v1 or v2) -------------------------------------------------------
@@ -75,6 +78,20 @@ class Cgroups:
     def procs(self, name: str) -> Path:
         return self.root / name / "cgroup.procs"
 
+    def kill_all(self, name: str):
+        """Every process left in the cgroup (a two-phase tenant's second
+        fio, a scanner's pass) is killed."""
+        for _ in range(50):
+            pids = [int(x) for x in self.procs(name).read_text().split()]
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+
 
 # -- tenants --------------------------------------------------------------------
 
@@ -89,6 +106,19 @@ class Tenant:
     sim: dict = field(default_factory=dict)      # the sim's workload phase
     helpers: list[list[str]] = field(default_factory=list)   # more processes in its cgroup
     threads: dict | None = None  # policy_threads rules of its agent config
+    phase_pidfile: Path | None = None   # the first phase's process, to end it
+
+    def switch_phase(self) -> bool:
+        """End the first phase of a two-phase tenant: its shell then starts
+        the second.  False when the tenant has one phase or already moved."""
+        if self.phase_pidfile is None:
+            return False
+        try:
+            os.kill(int(self.phase_pidfile.read_text()), signal.SIGTERM)
+            self.phase_pidfile.unlink()
+            return True
+        except (OSError, ValueError):
+            return False
 
 
 def free_port() -> int:
@@ -106,13 +136,24 @@ def fio(name, path, seconds, **opts) -> list[str]:
     return cmd + [f"--{k}={v}" for k, v in opts.items()]
 
 
-def tenants(data: Path, sizes: dict, seconds: int) -> list[Tenant]:
+def two_phase(first: list[str], second: list[str], pidfile: Path) -> list[str]:
+    """A shell that runs `first` until Tenant.switch_phase ends it, then
+    `second`.  Both are fio runs with different job names, so the exporter's
+    counter adds the second's I/Os to the first's."""
+    q = lambda cmd: " ".join(f"'{a}'" for a in map(str, cmd))  # noqa: E731
+    return ["sh", "-c", f"{q(first)} & echo $! > '{pidfile}'; wait; exec {q(second)}"]
+
+
+def tenants(data: Path, sizes: dict, seconds: int, phased: bool = False,
+            policies: dict | None = None) -> list[Tenant]:
     """kv: point lookups (db_bench readrandom, its GETs are the tenant's
     operations) while a second process, `db_scan` (db_bench by another name,
     so a thread rule can tell it apart), scans the same database read-only
     over and over: the GET-SCAN workload.  search: sequential passes over a
-    file larger than its share.  zipf: 4 KiB zipf random reads.  stream: a
-    sequential read of a file no share can hold."""
+    file larger than its share; with `phased`, it turns into 4 KiB zipf
+    point lookups over the same file when the run calls switch_phase.
+    zipf: 4 KiB zipf random reads.  stream: a sequential read of a file no
+    share can hold."""
     db = data / "db"
     scanner = data / "db_scan"
     if not scanner.exists():
@@ -120,29 +161,36 @@ def tenants(data: Path, sizes: dict, seconds: int) -> list[Tenant]:
     common = [f"--db={db}", f"--num={sizes['kv_keys']}", "--value_size=400",
               "--compression_type=none", "--cache_size=1048576", "--use_existing_db=1",
               "--open_files=-1"]
+    policies = policies or {}
     scan = ("while :; do " + " ".join([str(scanner), "--benchmarks=readseq",
                                         "--readonly=1", *common]) + " >/dev/null; done")
     return [
         Tenant("kv", "db_bench", "GETs", [
             "db_bench", "--benchmarks=readrandom", *common, "--threads=2",
             f"--duration={seconds}", "--stats_interval_seconds=1"],
-            policies=["linux", "lru", "s3fifo", "get_scan"],
+            policies=policies.get("kv", ["linux", "lru", "s3fifo", "get_scan"]),
             helpers=[["sh", "-c", scan]],
             threads={"get_scan": {"scan_threads": {"comm": "db_scan*"}}},
             sim={"kind": "get-scan", "footprint": sizes["kv_bytes"], "skew": 0.0,
                  "scan_fraction": 0.5, "scan_length": sizes["kv_bytes"]}),
-        Tenant("search", "fio", "64 KiB reads", fio(
+        Tenant("search", "fio", "64 KiB reads, then 4 KiB lookups" if phased
+               else "64 KiB reads", two_phase(
+                   fio("search", data / "search", seconds, rw="read", bs="64k"),
+                   fio("lookup", data / "search", seconds, rw="randread", bs="4k",
+                       random_distribution="zipf:1.1", norandommap=1),
+                   data / "run" / "search.phase") if phased else fio(
             "search", data / "search", seconds, rw="read", bs="64k"),
-            policies=["linux", "lru", "fifo", "mru"],
-            sim={"kind": "loop", "footprint": sizes["search"]}),
+            policies=policies.get("search", ["linux", "lru", "fifo", "mru"]),
+            sim={"kind": "loop", "footprint": sizes["search"]},
+            phase_pidfile=data / "run" / "search.phase" if phased else None),
         Tenant("zipf", "fio", "4 KiB reads", fio(
             "zipf", data / "zipf", seconds, rw="randread", bs="4k",
             random_distribution="zipf:1.1", norandommap=1),
-            policies=["linux", "lru", "lfu", "s3fifo"],
+            policies=policies.get("zipf", ["linux", "lru", "lfu", "s3fifo"]),
             sim={"kind": "zipf", "footprint": sizes["zipf"], "skew": 1.1}),
         Tenant("stream", "fio", "1 MiB reads", fio(
             "stream", data / "stream", seconds, rw="read", bs="1m"),
-            policies=["linux", "lru", "mru"],
+            policies=policies.get("stream", ["linux", "lru", "mru"]),
             sim={"kind": "scan", "footprint": sizes["stream"]}),
     ]
 
@@ -270,6 +318,9 @@ def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port:
         "safety": {"floor": budget // 16, "anon_margin": 16 * MiB, "max_step": budget // 4},
         "prometheus": {"port": 0},
         "tenants": [{"name": t.name, "cgroup": t.name,
+                     # curves for the policies the controller may choose
+                     # for this tenant only
+                     "policies": t.policies if name == "autopilot" else ["linux"],
                      **({"policy_threads": t.threads} if t.threads else {}),
                      "throughput": {"source": "prometheus",
                                     "url": f"http://127.0.0.1:{t.port}/metrics",
@@ -296,32 +347,49 @@ def reset_policies(ts, cg: Cgroups):
 
 # -- one run ------------------------------------------------------------------------
 
-def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, intervals: int,
-               work: Path, slos: dict, static: dict | None = None) -> dict:
-    """One run of a configuration from cold caches: per tenant and interval
-    its operations per second, limit and running policy."""
+@dataclass
+class Run:
+    """The processes of one run: tenants (and their helpers), and where a
+    controller decides, the controller and the agent."""
+    name: str
+    work: Path
+    procs: list
+    ctl: subprocess.Popen | None = None
+    agent: subprocess.Popen | None = None
+    startup_s: float = 0.0
+    last: dict = field(default_factory=dict)
+    agent_cpu0: float = 0.0
+
+
+def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Path,
+              slos: dict, static: dict | None = None) -> Run:
+    """Start a configuration from cold caches and wait until every tenant
+    counts (and, where a controller decides, until its first directives are
+    applied).  `static` ({tenant: (policy, limit)}) sets each tenant's
+    policy and limit once (best_static); `agent_sampling` is the equal
+    split with an agent that samples and builds curves but has no
+    controller, for the agent's overhead."""
     reset_policies(ts, cg)
     drop_caches()
     for t in ts:
         t.port = free_port()
         cg.set_limit(t.name, budget // len(ts))
-    if name == "best_static":
-        for t in ts:
-            policy, limit = static[t.name]
-            cg.set_limit(t.name, limit)
-            if policy != "linux":
-                subprocess.run([str(POLICYCTL), "attach",
-                                str(cg.root / t.name), policy], check=True,
-                               capture_output=True)
-    procs, extra = [], {}
+    if static:
+        set_static(ts, cg, static)
+    procs = []
     ctl = agent = None
-    if name in CONTROLLED:
+    with_agent = name in CONTROLLED or name == "agent_sampling"
+    if with_agent:
         port = free_port()
         tls = make_tls(work)
+        acfg = agent_config("autopilot" if name == "agent_sampling" else name,
+                            ts, cg, budget, interval, port, tls)
+        if name == "agent_sampling":
+            del acfg["controller"]
+        (work / "agent.yaml").write_text(yaml.safe_dump(acfg))
+    if name in CONTROLLED:
         (work / "controller.yaml").write_text(yaml.safe_dump(
             controller_config(name, ts, cg, budget, interval, port, tls, slos)))
-        (work / "agent.yaml").write_text(yaml.safe_dump(
-            agent_config(name, ts, cg, budget, interval, port, tls)))
         ctl = subprocess.Popen([*CLI, "controller", "--config", str(work / "controller.yaml")],
                                stdout=open(work / f"{name}-controller.log", "w"),
                                stderr=subprocess.STDOUT, cwd=ROOT)
@@ -330,7 +398,7 @@ def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, interva
         procs.append(start_tenant(t, cg, work / f"{name}-{t.name}.log"))
         for i, h in enumerate(t.helpers):
             procs.append(start_helper(h, cg, t.name, work / f"{name}-{t.name}-helper{i}.log"))
-    if name in CONTROLLED:
+    if with_agent:
         agent = subprocess.Popen([*CLI, "agent", "--config", str(work / "agent.yaml")],
                                  stdout=open(work / f"{name}-agent.log", "w"),
                                  stderr=subprocess.STDOUT, cwd=ROOT)
@@ -343,41 +411,95 @@ def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, interva
         time.sleep(1.0)
     # ... and, where a controller decides, its first directives applied
     # (the agent's first interval: under emulation a minute or more)
-    while agent is not None and time.monotonic() - started < 900:
-        if "limit" in (work / f"{name}-agent.log").read_text(errors="replace"):
+    while ctl is not None and time.monotonic() - started < 900:
+        if APPLIED.search((work / f"{name}-agent.log").read_text(errors="replace")):
             break
         time.sleep(1.0)
-    extra["startup_s"] = time.monotonic() - started
-    last = {t.name: scrape(t.port) or 0.0 for t in ts}
-    series = {t.name: {"ops_per_s": [], "limit_bytes": [], "policy": []} for t in ts}
+    run = Run(name, work, procs, ctl, agent, time.monotonic() - started)
+    run.last = {t.name: scrape(t.port) or 0.0 for t in ts}
+    run.agent_cpu0 = cpu_seconds(agent.pid) if agent is not None else 0.0
+    return run
+
+
+def set_static(ts, cg: Cgroups, static: dict):
+    """Each tenant's (policy, limit) of `static`: the policy attached,
+    swapped or detached first, so the new limit's reclaim runs under it."""
+    for t in ts:
+        if t.name not in static:
+            continue
+        policy, limit = static[t.name]
+        now = running(cg, t.name)
+        want = "none" if policy == "linux" else policy
+        if now != want:
+            verb = ("detach" if want == "none" else "attach" if now == "none" else "swap")
+            cmd = [str(POLICYCTL), verb, str(cg.root / t.name)] + \
+                ([] if verb == "detach" else [policy])
+            subprocess.run(cmd, check=True, capture_output=True)
+        cg.set_limit(t.name, limit)
+
+
+def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int,
+                      phase_at: int | None = None, label: str = "") -> dict:
+    """Per tenant and interval: operations per second, limit, running
+    policy and phase.  After interval `phase_at` the two-phase tenants
+    switch to their second phase."""
+    series = {t.name: {"ops_per_s": [], "limit_bytes": [], "policy": [], "phase": []}
+              for t in ts}
+    phase = {t.name: 0 for t in ts}
     t0 = time.monotonic()
     for k in range(1, intervals + 1):
         time.sleep(max(0.0, t0 + k * interval - time.monotonic()))
         for t in ts:
             now = scrape(t.port)
-            ops = (now - last[t.name]) / interval if now is not None else float("nan")
-            last[t.name] = now if now is not None else last[t.name]
+            last = run.last[t.name]
+            ops = (now - last) / interval if now is not None else float("nan")
+            run.last[t.name] = now if now is not None else last
             series[t.name]["ops_per_s"].append(ops)
             series[t.name]["limit_bytes"].append(cg.limit(t.name))
             series[t.name]["policy"].append(running(cg, t.name))
-        print(f"    {name} interval {k:>2}/{intervals}: " + "  ".join(
-            f"{t.name} {series[t.name]['ops_per_s'][-1]:>8.0f}/s "
-            f"{series[t.name]['limit_bytes'][-1] >> 20:>4} MiB "
+            series[t.name]["phase"].append(phase[t.name])
+        print(f"    {label or run.name} {k:>2}/{intervals}: " + "  ".join(
+            f"{t.name} {series[t.name]['ops_per_s'][-1]:>6.0f}/s "
+            f"{series[t.name]['limit_bytes'][-1] >> 20:>3}M "
             f"{series[t.name]['policy'][-1]}" for t in ts), flush=True)
-    if ctl is not None:
+        if phase_at is not None and k == phase_at:
+            for t in ts:
+                if t.switch_phase():
+                    phase[t.name] = 1
+    return series
+
+
+def finish_run(run: Run, ts, cg: Cgroups, interval: float, intervals: int) -> dict:
+    """Stop the run (every process left in a tenant's cgroup too) and say
+    what it cost: the agent's CPU time over the measured intervals, and
+    the controller's view of the tenants and its decision log."""
+    extra = {"startup_s": run.startup_s}
+    if run.ctl is not None:
         for what in ("tenants", "log"):
-            got = subprocess.run([*CLI, "admin", "--config", str(work / "controller.yaml"),
+            got = subprocess.run([*CLI, "admin", "--config", str(run.work / "controller.yaml"),
                                   "--json", what], capture_output=True, text=True, cwd=ROOT)
             try:
                 extra[f"admin_{what}"] = json.loads(got.stdout)
             except ValueError:
                 extra[f"admin_{what}"] = got.stderr.strip()
-    if agent is not None:
-        extra["agent_cpu_s"] = cpu_seconds(agent.pid)
+    if run.agent is not None:
+        extra["agent_cpu_s"] = cpu_seconds(run.agent.pid) - run.agent_cpu0
         extra["agent_cpu_fraction"] = extra["agent_cpu_s"] / (intervals * interval)
-    stop([p for p in (agent, ctl) if p is not None] + procs)
+    stop([p for p in (run.agent, run.ctl) if p is not None] + run.procs)
+    for t in ts:
+        cg.kill_all(t.name)
     reset_policies(ts, cg)
-    return {"series": series, **extra}
+    return extra
+
+
+def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, intervals: int,
+               work: Path, slos: dict, static: dict | None = None,
+               phase_at: int | None = None) -> dict:
+    """One run of a configuration from cold caches: per tenant and interval
+    its operations per second, limit, running policy and phase."""
+    run = start_run(name, ts, cg, budget, interval, work, slos, static)
+    series = measure_intervals(run, ts, cg, interval, intervals, phase_at)
+    return {"series": series, **finish_run(run, ts, cg, interval, intervals)}
 
 
 def mean_after(values, warmup):
@@ -385,28 +507,42 @@ def mean_after(values, warmup):
     return sum(v) / len(v) if v else float("nan")
 
 
-def plot(result, path: Path, title: str):
-    """Per tenant: operations per second and limit over the first run of
-    every configuration, and the mean ratio to the equal split."""
+def plot(result, path: Path, title: str, phase_at: int | None = None):
+    """Per tenant, over the intervals of every configuration's first run:
+    operations per second, limit and the policy that ran; the title of
+    each column gives the mean ratio to the equal split."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = [t["name"] for t in result["tenants"]]
     configs = list(result["runs"])
-    fig, axes = plt.subplots(2, len(names), figsize=(4 * len(names), 6), squeeze=False)
+    fig, axes = plt.subplots(3, len(names), figsize=(4 * len(names), 8), squeeze=False,
+                             sharex=True)
     for j, n in enumerate(names):
+        seen: list[str] = []
         for cfg in configs:
             r = result["runs"][cfg][0]["series"][n]
             axes[0][j].plot(r["ops_per_s"], label=cfg)
             axes[1][j].plot([b / MiB for b in r["limit_bytes"]], label=cfg)
+            pols = ["linux" if p in ("none", "") else p for p in r["policy"]]
+            for p in pols:
+                if p not in seen:
+                    seen.append(p)
+            axes[2][j].step(range(len(pols)), [seen.index(p) for p in pols], where="post",
+                            label=cfg)
+        axes[2][j].set_yticks(range(len(seen)), seen)
         ratios = ", ".join(f"{c} {result['ratio'][c][n]:.2f}" for c in configs
                            if c != "default_equal")
-        axes[0][j].set_title(f"{n}\n{ratios}", fontsize=9)
+        axes[0][j].set_title(f"{n}\n{ratios}", fontsize=8)
         axes[0][j].set_ylabel("ops/s")
         axes[1][j].set_ylabel("limit (MiB)")
-        axes[1][j].set_xlabel("interval")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle(title)
+        axes[2][j].set_ylabel("policy")
+        axes[2][j].set_xlabel("interval")
+        if phase_at is not None:
+            for row in axes:
+                row[j].axvline(phase_at - 0.5, color="grey", linestyle=":", linewidth=1)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

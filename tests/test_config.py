@@ -226,3 +226,57 @@ def test_agent_policy_threads_errors_name_key_and_expectation(tmp_path, body, ke
     assert "\n" not in msg and msg.startswith(str(tmp_path / "agent.yaml")), msg
     assert f": {key}: " in msg, msg
     assert expect in msg, msg
+
+
+def test_agent_policies_per_tenant_and_unknown_names(tmp_path):
+    """A tenant's `policies` narrows the curves built for it; an unknown
+    policy name, at the node or a tenant, is a config error naming the key
+    (it used to surface as a traceback from the curve builder)."""
+    from cachepilot.agent.config import config_from_dict
+    base = {"roots": ["/sys/fs/cgroup"],
+            "tenants": [{"name": "kv", "cgroup": "kv", "policies": ["linux", "s3fifo"]},
+                        {"name": "web", "cgroup": "web"}]}
+    cfg = config_from_dict(base, "a.yaml")
+    assert cfg.tenants[0].policies == ["linux", "s3fifo"]
+    assert cfg.tenants[1].policies is None
+    for where, patch in (("policies", {"policies": ["lru", "nosuch"]}),
+                         ("tenants[1].policies",
+                          {"tenants": [base["tenants"][0],
+                                       {"name": "web", "cgroup": "web",
+                                        "policies": ["nosuch"]}]})):
+        with pytest.raises(UserError) as err:
+            config_from_dict({**base, **patch}, "a.yaml")
+        msg = str(err.value)
+        assert f"{where}: unknown policy 'nosuch'; accepted: " in msg, msg
+        assert "s3fifo" in msg and "\n" not in msg
+    with pytest.raises(UserError, match="tenants.0.policies|tenants\\[0\\].policies"):
+        config_from_dict({**base, "tenants": [{"name": "kv", "cgroup": "kv",
+                                               "policies": []}]}, "a.yaml")
+
+
+def test_agent_builds_each_tenants_own_curves(tmp_path, monkeypatch):
+    """The backend's builders compute the tenant's policies when it names
+    them, the node's otherwise."""
+    from types import SimpleNamespace
+    from cachepilot.agent.backends import linux
+    from cachepilot.agent.config import config_from_dict
+    root = tmp_path / "cg"
+    for n in ("kv", "web"):
+        (root / n).mkdir(parents=True)
+    cfg = config_from_dict({"roots": [str(root)], "policies": ["lru", "fifo", "mru"],
+                            "tenants": [{"name": "kv", "cgroup": "kv",
+                                         "policies": ["lru", "s3fifo"]},
+                                        {"name": "web", "cgroup": "web"}]}, "a.yaml")
+    made = []
+    monkeypatch.setattr(linux, "make_builder", lambda policies, **kw: made.append(
+        tuple(policies)) or SimpleNamespace(threshold=1 << 20))
+    monkeypatch.setattr(linux.cgroups, "version_of", lambda p: 2)
+    monkeypatch.setattr(linux.cgroups, "cgroup_id", lambda p: len(str(p)))
+    monkeypatch.setattr(linux.cgroups, "read_stats", lambda p: SimpleNamespace())
+    backend = linux.LinuxBackend.__new__(linux.LinuxBackend)
+    backend.cfg, backend.policies, backend.memory_bytes = cfg, ["lru", "fifo", "mru"], 1 << 30
+    backend.watched, backend.default_policy = {}, "none"
+    backend.sampler = SimpleNamespace(watch=lambda cgid, threshold: None,
+                                      counters=lambda: (0, {}))
+    backend._refresh()
+    assert sorted(made) == [("lru", "fifo", "mru"), ("lru", "s3fifo")]

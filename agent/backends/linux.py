@@ -184,7 +184,9 @@ class LinuxBackend:
                 continue
             builder = None
             if self.sampler is not None:
-                builder = make_builder(self.policies, rate=self.cfg.sampling.rate,
+                policies = spec.policies if spec is not None and spec.policies \
+                    else self.policies
+                builder = make_builder(policies, rate=self.cfg.sampling.rate,
                                        max_pages=(self.cfg.max_cache or self.memory_bytes) // PAGE,
                                        max_samples=self.cfg.sampling.max_samples)
             tp = None
