@@ -55,7 +55,7 @@ kernel-test: kernel bpf
 # experiments/results/e2e_vm.{json,png}.  Not part of make test.
 E2E_DISK := throttling.bps-total=33554432,throttling.iops-total=4000
 e2e: build kernel
-	kernel/vm -H -m 3G -s 2 -t 3600 -D 2G -d "$(E2E_DISK)" \
+	kernel/vm -H -m 3G -s 2 -t 4800 -D 2G -d "$(E2E_DISK)" \
 		-W experiments/results -a $(CURDIR) kernel/tests/e2e-in-vm.sh
 
 clean:

@@ -95,8 +95,16 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
                 for j in range(width):
                     static = {t.name: (t.policies[j % len(t.policies)], int(f * share))
                               for t in ts}
-                    set_static(ts, cg, static)
                     label = f"sweep p{half} x{f:g} " + ",".join(p for p, _ in static.values())
+                    try:
+                        set_static(ts, cg, static)
+                    except RuntimeError as err:
+                        # a setting that cannot be made is no candidate
+                        print(f"    {label}: {err}", flush=True)
+                        trials.append({"phase": half, "factor": f, "error": str(err),
+                                       "settings": {n: list(v) for n, v in static.items()},
+                                       "ops": {t.name: float("nan") for t in ts}})
+                        continue
                     measure_intervals(run, ts, cg, interval, warm, label=label + " (warm)")
                     s = measure_intervals(run, ts, cg, interval, meas, label=label)
                     trials.append({"phase": half, "factor": f,
@@ -140,6 +148,8 @@ def best_static(table, ts, budget) -> tuple[dict, float]:
         score = mean([s for _, _, s in combo])
         if score > best_score:
             best, best_score = combo, score
+    if best is None:
+        raise SystemExit("e2e_vm: the sweep measured no setting that fits the budget")
     return {t.name: (pol, int(f * share)) for t, (pol, f, _) in zip(ts, best)}, best_score
 
 
@@ -150,13 +160,17 @@ def nearest_factor(limit: float, share: int) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget", type=int, default=320, help="node memory budget, MiB (320)")
-    ap.add_argument("--interval", type=float, default=5.0, help="control interval, s (5)")
-    ap.add_argument("--intervals", type=int, default=24,
-                    help="intervals per configuration, the phase change halfway (24)")
+    ap.add_argument("--interval", type=float, default=5.0,
+                    help="measured interval (throughput read from the tenants), s (5)")
+    ap.add_argument("--control-interval", type=float, default=10.0,
+                    help="the agent's and the controller's interval, s (10)")
+    ap.add_argument("--intervals", type=int, default=32,
+                    help="measured intervals per configuration, the phase change halfway (32)")
     ap.add_argument("--warmup", type=int, default=4,
-                    help="intervals left out of means after the start (4)")
-    ap.add_argument("--settle", type=int, default=3,
-                    help="intervals left out of means after the phase change (3)")
+                    help="measured intervals left out of means after the start (4)")
+    ap.add_argument("--settle", type=int, default=5,
+                    help="measured intervals left out of means after the phase change (5; "
+                         "under emulation the second phase's fio takes some 20 s to start)")
     ap.add_argument("--sweep-warm", type=int, default=3, help="sweep: warm-up intervals (3)")
     ap.add_argument("--sweep-measure", type=int, default=4, help="sweep: measured intervals (4)")
     ap.add_argument("--data", default="/tmp/data", help="data folder (the VM's data disk)")
@@ -189,19 +203,24 @@ def main(argv=None) -> int:
     phase_at = args.intervals // 2
     win = windows(args.intervals, phase_at, args.warmup, args.settle)
 
-    print("  sweep (best static)", flush=True)
-    trials = sweep(ts, cg, budget, args.interval, args.sweep_warm, args.sweep_measure, work)
-    table = sweep_table(trials, ts)
-    static, static_score = best_static(table, ts, budget)
-    print(f"  best static: {static} (sweep score {static_score:.3f})", flush=True)
-
     runs: dict = {}
     slos: dict = {}
-    for name in (*CONFIGS, "agent_sampling"):
+    static, trials = None, []
+    # (a), (b), (c) first (an autopilot that misbehaves shows early), then
+    # the sweep that (d) needs, then (d) and the overhead run
+    for name in ("default_equal", "limits_only", "autopilot", "sweep", "best_static",
+                 "agent_sampling"):
         print(f"  {name}", flush=True)
+        if name == "sweep":
+            trials = sweep(ts, cg, budget, args.interval, args.sweep_warm,
+                           args.sweep_measure, work)
+            table = sweep_table(trials, ts)
+            static, static_score = best_static(table, ts, budget)
+            print(f"  best static: {static} (sweep score {static_score:.3f})", flush=True)
+            continue
         runs[name] = run_config(name, ts, cg, budget, args.interval, args.intervals, work,
                                 slos, static=static if name == "best_static" else None,
-                                phase_at=phase_at)
+                                phase_at=phase_at, control_interval=args.control_interval)
         if name == "default_equal":
             # RocksDB asks for a fifth more GETs than the equal split gave it
             slos["kv"] = 1.2 * phase_means(runs[name]["series"]["kv"], win, False)[0]
@@ -296,6 +315,7 @@ def main(argv=None) -> int:
                      "phases": 2 if t.phase_pidfile else 1} for t in ts],
         "runs": {c: [r] for c, r in runs.items()},
         "vm": {"budget_bytes": budget, "interval_s": args.interval,
+               "control_interval_s": args.control_interval,
                "intervals": args.intervals, "phase_change_after": phase_at,
                "warmup": args.warmup, "settle": args.settle,
                "wall_s": time.monotonic() - t_start},
