@@ -260,9 +260,10 @@ def stop(procs):
                 os.killpg(p.pid, signal.SIGTERM)
             except (ProcessLookupError, PermissionError):
                 p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20      # for all of them, not each
     for p in procs:
         try:
-            p.wait(timeout=20)
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
@@ -486,10 +487,13 @@ def finish_run(run: Run, ts, cg: Cgroups, interval: float, intervals: int) -> di
     extra = {"startup_s": run.startup_s}
     if run.ctl is not None:
         for what in ("tenants", "log"):
-            got = subprocess.run([*CLI, "admin", "--config", str(run.work / "controller.yaml"),
-                                  "--json", what], capture_output=True, text=True, cwd=ROOT)
             try:
+                got = subprocess.run([*CLI, "admin", "--config",
+                                      str(run.work / "controller.yaml"), "--json", what],
+                                     capture_output=True, text=True, cwd=ROOT, timeout=120)
                 extra[f"admin_{what}"] = json.loads(got.stdout)
+            except subprocess.TimeoutExpired:
+                extra[f"admin_{what}"] = "cachepilot admin took over 120 s"
             except ValueError:
                 extra[f"admin_{what}"] = got.stderr.strip()
     if run.agent is not None:
