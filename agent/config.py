@@ -10,8 +10,9 @@
                     policies, policy_threads}; policies: the curves this
                     tenant's builder computes (default: the node's
                     `policies`; fewer is cheaper, as every policy but lru
-                    is a miniature simulation per size); policy_threads names the threads an
-                    application-informed policy treats specially, by a rule
+                    is a miniature simulation per size); policy_threads
+                    names the threads an application-informed policy
+                    treats specially, by a rule
                     matched among the cgroup's threads every interval:
                     {policy: {role: {comm: GLOB, cmdline: GLOB}}}, e.g.
                     {get_scan: {scan_threads: {comm: "db_scan*"}},

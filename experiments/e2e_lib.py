@@ -532,7 +532,7 @@ def plot(result, path: Path, title: str, phase_at: int | None = None):
     import matplotlib.pyplot as plt
     names = [t["name"] for t in result["tenants"]]
     configs = list(result["runs"])
-    fig, axes = plt.subplots(3, len(names), figsize=(4 * len(names), 8), squeeze=False,
+    fig, axes = plt.subplots(3, len(names), figsize=(4 * len(names), 9), squeeze=False,
                              sharex=True)
     for j, n in enumerate(names):
         seen: list[str] = []
@@ -547,8 +547,8 @@ def plot(result, path: Path, title: str, phase_at: int | None = None):
             axes[2][j].step(range(len(pols)), [seen.index(p) for p in pols], where="post",
                             label=cfg)
         axes[2][j].set_yticks(range(len(seen)), seen)
-        ratios = ", ".join(f"{c} {result['ratio'][c][n]:.2f}" for c in configs
-                           if c != "default_equal")
+        ratios = "\n".join(f"{c} {result['ratio'][c][n]:.2f}" for c in configs
+                            if c != "default_equal")
         axes[0][j].set_title(f"{n}\n{ratios}", fontsize=8)
         axes[0][j].set_ylabel("ops/s")
         axes[1][j].set_ylabel("limit (MiB)")
