@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -140,8 +141,9 @@ def two_phase(first: list[str], second: list[str], pidfile: Path) -> list[str]:
     """A shell that runs `first` until Tenant.switch_phase ends it, then
     `second`.  Both are fio runs with different job names, so the exporter's
     counter adds the second's I/Os to the first's."""
-    q = lambda cmd: " ".join(f"'{a}'" for a in map(str, cmd))  # noqa: E731
-    return ["sh", "-c", f"{q(first)} & echo $! > '{pidfile}'; wait; exec {q(second)}"]
+    q = lambda cmd: " ".join(shlex.quote(str(a)) for a in cmd)  # noqa: E731
+    return ["sh", "-c", f"{q(first)} & echo $! > {shlex.quote(str(pidfile))}; wait; "
+                        f"exec {q(second)}"]
 
 
 def tenants(data: Path, sizes: dict, seconds: int, phased: bool = False,
