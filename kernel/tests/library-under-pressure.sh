@@ -8,17 +8,12 @@
 # The script of kernel/tests/NOTES-from-policies.md (policy engineers' copy),
 # run as `kernel/vm -t 1500 kernel/tests/library-under-pressure.sh`;
 # policy names as arguments (-a NAME) run only those.
-B=/cachepilot/bpf
+. /cachepilot/testlib.sh
 CG=/sys/fs/cgroup
-PIN=/sys/fs/bpf
 MAX_REJECTED_PCT=5
 POLICIES=${*:-"lfu s3fifo lhd mglru hyperbolic get_scan admit_filter linux fifo lru mru"}
 
-passes=0
-fails=0
-pass() { echo "PASS $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-stat_of() { sed -n "s/^$2 //p" "$CG/$1/memory.cache_ext"; }
+stat_of() { cache_ext_field "$CG/$1" "$2"; }
 
 echo +memory >"$CG/cgroup.subtree_control"
 mkdir -p "$CG/lib"
@@ -28,8 +23,7 @@ cxtest mkfile /data/lib 32 && cxtest mkfile /data/hot 4 ||
 
 for p in $POLICIES; do
 	[ -f "$B/$p.bpf.o" ] || { fail "$p" "no $B/$p.bpf.o"; continue; }
-	sync
-	echo 3 >/proc/sys/vm/drop_caches
+	drop_caches
 	if ! cxtest attach "$B/$p.bpf.o" "$CG/lib" "$PIN/lib" 2>/tmp/attach.err; then
 		fail "$p" "attach refused: $(tail -n 8 /tmp/attach.err | tr '\n' ' ')"
 		continue
@@ -55,5 +49,4 @@ for p in $POLICIES; do
 	fi
 	cxtest detach "$PIN/lib"
 done
-echo "library: $passes passed, $fails failed"
-[ $fails = 0 ]
+summary library

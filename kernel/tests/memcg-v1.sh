@@ -9,20 +9,9 @@
 # 32 MiB pass keeps the oldest pages, as run-tests.sh checks on v2.
 # Detaching gives "policy none"; a v1 cgroup removed under its policy
 # leaves no registry node behind.
-B=/cachepilot/bpf
+. /cachepilot/testlib.sh
 V1=/tmp/v1
-PIN=/sys/fs/bpf
-
-passes=0
-fails=0
-pass() { echo "PASS $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-stat_of() { sed -n "s/^$2 //p" "$1/memory.cache_ext"; }
-
-drop_caches() {
-	sync
-	echo 3 >/proc/sys/vm/drop_caches
-}
+stat_of() { cache_ext_field "$@"; }
 
 echo "cache_ext on the cgroup v1 memory controller, $(uname -r)"
 mkdir -p $V1
@@ -87,5 +76,4 @@ else
 fi
 rmdir $V1/a
 dmesg | grep -e "WARNING" -e "BUG" -e "cache_ext" | tail -5
-echo "memcg-v1: $passes passed, $fails failed"
-[ $fails = 0 ]
+summary memcg-v1

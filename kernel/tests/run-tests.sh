@@ -7,26 +7,15 @@
 # and the whole file.  FIFO, LRU and the kernel default keep the newest
 # pages (T high, H low); MRU and the highest-index-first scorer keep the
 # oldest (H high, T low).
-B=/cachepilot/bpf
+. /cachepilot/testlib.sh
 CG=/sys/fs/cgroup
-PIN=/sys/fs/bpf
 FILE_MB=32
 LIMIT=8M
 HIGH=60		# "mostly resident" threshold, percent
 LOW=30		# "mostly evicted" threshold, percent
 
-passes=0
-fails=0
-pass() { echo "PASS $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-
 stat_of() {	# stat_of CGROUP FIELD
-	sed -n "s/^$2 //p" "$CG/$1/memory.cache_ext"
-}
-
-drop_caches() {
-	sync
-	echo 3 >/proc/sys/vm/drop_caches
+	cache_ext_field "$CG/$1" "$2"
 }
 
 # read_pass CGROUP FILE: read FILE inside CGROUP, then set H T A.
@@ -412,5 +401,4 @@ test_detach_under_pressure
 test_migration
 test_sampler
 report_library
-echo "in-VM: $passes passed, $fails failed"
-[ $fails = 0 ]
+summary in-VM

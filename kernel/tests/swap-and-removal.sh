@@ -19,22 +19,12 @@
 #    the cgroup goes offline, so no registry node is left and the pinned
 #    link stays, inert: removing its pin, detaching it or updating it does
 #    no harm.  An oops would end the VM (oops=panic).
-B=/cachepilot/bpf
+. /cachepilot/testlib.sh
 CG=/sys/fs/cgroup
-PIN=/sys/fs/bpf
 HOT_MIN=90	# percent of the hot set that must survive the swap
 
-passes=0
-fails=0
-pass() { echo "PASS $1"; passes=$((passes + 1)); }
-fail() { echo "FAIL $1: $2"; fails=$((fails + 1)); }
-stat_of() { sed -n "s/^$2 //p" "$1/memory.cache_ext"; }
+stat_of() { cache_ext_field "$@"; }
 resident() { set -- $(cxtest res "$1"); echo "$3"; }	# percent of all
-
-drop_caches() {
-	sync
-	echo 3 >/proc/sys/vm/drop_caches
-}
 
 # swap_case TO SCAN_MIB ASSERT: LRU with cold + hot history, swapped to TO,
 # then a SCAN_MIB pass; ASSERT=1 checks that the hot set stayed.
@@ -181,5 +171,4 @@ cxtest mkfile /data/cold 8 && cxtest mkfile /data/hot 2 &&
 test_swap_order
 test_removed_cgroup
 dmesg | grep -e "WARNING" -e "BUG" -e "cache_ext" | tail -5
-echo "swap-and-removal: $passes passed, $fails failed"
-[ $fails = 0 ]
+summary swap-and-removal
