@@ -230,19 +230,15 @@ class FioCounter:
 
 # -- lines --------------------------------------------------------------------
 
-def count_line(line: str) -> int:
-    """Operations a `lines`-format line stands for: one per line, for a
-    command that prints a line per unit of work (a shell loop that echoes
-    after each pass)."""
-    return 1
-
-
 class LinesCounter:
+    """One operation per line, for a command that prints a line per unit of
+    work (a shell loop that echoes after each pass)."""
+
     def __init__(self):
         self.total = 0
 
     def feed(self, line: str) -> list[str]:
-        self.total += count_line(line)
+        self.total += 1
         return []
 
 

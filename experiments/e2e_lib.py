@@ -361,7 +361,8 @@ class Run:
     agent: subprocess.Popen | None = None
     startup_s: float = 0.0
     last: dict = field(default_factory=dict)
-    agent_cpu0: float = 0.0
+    agent_cpu0: float = 0.0      # the agent's CPU time when measuring began
+    measured_s: float = 0.0      # seconds measured so far
 
 
 def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Path,
@@ -462,6 +463,7 @@ def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int
     t0 = time.monotonic()
     for k in range(1, intervals + 1):
         time.sleep(max(0.0, t0 + k * interval - time.monotonic()))
+        run.measured_s += interval
         for t in ts:
             now = scrape(t.port)
             last = run.last[t.name]
@@ -482,7 +484,7 @@ def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int
     return series
 
 
-def finish_run(run: Run, ts, cg: Cgroups, interval: float, intervals: int) -> dict:
+def finish_run(run: Run, ts, cg: Cgroups) -> dict:
     """Stop the run (every process left in a tenant's cgroup too) and say
     what it cost: the agent's CPU time over the measured intervals, and
     the controller's view of the tenants and its decision log."""
@@ -500,7 +502,7 @@ def finish_run(run: Run, ts, cg: Cgroups, interval: float, intervals: int) -> di
                 extra[f"admin_{what}"] = got.stderr.strip()
     if run.agent is not None:
         extra["agent_cpu_s"] = cpu_seconds(run.agent.pid) - run.agent_cpu0
-        extra["agent_cpu_fraction"] = extra["agent_cpu_s"] / (intervals * interval)
+        extra["agent_cpu_fraction"] = extra["agent_cpu_s"] / max(run.measured_s, 1e-9)
     stop([p for p in (run.agent, run.ctl) if p is not None] + run.procs)
     for t in ts:
         cg.kill_all(t.name)
@@ -517,12 +519,18 @@ def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, interva
     (default: the measured interval)."""
     run = start_run(name, ts, cg, budget, control_interval or interval, work, slos, static)
     series = measure_intervals(run, ts, cg, interval, intervals, phase_at)
-    return {"series": series, **finish_run(run, ts, cg, interval, intervals)}
+    return {"series": series, **finish_run(run, ts, cg)}
+
+
+def mean(values):
+    """The mean of the values that are numbers (a failed scrape is nan,
+    left out rather than counted as zero)."""
+    v = [x for x in values if x == x]
+    return sum(v) / len(v) if v else float("nan")
 
 
 def mean_after(values, warmup):
-    v = [x for x in values[warmup:] if x == x]
-    return sum(v) / len(v) if v else float("nan")
+    return mean(values[warmup:])
 
 
 def plot(result, path: Path, title: str, phase_at: int | None = None):

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_lib import (MiB, Cgroups, finish_run, measure_intervals,  # noqa: E402
+from e2e_lib import (MiB, Cgroups, finish_run, mean, measure_intervals,  # noqa: E402
                      memory_hierarchy, plot, prepare, run_config, set_static,
                      start_run, tenants)
 
@@ -52,11 +52,6 @@ PAPER = {"kv": ("GET-SCAN, application-informed policy", 1.70),
          "search": ("file search, MRU", 2.0),
          "zipf": ("YCSB (zipfian), LFU", 1.37),
          "stream": ("no figure for a pure scan", None)}
-
-
-def mean(xs):
-    v = [x for x in xs if x == x]
-    return sum(v) / len(v) if v else float("nan")
 
 
 def windows(intervals: int, phase_at: int, warmup: int, settle: int) -> dict:
@@ -111,7 +106,7 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
                                    "settings": {n: list(v) for n, v in static.items()},
                                    "ops": {t.name: mean(s[t.name]["ops_per_s"]) for t in ts}})
     finally:
-        finish_run(run, ts, cg, interval, 1)
+        finish_run(run, ts, cg)
     return trials
 
 

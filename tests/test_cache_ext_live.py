@@ -28,6 +28,7 @@ import pytest
 from cachepilot.agent.backends.linux import LinuxBackend, kernel_has_cache_ext
 from cachepilot.agent.cache_ext import (POLICY_DIR, POLICYCTL, PolicyActuator,
                                         PolicyError, running_policy)
+from cachepilot.agent.cgroups import cgroup_id
 from cachepilot.agent.config import config_from_dict
 from cachepilot.agent.types import Directive
 
@@ -154,12 +155,13 @@ def test_directives_attach_swap_and_detach(env):
     assert {r.tenant: r.policy for r in b.collect()}["a"] == "linux"
     h, t, _ = residency_after_a_pass(a, env)
     assert t >= HIGH and h <= LOW
-    assert not (PINS / str(os.stat(a).st_ino)).exists()
+    assert not (PINS / str(cgroup_id(a))).exists()
 
 
 AGENT = """
 import json, sys, time
 from cachepilot.agent.backends.linux import LinuxBackend
+from cachepilot.agent.cgroups import cgroup_id
 from cachepilot.agent.config import config_from_dict
 from cachepilot.agent.types import Directive
 b = LinuxBackend(config_from_dict(json.loads(sys.argv[1])), start_sampler=False)
@@ -220,7 +222,7 @@ def test_refusals_change_nothing(env):
     # a cgroup outside the configured roots
     act = PolicyActuator([str(ROOT)], "linux", pin_root=PINS)
     with pytest.raises(PolicyError) as err:
-        act.apply(str(OUTSIDE), "mru", os.stat(OUTSIDE).st_ino)
+        act.apply(str(OUTSIDE), "mru", cgroup_id(OUTSIDE))
     print(f"outside: {err.value}")
     assert "outside the configured roots" in str(err.value)
     assert "\n" not in str(err.value)
@@ -231,7 +233,7 @@ def test_refusals_change_nothing(env):
 
 def test_a_cgroup_deleted_under_its_policy(env, caplog):
     c = ROOT / "c"
-    cgid = os.stat(c).st_ino
+    cgid = cgroup_id(c)
     b = backend()
     assert apply(b, "c", "mru").policy_ok
     cx("read", env, c)                      # its pages, charged to c
@@ -272,7 +274,7 @@ def test_thread_rules_fill_the_running_policys_tid_map(env, tmp_path, caplog):
     try:
         res = apply(b, "a", "get_scan")
         assert res.policy_ok, res.policy_message
-        pin = PINS / str(os.stat(cg).st_ino) / "gs_tids"
+        pin = PINS / str(cgroup_id(cg)) / "gs_tids"
         assert dump_tids(pin) == {first.pid}
         second = start()
         b.collect()

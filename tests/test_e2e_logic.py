@@ -38,7 +38,7 @@ def test_windows_and_phase_means():
     assert e2e_vm.phase_means({"ops_per_s": ops}, win, False)[0] == pytest.approx(
         sum(ops[4:]) / 20)
     # a scrape that failed (nan) is left out, not counted as zero
-    assert e2e_vm.mean([1.0, float("nan"), 3.0]) == 2.0
+    assert e2e_lib.mean([1.0, float("nan"), 3.0]) == 2.0
 
 
 def test_sweep_table_pools_one_phase_tenants_and_splits_two_phase_ones():
