@@ -73,6 +73,12 @@ class ControlSpec(_Strict):
     watchdog_intervals: int = Field(3, ge=1)
     watchdog_margin: float = Field(0.05, ge=0, le=1)
     watchdog_cooldown: int = Field(20, ge=0)
+    # What memory beyond the SLOs maximises: "throughput", the sum of the
+    # tenants' modelled operations per second; or "relative", the sum of
+    # each tenant's throughput relative to what it would get at an equal
+    # share of its node -- for tenants that count different operations
+    # (a GET and a 4 KiB read are not worth the same).
+    objective: Literal["throughput", "relative"] = "throughput"
     # Size SLO tenants for min_throughput x (1 + slo_headroom) where the
     # node has the memory (after every SLO's plain need), against noise.
     slo_headroom: float = Field(0.05, ge=0, le=1)

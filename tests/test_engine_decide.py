@@ -117,6 +117,61 @@ def test_unmeetable_slos_are_served_by_priority_and_reported():
     assert v.predicted == pytest.approx(loop.true_throughput("x"), rel=0.02)
 
 
+def test_an_slo_no_size_meets_gets_where_its_curve_flattens():
+    # x's curve flattens at 40 % of the node, and its SLO asks for twice
+    # what it could do with the whole node; y's SLO is feasible and comes
+    # first; z, steeper, would win every page on marginal throughput alone
+    synth = {"x": tenant("x", 0.4, 1.0, floor=0.05), "y": tenant("y", 0.8, 0.9),
+             "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
+    best_x = synth["x"].throughput(float(synth["x"].curves["linux"].at(PAGES)))
+    slo_y = synth["y"].throughput(float(synth["y"].curves["linux"].at(0.3 * PAGES)))
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": 2 * best_x}},
+                {"name": "y", "node": "n1", "slo": {"min_throughput": slo_y}},
+                {"name": "z", "node": "n1"}], max_step_fraction=1.0, slo_headroom=0.0)
+    loop = Loop(cfg, synth)
+    for _ in range(6):
+        d = loop.step()
+    assert loop.true_throughput("y") >= slo_y * 0.99
+    # x sits where its curve is within engine.FLAT of its floor, not lower
+    flat = float(synth["x"].curves["linux"].size_for(0.05 + engine.FLAT)) * 4096
+    assert loop.limit["x"] >= 0.97 * flat
+    assert [v.tenant for v in d.violations] == ["x"]
+    assert "infeasible" in d.violations[0].reason
+    # without the SLO, x gets less: the SLO, not its curve, bought the memory
+    plain = make([{"name": "x", "node": "n1"},
+                  {"name": "y", "node": "n1", "slo": {"min_throughput": slo_y}},
+                  {"name": "z", "node": "n1"}], max_step_fraction=1.0, slo_headroom=0.0)
+    other = Loop(plain, synth)
+    for _ in range(6):
+        other.step()
+    assert other.limit["x"] < 0.8 * loop.limit["x"]
+
+
+def test_the_relative_objective_weighs_tenants_by_their_own_throughput():
+    # "fast" counts cheap operations (tens of thousands a second), "slow"
+    # expensive ones with a steeper curve: summed ops/s favour fast, while
+    # the mean relative speedup favours slow
+    synth = {"fast": tenant("fast", 3, 0.5, t_hit=1e-6, t_miss=3e-5),
+             "slow": tenant("slow", 3, 1.5, t_hit=1e-4, t_miss=5e-3)}
+
+    def run(objective):
+        cfg = make([{"name": n, "node": "n1"} for n in synth], max_step_fraction=0.3,
+                   objective=objective)
+        loop = Loop(cfg, synth)
+        base = {n: loop.true_throughput(n) for n in synth}
+        for _ in range(10):
+            loop.step()
+        return loop, sum(loop.true_throughput(n) / base[n] for n in synth) / 2, \
+            sum(loop.true_throughput(n) for n in synth) / sum(base.values())
+
+    ops_loop, ops_rel, ops_sum = run("throughput")
+    rel_loop, rel_rel, rel_sum = run("relative")
+    assert ops_loop.limit["fast"] > ops_loop.limit["slow"]
+    assert rel_loop.limit["slow"] > rel_loop.limit["fast"]
+    assert rel_rel > 1.1 * ops_rel         # what each objective is for
+    assert ops_sum > rel_sum
+
+
 def test_limits_respect_floor_anon_and_ceiling_and_the_step():
     synth = {n: tenant(n, 0.6, 1.0) for n in "abc"}
     synth["b"].anon_bytes = 300 << 20

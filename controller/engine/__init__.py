@@ -28,8 +28,10 @@ A round, per tenant and then per node:
      to switch (engine/autopilot.py);
   3. read the curve of the policy that will be in force backwards for the
      least size meeting the SLO (and, for the record, under every policy);
-  4. serve SLOs by priority, give the rest by marginal throughput on the
-     hulls, move limits toward that under the step limit and hysteresis
+  4. serve SLOs by priority (one no size meets: toward where its curve
+     flattens), give the rest by marginal throughput on the hulls (summed
+     as ops/s, or relative to each tenant's equal share: control.objective),
+     move limits toward that under the step limit and hysteresis
      (engine/allocate.py);
   5. emit directives, SLO violations and log entries; fill in the observed
      effect of earlier decisions from this round's reports.
@@ -74,6 +76,7 @@ def _keep_freed_memory() -> None:
 
 _keep_freed_memory()
 
+FLAT = 0.01                # miss ratio within which a curve has stopped improving
 OBSERVE_AFTER = 2          # reports to wait before recording an observed effect
 PENDING_MAX_AGE = 100      # rounds after which an unobserved decision is dropped
 
@@ -265,6 +268,16 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, need_c[hr], ub[hr]),
                                  need_c[hr])
 
+    # ... and for an SLO no size meets, the size that comes closest: where
+    # the curve gets within FLAT of its lowest miss ratio
+    need_best = np.full(nt, np.inf)
+    hopeless = np.flatnonzero(has_slo & has_curve & (slo > 0) & ~feasible)
+    if len(hopeless):
+        rows_h = alloc_row[hopeless]
+        floor_m = bank.ys[bank.end(rows_h)]
+        need_best[hopeless] = np.clip(bank.size_for(rows_h, floor_m + FLAT),
+                                      lb[hopeless], ub[hopeless])
+
     # -- 4. allocation ------------------------------------------------------------
     target = np.clip(np.where(limit_now > 0, limit_now, equal), lb, ub)   # fixed rows
     fixed_use = np.bincount(node_of, weights=np.where(has_curve, 0.0, target), minlength=nn)
@@ -273,7 +286,7 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
         node_of, mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
         need_c, has_slo & has_curve, np.fromiter((spec.priority for _, spec, _ in rows),
                                                 dtype=np.float64, count=nt), order,
-        need_safe)
+        need_safe, need_best)
     over = np.bincount(node_of, weights=lb, minlength=nn) > mem_pages
     for ni in np.flatnonzero(over).tolist():
         notes.append(f"node {nodes[ni]!r}: floors and anonymous memory (+ margin) add up to "
@@ -282,8 +295,15 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     if len(cr):
         budget = mem_pages - fixed_use - np.bincount(node_of[cr], weights=x_lo[cr], minlength=nn)
         pxs, pys = bank.padded(alloc_row[cr])
+        a_w, b_w = a[cr], b[cr]
+        if ctl.objective == "relative":
+            # gains in units of the tenant's own throughput at an equal
+            # share: throughput(k a, k b, m) = throughput(a, b, m) / k
+            t_eq = model.throughput(a_w, b_w, bank.miss_at(alloc_row[cr], equal[cr]))
+            k = np.where(np.isfinite(t_eq) & (t_eq > 0), t_eq, 1.0)
+            a_w, b_w = a_w * k, b_w * k
         target[cr] = allocate.distribute(node_of[cr], budget, x_lo[cr], ub[cr],
-                                         pxs, pys, a[cr], b[cr])
+                                         pxs, pys, a_w, b_w)
     new = allocate.step_limit(node_of, mem_pages, current, target, lb, ub,
                               ctl.max_step_fraction, ctl.hysteresis)
     new = np.maximum(new, lb)

@@ -10,7 +10,9 @@ in 4 KiB pages as floats; `node` gives each row's node index):
    then, with what is left, to the size meeting it with headroom
    (control.slo_headroom), so that noise in one interval does not miss it.
    A need that does not fit is skipped rather than half-served: half an
-   SLO's memory buys no attainment and would starve the next tenant.
+   SLO's memory buys no attainment and would starve the next tenant.  An
+   SLO no size can meet is still the operator's wish: last, such a tenant
+   is raised toward the size where its curve stops improving.
 
 2. distribute: what is left goes where modelled aggregate throughput gains
    most.  Each tenant's throughput-vs-size points are read on the curve's
@@ -45,7 +47,8 @@ from cachepilot.controller.engine.curves import miss_at
 from cachepilot.controller.engine.model import throughput
 
 
-def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None):
+def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
+               need_best=None):
     """Returns (x_lo, granted): the size each tenant is raised to before the
     marginal stage and whether its SLO need was granted.
 
@@ -56,6 +59,10 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None)
     granted tenants are raised toward it, again by priority, only with
     memory left once every SLO that fits has its plain need -- headroom for
     one never costs another its SLO.
+    need_best: optionally, for SLOs no size meets (need is inf), the size
+    that comes closest (where the curve stops improving); such tenants are
+    raised toward it, by priority, with what is left after that -- partly
+    if need be, since every page moves them closer.
     """
     x_lo = lb.copy()
     granted = np.zeros(len(lb), dtype=bool)
@@ -74,6 +81,13 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None)
         for i in seq.tolist():
             more = min(need_safe[i] - x_lo[i], free[node[i]])
             if granted[i] and more > 0:
+                free[node[i]] -= more
+                x_lo[i] += more
+    if need_best is not None:
+        best = np.flatnonzero(has_slo & ~np.isfinite(need) & np.isfinite(need_best))
+        for i in best[np.lexsort((order[best], -priority[best], node[best]))].tolist():
+            more = min(need_best[i] - x_lo[i], free[node[i]])
+            if more > 0:
                 free[node[i]] -= more
                 x_lo[i] += more
     return x_lo, granted
