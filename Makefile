@@ -53,7 +53,7 @@ kernel-test: kernel bpf
 # policies; the data disk throttled to a disk's speed (under TCG the host's
 # page cache would make misses nearly free).  Writes
 # experiments/results/e2e_vm.{json,png}.  Not part of make test.
-E2E_DISK := throttling.bps-total=33554432,throttling.iops-total=4000
+E2E_DISK := throttling.bps-total=67108864,throttling.iops-total=8000
 e2e: build kernel
 	kernel/vm -H -m 3G -s 2 -t 4800 -D 2G -d "$(E2E_DISK)" \
 		-W experiments/results -a $(CURDIR) kernel/tests/e2e-in-vm.sh
