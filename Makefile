@@ -50,8 +50,9 @@ kernel-test: kernel bpf
 
 # The autopilot end to end on the cache_ext kernel, in the VM: real tenants
 # under (a) an equal split, (b) the controller's limits, (c) its limits and
-# policies; the data disk throttled to a disk's speed (under TCG the host's
-# page cache would make misses nearly free).  Writes
+# policies.  Each tenant reads its own share of the data disk (io.max in the
+# guest), under the disk's own throttle (under TCG the host's page cache
+# would make misses nearly free).  Writes
 # experiments/results/e2e_vm.{json,png}.  Not part of make test.
 E2E_DISK := throttling.bps-total=67108864,throttling.iops-total=8000
 e2e: build kernel
