@@ -91,6 +91,10 @@ class ControlSpec(_Strict):
     model_min_points: int = Field(5, ge=2)
     model_min_spread: float = Field(0.05, ge=0, le=1)
     model_window: int = Field(64, ge=2)   # observations kept per tenant
+    # Sampled curves are read as if every size needed this many standard
+    # errors of its estimate more memory (engine/curves.py): memory given
+    # to reach a cliff that is really a little further on buys nothing.
+    curve_error_sigmas: float = Field(2.0, ge=0, le=10)
     # A node with no report for this many intervals is lost.
     lost_after_intervals: int = Field(3, ge=1)
     # Prior for tenants that do not give their own.

@@ -3,11 +3,13 @@ curves and service times are known: the reports it sees are what those
 tenants would observe under the limits and policies it directs."""
 import copy
 
+import numpy as np
 import pytest
 
 from cachepilot.controller import engine
 from cachepilot.controller.config import config_from_dict
 from cachepilot.controller.engine.synthetic import SynthTenant, power_curve
+from cachepilot.models.mrc import MRC
 
 GiB = 1 << 30
 PAGES = GiB // 4096
@@ -145,6 +147,47 @@ def test_an_slo_no_size_meets_gets_where_its_curve_flattens():
     for _ in range(6):
         other.step()
     assert other.limit["x"] < 0.8 * loop.limit["x"]
+
+
+def test_a_cliff_is_bought_with_the_margin_for_a_sampled_curves_size_error():
+    # "loop" re-reads 60 % of the node: all misses until it fits.  Its
+    # reported curve, sampled at 1 %, puts the cliff 3 % early (a little
+    # over one standard error there); "zipf" gains on a smooth curve.  Read
+    # as it is, the curve stops the engine at the reported cliff, where the
+    # real loop still misses everything.
+    def loop_curve(edge, rate):
+        sizes = np.linspace(PAGES / 100, PAGES, 200)
+        return MRC(sizes, np.where(sizes >= edge, 0.01, 1.0), "linux", "shards", rate)
+
+    true_edge = 0.60 * PAGES
+    synth = {"loop": SynthTenant("loop", {"linux": loop_curve(true_edge, 1.0)},
+                                 t_hit=5e-5, t_miss=2e-3),
+             "zipf": tenant("zipf", 0.9, 0.8)}
+    reported = loop_curve(true_edge / 1.03, 0.01)
+
+    def run(sigmas):
+        cfg = make([{"name": n, "node": "n1"} for n in synth], max_step_fraction=1.0,
+                   objective="relative", curve_error_sigmas=sigmas)
+        lp = Loop(cfg, synth)
+        real = synth["loop"].report
+
+        def report(limit, policy, interval_s=1.0):
+            r = real(limit, policy, interval_s)
+            r.curves = [reported]
+            return r
+        synth["loop"].report = report
+        try:
+            for _ in range(6):
+                lp.step()
+        finally:
+            del synth["loop"].report
+        return lp
+
+    tight, careful = run(0.0), run(2.0)
+    assert tight.limit["loop"] < true_edge * 4096
+    assert tight.true_throughput("loop") < 1.5 * synth["loop"].throughput(1.0)
+    assert careful.limit["loop"] >= true_edge * 4096
+    assert careful.true_throughput("loop") > 10 * synth["loop"].throughput(1.0)
 
 
 def test_the_relative_objective_weighs_tenants_by_their_own_throughput():

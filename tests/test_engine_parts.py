@@ -362,3 +362,21 @@ def test_the_two_greedy_implementations_agree_at_scale():
         return out
     np.testing.assert_allclose(value(dual), value(walk), rtol=1e-7)
     np.testing.assert_allclose(np.bincount(node, dual, nodes), np.bincount(node, walk, nodes))
+
+
+def test_curve_bank_stretches_sampled_curves_by_their_size_error():
+    from cachepilot.controller.engine.curves import MAX_STRETCH
+    sizes = np.array([10, 1_000, 100_000])
+    exact = MRC(sizes, [0.9, 0.5, 0.1], "lru", "exact", 1.0)
+    sampled = MRC(sizes, [0.9, 0.5, 0.1], "lru", "shards", 0.01)
+    bank = CurveBank([exact, sampled], sigmas=2.0)
+    xs, _ = bank.padded(np.arange(2))
+    assert list(xs[0, 1:]) == [10, 1_000, 100_000]          # exact: as it is
+    err = np.sqrt(0.99 / (0.01 * sizes))
+    assert xs[1, 1:] == pytest.approx(sizes * (1 + np.minimum(2 * err, MAX_STRETCH)))
+    assert xs[1, 1] == pytest.approx(10 * (1 + MAX_STRETCH))  # capped
+    # reading backwards agrees: the sampled curve needs more for the same miss ratio
+    need = bank.size_for(np.array([0, 1]), np.array([0.1, 0.1]))
+    assert need[1] == pytest.approx(100_000 * (1 + 2 * err[2]))
+    assert need[0] == pytest.approx(100_000)
+    assert list(CurveBank([sampled]).padded(np.arange(1))[0][0, 1:]) == [10, 1_000, 100_000]

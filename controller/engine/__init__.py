@@ -192,7 +192,7 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
             curves.append(by_policy[r.policy])
             row_tenant.append(i)
             row_policy.append(r.policy)
-    bank = CurveBank(curves)
+    bank = CurveBank(curves, ctl.curve_error_sigmas)
     row_tenant = np.asarray(row_tenant, dtype=np.int64)
 
     # sizes that matter per tenant, in pages

@@ -13,6 +13,13 @@ keep the curves apart:
 
 For the allocation, which walks all points of a few curves, `padded`
 returns them as rows of equal width (the last point repeated).
+
+A sampled curve's sizes are estimates: SHARDS at rate R counts about R x
+of the pages within a reuse distance x, so x is known to a relative
+sqrt((1 - R) / (R x)).  With `sigmas`, every point is read as if it
+needed that many standard errors more memory (at most MAX_STRETCH more):
+a cliff (a loop that fits) read at its estimated edge may buy nothing at
+its real one.  Exact curves (R = 1) are read as they are.
 """
 from __future__ import annotations
 
@@ -21,10 +28,11 @@ import numpy as np
 from cachepilot.models.mrc import MRC
 
 _EPS = 1e-11
+MAX_STRETCH = 0.25
 
 
 class CurveBank:
-    def __init__(self, curves: list[MRC]):
+    def __init__(self, curves: list[MRC], sigmas: float = 0.0):
         n = len(curves)
         self.n = n
         sizes = [c.sizes for c in curves]
@@ -42,6 +50,8 @@ class CurveBank:
         rises = np.zeros(0, dtype=bool)
         if n:
             xs[~origin] = np.concatenate(sizes)
+            if sigmas > 0:
+                xs = _stretch(xs, origin, lens, curves, sigmas)
             ys[~origin] = np.minimum(np.concatenate([c.miss_ratio for c in curves]), 1.0)
             rises = np.diff(ys) > 0
             rises[self.start[1:] - 1] = False       # into the next curve's origin
@@ -97,6 +107,17 @@ class CurveBank:
         idx = self.start[rows][:, None] + np.minimum(np.arange(width)[None, :],
                                                      (lens - 1)[:, None])
         return self.xs[idx], self.ys[idx]
+
+
+def _stretch(xs, origin, lens, curves, sigmas):
+    """Every sampled curve's sizes moved up by `sigmas` standard errors of
+    their estimate (module doc); exact curves and origins stay."""
+    rate = np.repeat(np.fromiter((min(max(c.rate, 1e-9), 1.0) for c in curves),
+                                 dtype=np.float64, count=len(curves)), lens)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        err = np.sqrt((1.0 - rate) / (rate * np.maximum(xs, 1.0)))
+    grow = np.where(origin, 0.0, np.minimum(sigmas * err, MAX_STRETCH))
+    return xs * (1.0 + grow)
 
 
 def miss_at(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
