@@ -67,6 +67,15 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
     x_lo = lb.copy()
     granted = np.zeros(len(lb), dtype=bool)
     free = memory - np.bincount(node, weights=lb, minlength=len(memory))
+
+    def raise_toward(rows, goal):
+        # each row in turn toward its goal, with what its node has left
+        for i in rows:
+            more = min(goal[i] - x_lo[i], free[node[i]])
+            if more > 0:
+                free[node[i]] -= more
+                x_lo[i] += more
+
     extra = np.maximum(need - lb, 0.0)
     want = np.flatnonzero(has_slo & np.isfinite(need))
     # node, then priority (high first), then smallest extra, then name
@@ -78,18 +87,11 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
             x_lo[i] = lb[i] + extra[i]
             granted[i] = True
     if need_safe is not None:
-        for i in seq.tolist():
-            more = min(need_safe[i] - x_lo[i], free[node[i]])
-            if granted[i] and more > 0:
-                free[node[i]] -= more
-                x_lo[i] += more
+        raise_toward(seq[granted[seq]].tolist(), need_safe)
     if need_best is not None:
         best = np.flatnonzero(has_slo & ~np.isfinite(need) & np.isfinite(need_best))
-        for i in best[np.lexsort((order[best], -priority[best], node[best]))].tolist():
-            more = min(need_best[i] - x_lo[i], free[node[i]])
-            if more > 0:
-                free[node[i]] -= more
-                x_lo[i] += more
+        raise_toward(best[np.lexsort((order[best], -priority[best], node[best]))].tolist(),
+                     need_best)
     return x_lo, granted
 
 
