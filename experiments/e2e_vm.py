@@ -23,7 +23,10 @@ change halfway:
     (d) best_static     the sweep's best (policy, limit) per tenant within
                         the budget, set once
     agent_sampling      (a) with an agent sampling and building curves but
-                        not acting: the agent's cost to RocksDB's GETs
+                        not acting, right after (a): the agent's cost to
+                        RocksDB's GETs
+    (a) again           last: how far the same configuration drifts over
+                        the run, the noise every ratio carries
 
 Writes e2e_vm.json and e2e_vm.png into --out (make e2e: experiments/results).
 """
@@ -171,10 +174,11 @@ def main(argv=None) -> int:
                     help="measured interval (throughput read from the tenants), s (5)")
     ap.add_argument("--control-interval", type=float, default=10.0,
                     help="the agent's and the controller's interval, s (10)")
-    ap.add_argument("--intervals", type=int, default=40,
-                    help="measured intervals per configuration, the phase change halfway (40)")
-    ap.add_argument("--warmup", type=int, default=4,
-                    help="measured intervals left out of means after the start (4)")
+    ap.add_argument("--intervals", type=int, default=48,
+                    help="measured intervals per configuration, the phase change halfway (48)")
+    ap.add_argument("--warmup", type=int, default=8,
+                    help="measured intervals left out of means after the start (8: a "
+                         "cache fills only as fast as its tenant misses)")
     ap.add_argument("--settle", type=int, default=5,
                     help="measured intervals left out of means after the phase change (5; "
                          "under emulation the second phase's fio takes some 20 s to start)")
@@ -216,10 +220,11 @@ def main(argv=None) -> int:
     runs: dict = {}
     slos: dict = {}
     static, trials = None, []
-    # (a), (b), (c) first (an autopilot that misbehaves shows early), then
-    # the sweep that (d) needs, then (d) and the overhead run
-    for name in ("default_equal", "limits_only", "autopilot", "sweep", "best_static",
-                 "agent_sampling"):
+    # (a) and the overhead run beside it, (b), (c) (an autopilot that
+    # misbehaves shows early), then the sweep that (d) needs, (d), and (a)
+    # once more for the drift
+    for name in ("default_equal", "agent_sampling", "limits_only", "autopilot", "sweep",
+                 "best_static", "default_equal_repeat"):
         print(f"  {name}", flush=True)
         if name == "sweep":
             trials = sweep(ts, cg, budget, args.interval, args.sweep_warm,
@@ -228,7 +233,8 @@ def main(argv=None) -> int:
             static, static_score = best_static(table, ts, budget)
             print(f"  best static: {static} (sweep score {static_score:.3f})", flush=True)
             continue
-        runs[name] = run_config(name, ts, cg, budget, args.interval, args.intervals, work,
+        runs[name] = run_config(name.removesuffix("_repeat"), ts, cg, budget, args.interval,
+                                args.intervals, work,
                                 slos, static=static if name == "best_static" else None,
                                 phase_at=phase_at, control_interval=args.control_interval)
         if name == "default_equal":
@@ -314,6 +320,10 @@ def main(argv=None) -> int:
                   "autopilot (c)/(d)": normalised["autopilot"] / normalised["best_static"]},
         "paper": {n: {"workload": w, "speedup": x, "ours_c_over_a": ratio["autopilot"][n]}
                   for n, (w, x) in PAPER.items()},
+        # (a) run again at the end, against (a): 1.0 for a run that does
+        # not drift; every ratio above carries this much noise
+        "noise": {"repeat_over_first": ratio["default_equal_repeat"],
+                  "normalised": normalised["default_equal_repeat"]},
         "overhead": {"agent_cpu_fraction_autopilot": runs["autopilot"].get("agent_cpu_fraction"),
                      "readrandom_ops_per_s": {"with_agent_sampling": kv_with,
                                               "without_agent": kv_without,
@@ -347,6 +357,9 @@ def main(argv=None) -> int:
     for c in choices:
         print(f"  {c['tenant']} phase {c['phase']}: autopilot {c['autopilot_policy']}, "
               f"best static {c['best_static_policy']} (at {c['at_limit_factor']:g} x share)")
+    print("noise, (a) again over (a): " + ", ".join(
+        f"{n} {v:.2f}" for n, v in ratio["default_equal_repeat"].items()) +
+        f", normalised {normalised['default_equal_repeat']:.3f}")
     print(f"SLOs: {json.dumps(slo_view)}")
     print(f"overhead: {json.dumps(result['overhead'])}")
     print(f"wrote {out / 'e2e_vm.json'} and {out / 'e2e_vm.png'} "
