@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -248,6 +249,10 @@ def main(argv=None) -> int:
     ratio = {c: {n: mean([m[n][p] / measured["default_equal"][n][p] for p in m[n]])
                  for n in m} for c, m in measured.items()}
     normalised = {c: mean(list(r.values())) for c, r in ratio.items()}
+    # the geometric mean too: one tenant's large ratio (a loop that comes to
+    # fit) cannot hide another's loss in it
+    geometric = {c: math.exp(mean([math.log(max(x, 1e-9)) for x in r.values()]))
+                 for c, r in ratio.items()}
 
     def met(c, name, slo, lo=0, hi=None):
         ops = runs[c]["series"][name]["ops_per_s"][lo:hi]
@@ -299,6 +304,7 @@ def main(argv=None) -> int:
         configs[c] = {
             "aggregate_ops": sum(mean(m.values()) for m in measured[c].values()),
             "normalised": normalised[c],
+            "normalised_geometric": geometric[c],
             "tenants": [{"name": t.name, "slo": slos.get(t.name),
                          "ops": mean(measured[c][t.name].values()),
                          "ops_by_phase": measured[c][t.name],
@@ -353,6 +359,7 @@ def main(argv=None) -> int:
         print(f"{t.name:<8}" + "".join(f"{ratio[c][t.name]:>15.2f}" for c in CONFIGS) +
               (f"{x:>8.2f}" if x else f"{'-':>8}"))
     print("normalised: " + ", ".join(f"{c} {normalised[c]:.3f}" for c in CONFIGS))
+    print("geometric mean: " + ", ".join(f"{c} {geometric[c]:.3f}" for c in CONFIGS))
     print("parts: " + ", ".join(f"{k} {v:.3f}" for k, v in result["parts"].items()))
     for c in choices:
         print(f"  {c['tenant']} phase {c['phase']}: autopilot {c['autopilot_policy']}, "
