@@ -5,12 +5,15 @@
  * pages those threads bring in are evicted before any page a point lookup
  * (GET) needs.
  *
- * Two lists, each an approximate LFU (batch scoring of a window at the
- * head, the window's survivors rotated to the tail, as lfu.bpf.c): pages a
- * registered scan thread brings in go to the scan list, all others to the
- * GET list.  Reclaim proposes from the scan list first and takes from the
- * GET list only what the scan list cannot give.  A scan page that a
- * non-scan thread reads is moved to the GET list: it has become a GET page.
+ * Pages a registered scan thread brings in are scan pages, all others GET
+ * pages; each side is an LFU (as lfu.bpf.c: one list per access count,
+ * the least used page with the oldest last access goes first), with
+ * GS_SCAN_CLASSES lists for scan pages and GS_GET_CLASSES for GET pages,
+ * the 16 a cgroup may have.  Counts from a side's last class up share its
+ * last list, where a window of GS_NR_SCORE pages is scored.  Reclaim
+ * proposes scan pages first and takes GET pages only when the scan side
+ * cannot give enough.  A scan page that a non-scan thread reads becomes a
+ * GET page of its count.
  *
  * Registered threads: their tids are keys of the `gs_tids` map, filled by
  * `cachepilot policy register-tids` (through the map pinned by the loader)
@@ -24,7 +27,9 @@
  */
 #include "cache_ext_policy.h"
 
-#define GS_NR_SCORE 512
+#define GS_NR_SCORE 512		/* window scored in a side's last list */
+#define GS_SCAN_CLASSES 4	/* scan pages: counts 0..2, and 3 or more */
+#define GS_GET_CLASSES 12	/* GET pages: counts 0..10, and 11 or more */
 #define GS_MAX_PAGES (1 << 22)
 #define GS_MAX_TIDS 4096
 #define CP_TID_REGISTERED (1U << 31)
@@ -34,22 +39,14 @@
 struct gs_page {
 	__u64 stamp;		/* time of the last access */
 	__u32 freq;
-	__u8 scan;		/* on the scan list */
+	__u8 scan;		/* a scan page */
 	__u8 fresh;		/* the access that inserted it is pending */
 };
 
-struct gs_list {
-	__u64 id;
-	__u32 to_rotate;
-};
-
-enum { GS_GET, GS_SCAN, GS_NR_LISTS };
-
 struct get_scan_state {
-	struct gs_list lists[GS_NR_LISTS];
+	__u64 scan[GS_SCAN_CLASSES];
+	__u64 get[GS_GET_CLASSES];
 	__u64 now;
-	__u32 walking;		/* index of the list being rotated */
-	__u32 rotated;
 };
 CP_STATE_DECL(struct get_scan_state);
 
@@ -68,9 +65,30 @@ static bool gs_scan_thread(void)
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(get_scan_init, struct mem_cgroup *memcg)
 {
-	CP_STATE.lists[GS_GET].id = cache_ext_list_create(memcg);
-	CP_STATE.lists[GS_SCAN].id = cache_ext_list_create(memcg);
-	return CP_STATE.lists[GS_GET].id && CP_STATE.lists[GS_SCAN].id ? 0 : -1;
+	int i;
+
+	for (i = 0; i < GS_SCAN_CLASSES; i++)
+		if (!(CP_STATE.scan[i] = cache_ext_list_create(memcg)))
+			return -1;
+	for (i = 0; i < GS_GET_CLASSES; i++)
+		if (!(CP_STATE.get[i] = cache_ext_list_create(memcg)))
+			return -1;
+	return 0;
+}
+
+/* The list of a page of `freq` accesses on its side. */
+static __u64 gs_list(bool scan, __u32 freq)
+{
+	if (scan)
+		return CP_STATE.scan[freq < GS_SCAN_CLASSES - 1 ? freq :
+				     GS_SCAN_CLASSES - 1];
+	return CP_STATE.get[freq < GS_GET_CLASSES - 1 ? freq :
+			    GS_GET_CLASSES - 1];
+}
+
+static int gs_take(int idx, struct cache_ext_list_node *node)
+{
+	return CACHE_EXT_ITER_EVICT;
 }
 
 static __s64 gs_score(int idx, struct cache_ext_list_node *node)
@@ -85,44 +103,28 @@ static __s64 gs_score(int idx, struct cache_ext_list_node *node)
 		       (page->stamp & ((1ULL << GS_TIME_BITS) - 1)));
 }
 
-static int gs_rotate(int idx, struct cache_ext_list_node *node)
-{
-	/* an index, not a pointer: BPF global data cannot hold pointers */
-	struct gs_list *l = &CP_STATE.lists[CP_STATE.walking & 1];
-
-	if (CP_STATE.rotated >= l->to_rotate)
-		return CACHE_EXT_ITER_STOP;
-	CP_STATE.rotated++;
-	cache_ext_list_move(l->id, cache_ext_node_folio(node), true);
-	return CACHE_EXT_ITER_CONTINUE;
-}
-
-/* One approximate-LFU round on one list: advance the hand, then score. */
-static void gs_evict_from(__u32 which, struct cache_ext_eviction_ctx *ectx,
-			  struct mem_cgroup *memcg)
-{
-	struct gs_list *l = &CP_STATE.lists[which & 1];
-	__u32 before = ectx->nr_candidates;
-	int scored;
-
-	if (ectx->nr_candidates >= ectx->request)
-		return;
-	if (l->to_rotate) {
-		CP_STATE.walking = which;
-		CP_STATE.rotated = 0;
-		cache_ext_list_iterate(memcg, l->id, gs_rotate, ectx);
-	}
-	scored = cache_ext_list_score(memcg, l->id, gs_score, ectx,
-				      GS_NR_SCORE);
-	l->to_rotate = scored > (int)(ectx->nr_candidates - before) ?
-		       scored - (ectx->nr_candidates - before) : 0;
-}
-
 void BPF_STRUCT_OPS(get_scan_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	gs_evict_from(GS_SCAN, ectx, memcg);
-	gs_evict_from(GS_GET, ectx, memcg);
+	int i;
+
+	/* scan pages, least used first, then GET pages */
+	for (i = 0; i < GS_SCAN_CLASSES - 1; i++) {
+		if (ectx->nr_candidates >= ectx->request)
+			return;
+		cache_ext_list_iterate(memcg, CP_STATE.scan[i], gs_take, ectx);
+	}
+	if (ectx->nr_candidates < ectx->request)
+		cache_ext_list_score(memcg, CP_STATE.scan[GS_SCAN_CLASSES - 1],
+				     gs_score, ectx, GS_NR_SCORE);
+	for (i = 0; i < GS_GET_CLASSES - 1; i++) {
+		if (ectx->nr_candidates >= ectx->request)
+			return;
+		cache_ext_list_iterate(memcg, CP_STATE.get[i], gs_take, ectx);
+	}
+	if (ectx->nr_candidates < ectx->request)
+		cache_ext_list_score(memcg, CP_STATE.get[GS_GET_CLASSES - 1],
+				     gs_score, ectx, GS_NR_SCORE);
 }
 
 void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
@@ -133,8 +135,7 @@ void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
 	page.scan = gs_scan_thread();
 	if (bpf_map_update_elem(&gs_pages, &id, &page, BPF_ANY))
 		return;
-	if (cache_ext_list_add_tail(CP_STATE.lists[page.scan ? GS_SCAN :
-						     GS_GET].id, folio))
+	if (cache_ext_list_add_tail(gs_list(page.scan, 0), folio))
 		bpf_map_delete_elem(&gs_pages, &id);
 }
 
@@ -153,9 +154,10 @@ void BPF_STRUCT_OPS(get_scan_folio_accessed, struct folio *folio)
 	}
 	if (page->freq < GS_MAX_FREQ)
 		page->freq++;
-	if (page->scan && !gs_scan_thread() &&
-	    !cache_ext_list_move(CP_STATE.lists[GS_GET].id, folio, true))
+	/* read by a GET: a GET page from now on */
+	if (page->scan && !gs_scan_thread())
 		page->scan = 0;
+	cache_ext_list_move(gs_list(page->scan, page->freq), folio, true);
 }
 
 void BPF_STRUCT_OPS(get_scan_folio_evicted, struct folio *folio)

@@ -23,14 +23,21 @@
  *   was made, which is a FIFO ghost queue of 0.9 x cache size without the
  *   queue.
  *
- * Differences from libCacheSim's S3FIFO: the policy does not know the
- * cgroup's limit, so the 10 %/90 % split and the ghost size are taken from
- * the number of pages it holds (equal to the limit once the cgroup is
- * full); before the first reclaim every new page goes to small (libCacheSim
- * sends pages to main once small is full and nothing was evicted yet); a
- * page proposed by reclaim but refused by the kernel stays at the head of
- * its list and is proposed again next round; the ghost set is bounded by
- * S3_GHOST_MAX entries.
+ * - Until the first reclaim the policy cannot know where 10 % of the cache
+ *   is (it does not know the cgroup's limit), so every new page joins one
+ *   list.  The first reclaim splits it as if the limit had been known from
+ *   the start: the oldest tenth stays small, the rest becomes main.  The
+ *   list is renamed main and only that tenth is moved, so the split costs
+ *   a tenth of the cache once; pages record which side they joined, and
+ *   those that joined before the split are in main unless moved.  Without
+ *   the split, small would start at the whole cache and drain one eviction
+ *   at a time, a transient as long as a cache's worth of misses.
+ *
+ * Differences from libCacheSim's S3FIFO: the 10 %/90 % split and the ghost
+ * size are taken from the number of pages the policy holds (equal to the
+ * limit once the cgroup is full); a page proposed by reclaim but refused
+ * by the kernel stays at the head of its list and is proposed again next
+ * round; the ghost set is bounded by S3_GHOST_MAX entries.
  */
 #include "cache_ext_policy.h"
 
@@ -40,11 +47,19 @@
 #define S3_MAX_FREQ 3
 #define S3_WALKS 40		/* list walks per reclaim round (<= 32
 				 * switches between the lists, + slack) */
+#define S3_SPLIT_CALLS 64	/* iterate calls the first reclaim's split may
+				 * take: a tenth of 64 x 65,536 pages */
+
+enum s3_side {
+	S3_UNSPLIT,		/* joined before the split: main after it */
+	S3_SMALL,
+	S3_MAIN,
+};
 
 struct s3_page {
 	__u32 proposed_in;	/* reclaim round that last proposed it */
 	__u8 freq;
-	__u8 in_main;
+	__u8 side;		/* enum s3_side */
 	__u8 fresh;		/* the access that inserted it is pending */
 };
 
@@ -56,6 +71,8 @@ struct s3fifo_state {
 	__u32 walking_main;		/* the current walk is over main */
 	__u32 round;			/* reclaim rounds so far */
 	__u64 ghost_seq;		/* pages evicted from small so far */
+	__u32 split;			/* the first reclaim's split is done */
+	__s64 split_keep;		/* pages the split still leaves in small */
 };
 CP_STATE_DECL(struct s3fifo_state);
 
@@ -75,6 +92,53 @@ static struct s3_page *s3_page_of(struct folio *folio)
 	__u64 id = cp_folio_id(folio);
 
 	return bpf_map_lookup_elem(&s3_pages, &id);
+}
+
+static bool s3_in_main(const struct s3_page *page)
+{
+	return page->side == S3_MAIN ||
+	       (page->side == S3_UNSPLIT && CP_STATE.split);
+}
+
+/* The split: the oldest pages, now at the head of main, go back to small. */
+static int s3_split_walk(int idx, struct cache_ext_list_node *node)
+{
+	struct folio *folio = cache_ext_node_folio(node);
+	struct s3_page *page = s3_page_of(folio);
+
+	if (CP_STATE.split_keep <= 0)
+		return CACHE_EXT_ITER_STOP;
+	if (cache_ext_list_move(CP_STATE.small, folio, true))
+		return CACHE_EXT_ITER_STOP;
+	if (page)
+		page->side = S3_SMALL;
+	CP_STATE.split_keep--;
+	CP_STATE.nr_small++;
+	CP_STATE.nr_main--;
+	return CACHE_EXT_ITER_CONTINUE;
+}
+
+/*
+ * At the first reclaim every page is on the one list, in the order it came
+ * in: that list becomes main, and its oldest tenth moves to a small list.
+ */
+static void s3_split(struct mem_cgroup *memcg, struct cache_ext_eviction_ctx *ectx)
+{
+	__u64 list = CP_STATE.small;
+	int call;
+
+	CP_STATE.split = 1;
+	CP_STATE.small = CP_STATE.main;
+	CP_STATE.main = list;
+	CP_STATE.nr_main = CP_STATE.nr_small;
+	CP_STATE.nr_small = 0;
+	/* BPF has no signed division */
+	CP_STATE.split_keep = CP_STATE.nr_main > 0 ?
+			      (__s64)((__u64)CP_STATE.nr_main / 10) : 0;
+	for (call = 0; call < S3_SPLIT_CALLS && CP_STATE.split_keep > 0; call++)
+		if (cache_ext_list_iterate(memcg, CP_STATE.main, s3_split_walk,
+					   ectx) < 0)
+			break;
 }
 
 static __u64 s3_ninety_percent(__u64 pages)
@@ -122,12 +186,12 @@ static int s3_walk(int idx, struct cache_ext_list_node *node)
 		cache_ext_list_move(CP_STATE.main, folio, true);
 		return CACHE_EXT_ITER_CONTINUE;
 	}
-	if (!walking_main && !page->in_main &&
+	if (!walking_main && !s3_in_main(page) &&
 	    page->freq >= S3_MOVE_TO_MAIN) {
 		/* read twice while in small: promote, count cleared */
 		if (cache_ext_list_move(CP_STATE.main, folio, true))
 			return CACHE_EXT_ITER_CONTINUE;
-		page->in_main = 1;
+		page->side = S3_MAIN;
 		page->freq = 0;
 		CP_STATE.nr_small--;
 		CP_STATE.nr_main++;
@@ -147,6 +211,8 @@ void BPF_STRUCT_OPS(s3fifo_evict_folios, struct cache_ext_eviction_ctx *ectx,
 {
 	int walk;
 
+	if (!CP_STATE.split)
+		s3_split(memcg, ectx);
 	CP_STATE.pend_small = 0;
 	CP_STATE.pend_main = 0;
 	CP_STATE.round++;
@@ -163,7 +229,8 @@ void BPF_STRUCT_OPS(s3fifo_evict_folios, struct cache_ext_eviction_ctx *ectx,
 
 void BPF_STRUCT_OPS(s3fifo_folio_added, struct folio *folio)
 {
-	struct s3_page page = { .fresh = 1 };
+	struct s3_page page = { .fresh = 1,
+				.side = CP_STATE.split ? S3_SMALL : S3_UNSPLIT };
 	__u64 key = cp_folio_key(folio);
 	__u64 id = cp_folio_id(folio);
 	__u64 *left_at = bpf_map_lookup_elem(&s3_ghost, &key);
@@ -172,17 +239,17 @@ void BPF_STRUCT_OPS(s3fifo_folio_added, struct folio *folio)
 	/* a ghost counts while it would still be in a 0.9 x cache FIFO */
 	if (left_at && held > 0 && CP_STATE.ghost_seq - *left_at <=
 	    s3_ninety_percent((__u64)held))
-		page.in_main = 1;
+		page.side = S3_MAIN;
 	if (left_at)
 		bpf_map_delete_elem(&s3_ghost, &key);
 	if (bpf_map_update_elem(&s3_pages, &id, &page, BPF_ANY))
 		return;
-	if (cache_ext_list_add_tail(page.in_main ? CP_STATE.main :
+	if (cache_ext_list_add_tail(page.side == S3_MAIN ? CP_STATE.main :
 				    CP_STATE.small, folio)) {
 		bpf_map_delete_elem(&s3_pages, &id);
 		return;
 	}
-	if (page.in_main)
+	if (page.side == S3_MAIN)
 		CP_STATE.nr_main++;
 	else
 		CP_STATE.nr_small++;
@@ -210,7 +277,7 @@ void BPF_STRUCT_OPS(s3fifo_folio_evicted, struct folio *folio)
 
 	if (!page)
 		return;
-	if (page->in_main) {
+	if (s3_in_main(page)) {
 		CP_STATE.nr_main--;
 	} else {
 		CP_STATE.nr_small--;
