@@ -22,9 +22,11 @@ PAIRS = {"s3fifo": "S3FIFO", "lfu": "LFU", "lhd": "LHD",
          "hyperbolic": "Hyperbolic"}
 # libCacheSim's LHD and Hyperbolic evict the worst of 64 objects drawn at
 # random from the whole cache; a cache_ext policy can only score a window
-# of its lists, and ours part from them by up to 0.09 in the middle of the
-# curve.  Known and open (strict: the marker fails once they agree).
+# of its lists.  Where ours part from them by more than the tolerance
+# somewhere in the middle of the curve, the gap is known and open (strict:
+# the marker fails once they agree).
 SAMPLED = {"lhd", "hyperbolic"}
+OPEN_GAPS = {("lhd", "cloudphysics"), ("hyperbolic", "cloudphysics"), ("lhd", "oltp")}
 
 
 @pytest.fixture(scope="module", params=["cloudphysics", "oltp"])
@@ -59,23 +61,14 @@ def test_full_simulation_matches_libcachesim_at_every_size(ours, trace):
     assert worst <= TOLERANCE, table
 
 
-@pytest.mark.xfail(strict=True, reason="random-sample policies: a list window is not "
-                                       "64 objects drawn from the whole cache (open)")
 @pytest.mark.parametrize("ours", sorted(SAMPLED))
-def test_sampled_policies_match_libcachesim_at_every_size(ours, trace):
+def test_sampled_policies_match_libcachesim_at_every_size(ours, trace, request):
+    if (ours, trace[0]) in OPEN_GAPS:
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="a list window is not 64 objects drawn from the "
+                                "whole cache (open)"))
     worst, table = compare(ours, trace)
     assert worst <= TOLERANCE, table
-
-
-@pytest.mark.parametrize("ours", sorted(SAMPLED))
-def test_sampled_policies_match_libcachesim_below_a_fifth_of_the_pages(ours, trace):
-    """Where the cache is small against the trace, the window and the random
-    sample choose alike."""
-    name, keys, sizes = trace
-    small = [s for s, f in zip(sizes, FRACTIONS) if f <= 0.2]
-    curve = runtime.full_mrc(keys, ours, small).miss_ratio
-    theirs = oracle(name, PAIRS[ours], keys, sizes)[:len(small)]
-    assert np.abs(curve - theirs).max() <= TOLERANCE, (ours, name, curve, theirs)
 
 
 def test_the_comparison_can_tell_policies_apart(trace):

@@ -114,6 +114,17 @@
 #define CACHE_EXT_ITER_MAX_NODES 65536
 #define CACHE_EXT_SCORE_MAX_NODES 16384
 
+/*
+ * v & mask, with the mask kept even where the compiler can prove it
+ * redundant: an array index the verifier must see bounded (a clamp alone
+ * may compile to code whose bound the verifier does not follow).
+ */
+#define cp_mask(v, mask) ({					\
+	__typeof__(v) __cp_v = (v);				\
+	asm volatile("" : "+r"(__cp_v));			\
+	__cp_v & (mask);					\
+})
+
 #ifdef __BPF__
 /* ------------------------------------------------------------------------
  * BPF build: the kernel defines the types (vmlinux.h); we only declare the

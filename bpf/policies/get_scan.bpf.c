@@ -79,11 +79,12 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(get_scan_init, struct mem_cgroup *memcg)
 /* The list of a page of `freq` accesses on its side. */
 static __u64 gs_list(bool scan, __u32 freq)
 {
+	__u32 top = scan ? GS_SCAN_CLASSES - 1 : GS_GET_CLASSES - 1;
+	__u32 i = cp_mask(freq < top ? freq : top, 15);
+
 	if (scan)
-		return CP_STATE.scan[freq < GS_SCAN_CLASSES - 1 ? freq :
-				     GS_SCAN_CLASSES - 1];
-	return CP_STATE.get[freq < GS_GET_CLASSES - 1 ? freq :
-			    GS_GET_CLASSES - 1];
+		return i < GS_SCAN_CLASSES ? CP_STATE.scan[i] : 0;
+	return i < GS_GET_CLASSES ? CP_STATE.get[i] : 0;
 }
 
 static int gs_take(int idx, struct cache_ext_list_node *node)

@@ -55,7 +55,8 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(lfu_init, struct mem_cgroup *memcg)
 
 static __u64 lfu_list(__u32 freq)
 {
-	return CP_STATE.lists[freq < LFU_TOP ? freq : LFU_TOP];
+	return CP_STATE.lists[cp_mask(freq < LFU_TOP ? freq : LFU_TOP,
+				      LFU_CLASSES - 1)];
 }
 
 static int lfu_take(int idx, struct cache_ext_list_node *node)
