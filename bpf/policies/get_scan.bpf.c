@@ -30,6 +30,7 @@
 #define GS_NR_SCORE 512		/* window scored in a side's last list */
 #define GS_SCAN_CLASSES 4	/* scan pages: counts 0..2, and 3 or more */
 #define GS_GET_CLASSES 12	/* GET pages: counts 0..10, and 11 or more */
+#define GS_LISTS 16		/* the scan side's lists, then the GET side's */
 #define GS_MAX_PAGES (1 << 22)
 #define GS_MAX_TIDS 4096
 #define CP_TID_REGISTERED (1U << 31)
@@ -44,8 +45,7 @@ struct gs_page {
 };
 
 struct get_scan_state {
-	__u64 scan[GS_SCAN_CLASSES];
-	__u64 get[GS_GET_CLASSES];
+	__u64 lists[GS_LISTS];
 	__u64 now;
 };
 CP_STATE_DECL(struct get_scan_state);
@@ -67,11 +67,8 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(get_scan_init, struct mem_cgroup *memcg)
 {
 	int i;
 
-	for (i = 0; i < GS_SCAN_CLASSES; i++)
-		if (!(CP_STATE.scan[i] = cache_ext_list_create(memcg)))
-			return -1;
-	for (i = 0; i < GS_GET_CLASSES; i++)
-		if (!(CP_STATE.get[i] = cache_ext_list_create(memcg)))
+	for (i = 0; i < GS_LISTS; i++)
+		if (!(CP_STATE.lists[i] = cache_ext_list_create(memcg)))
 			return -1;
 	return 0;
 }
@@ -79,12 +76,11 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(get_scan_init, struct mem_cgroup *memcg)
 /* The list of a page of `freq` accesses on its side. */
 static __u64 gs_list(bool scan, __u32 freq)
 {
-	__u32 top = scan ? GS_SCAN_CLASSES - 1 : GS_GET_CLASSES - 1;
-	__u32 i = cp_mask(freq < top ? freq : top, 15);
+	__u32 base = scan ? 0 : GS_SCAN_CLASSES;
+	__u32 top = (scan ? GS_SCAN_CLASSES : GS_GET_CLASSES) - 1;
 
-	if (scan)
-		return i < GS_SCAN_CLASSES ? CP_STATE.scan[i] : 0;
-	return i < GS_GET_CLASSES ? CP_STATE.get[i] : 0;
+	return CP_STATE.lists[cp_mask(base + (freq < top ? freq : top),
+				      GS_LISTS - 1)];
 }
 
 static int gs_take(int idx, struct cache_ext_list_node *node)
@@ -104,28 +100,30 @@ static __s64 gs_score(int idx, struct cache_ext_list_node *node)
 		       (page->stamp & ((1ULL << GS_TIME_BITS) - 1)));
 }
 
+/* One side's pages, least used first: the lists base .. base + n - 1. */
+static __always_inline void gs_evict_side(__u32 base, __u32 n,
+					  struct cache_ext_eviction_ctx *ectx,
+					  struct mem_cgroup *memcg)
+{
+	__u32 i;
+
+	for (i = 0; i + 1 < n; i++) {
+		if (ectx->nr_candidates >= ectx->request)
+			return;
+		cache_ext_list_iterate(memcg, CP_STATE.lists[cp_mask(base + i, GS_LISTS - 1)],
+				       gs_take, ectx);
+	}
+	if (ectx->nr_candidates < ectx->request)
+		cache_ext_list_score(memcg, CP_STATE.lists[cp_mask(base + n - 1, GS_LISTS - 1)],
+				     gs_score, ectx, GS_NR_SCORE);
+}
+
 void BPF_STRUCT_OPS(get_scan_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	int i;
-
-	/* scan pages, least used first, then GET pages */
-	for (i = 0; i < GS_SCAN_CLASSES - 1; i++) {
-		if (ectx->nr_candidates >= ectx->request)
-			return;
-		cache_ext_list_iterate(memcg, CP_STATE.scan[i], gs_take, ectx);
-	}
-	if (ectx->nr_candidates < ectx->request)
-		cache_ext_list_score(memcg, CP_STATE.scan[GS_SCAN_CLASSES - 1],
-				     gs_score, ectx, GS_NR_SCORE);
-	for (i = 0; i < GS_GET_CLASSES - 1; i++) {
-		if (ectx->nr_candidates >= ectx->request)
-			return;
-		cache_ext_list_iterate(memcg, CP_STATE.get[i], gs_take, ectx);
-	}
-	if (ectx->nr_candidates < ectx->request)
-		cache_ext_list_score(memcg, CP_STATE.get[GS_GET_CLASSES - 1],
-				     gs_score, ectx, GS_NR_SCORE);
+	/* scan pages first, then GET pages */
+	gs_evict_side(0, GS_SCAN_CLASSES, ectx, memcg);
+	gs_evict_side(GS_SCAN_CLASSES, GS_GET_CLASSES, ectx, memcg);
 }
 
 void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
