@@ -132,3 +132,24 @@ def test_a_run_waits_for_applied_directives_not_reports():
     assert e2e_lib.APPLIED.search("... cachepilot.agent tenant search: policy mru")
     assert not e2e_lib.APPLIED.search("... cachepilot.agent zipf: 166 acc/s, miss 0.136, "
                                       "limit 80 MiB, file 51 MiB, anon 5 MiB")
+
+
+def test_cpu_shares_are_written_as_cpu_max_and_leave_room_for_the_agent(tmp_path):
+    """set_cpu writes `quota period` into the tenant's cpu.max; a kernel
+    without the cpu controller (no cpu.max) stops the run with a message
+    instead of running the tenants uncapped.  The shares e2e_vm gives cover
+    every tenant and leave at least half a CPU of the VM's two to the agent,
+    the controller and the kernel."""
+    (tmp_path / "kv").mkdir()
+    (tmp_path / "kv" / "cpu.max").write_text("max 100000\n")
+    cg = e2e_lib.Cgroups(tmp_path, 2)
+    cg.set_cpu("kv", 0.45)
+    assert (tmp_path / "kv" / "cpu.max").read_text() == "45000 100000"
+    (tmp_path / "zipf").mkdir()
+    with pytest.raises(SystemExit, match="cpu.max"):
+        cg.set_cpu("zipf", 0.3)
+    with pytest.raises(SystemExit, match="cpu.max"):
+        e2e_lib.Cgroups(tmp_path, 1).set_cpu("kv", 0.3)
+    assert set(e2e_vm.CPU) == set(e2e_vm.IO) == set(e2e_vm.ALLOWED)
+    assert all(0 < c < 1 for c in e2e_vm.CPU.values())
+    assert sum(e2e_vm.CPU.values()) <= 2 - 0.5
