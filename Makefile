@@ -25,15 +25,21 @@ deps:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
+# An editable install through a package_dir mapping (cachepilot -> cli/,
+# ...) always ends with setuptools' informational notice "Editable
+# installation" (its InformationOnly class: nothing is wrong); it is
+# filtered by its text and no other warning is.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
+
 $(STAMP): pyproject.toml setup.py | deps
 	python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[test]'
+	$(QUIET_EDITABLE) $(PIP) install -q -e '.[test]'
 	touch $@
 
 # Re-run the package build every time so the native core tracks its sources.
 build: $(STAMP) bpf
-	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(QUIET_EDITABLE) $(PIP) install -q --no-deps --no-build-isolation -e .
 
 bpf: deps
 	$(MAKE) -s -C bpf

@@ -52,5 +52,8 @@ setup(
     packages=list(PKGS),
     package_dir=PKGS,
     package_data={"cachepilot.controller": ["*.proto"]},
+    # only the files named above: the C sources under models/native are the
+    # extensions' (listed in ext_modules), not packages of their own
+    include_package_data=False,
     ext_modules=EXTENSIONS,
 )

@@ -22,11 +22,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachepilot.agent import cgroups
+from cachepilot.agent import binaries, cgroups
 
 log = logging.getLogger("cachepilot.agent")
 
-BPF_OUT = Path(__file__).resolve().parents[1] / "bpf" / "out"
+BPF_OUT = binaries.bpf_dir()
 POLICYCTL = BPF_OUT / "policyctl"
 POLICY_DIR = BPF_OUT / "policies"
 PIN_ROOT = Path("/sys/fs/bpf/cachepilot")

@@ -1,6 +1,7 @@
 """The eBPF access sampler, seen from Python.
 
-bpf/out/sampler (built from bpf/sampler.c and bpf/sampler.bpf.c) loads the
+The sampler loader (built from bpf/sampler.c and bpf/sampler.bpf.c; found by
+agent/binaries.py, in the package or the checkout's bpf/out) loads the
 tp_btf programs and runs as our child process: it takes text commands on
 stdin and streams binary frames on stdout (the frame layout is described at
 the top of bpf/sampler.c).  A reader thread sorts the frames: sampled access
@@ -25,11 +26,11 @@ import numpy as np
 # the SHARDS threshold of a rate (the curve builders sample with the same).
 from cachepilot.models.shards import rate_threshold as threshold_for_rate  # noqa: F401
 from cachepilot.models.shards import threshold_rate as rate_for_threshold  # noqa: F401
+from cachepilot.agent import binaries
 from cachepilot.models import hll
 from cachepilot.models.traces.records import RECORD_DTYPE
 
-REPO = Path(__file__).resolve().parents[1]
-LOADER = REPO / "bpf" / "out" / "sampler"
+LOADER = binaries.bpf_dir() / "sampler"
 BTF = Path("/sys/kernel/btf/vmlinux")
 
 FRAME_RECORDS, FRAME_COUNTERS, FRAME_MESSAGE, FRAME_SKETCHES = 1, 2, 3, 4

@@ -19,6 +19,7 @@ COMMAND_MODULES = {
     "cachepilot.agent.exporter": ("exporter",),
     "cachepilot.controller.cli": ("controller", "run", "admin"),
     "cachepilot.controller.plan_cli": ("plan",),
+    "cachepilot.doctor": ("doctor",),
 }
 
 

@@ -38,6 +38,9 @@ class ControllerMetrics:
         self.nodes = Gauge("cachepilot_nodes", "Nodes by state", ["state"], registry=r)
         self.pool = Gauge("cachepilot_pool_bytes", "Memory of the nodes that are not lost",
                           registry=r)
+        self.reverts = Counter("cachepilot_watchdog_reverts_total",
+                               "Policy switches the model watchdog undid", ["tenant"],
+                               registry=r)
         self.refused = Counter("cachepilot_refused_calls_total", "Calls refused, by reason",
                                ["code"], registry=r)
         self._policies: dict[str, str] = {}

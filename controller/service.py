@@ -196,6 +196,8 @@ class Controller:
                                       "observed_gain", "before", "after",
                                       "predicted_miss", "observed_miss")
                   if get(k) is not None}
+        if get("kind") == "watchdog":
+            self.metrics.reverts.labels(get("tenant", "") or "").inc()
         self.log.append(LogRecord(int(get("round", self.rounds) or self.rounds), time.time(),
                                   get("node", node) or node, get("tenant", "") or "",
                                   get("kind", "decision") or "decision",

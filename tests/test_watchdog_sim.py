@@ -65,11 +65,11 @@ def run():
         history, log, controller = run_mod.run_autopilot(config(), INTERVALS)
     finally:
         mp.undo()
-    return history[VICTIM], [e for e in log if e.tenant == VICTIM]
+    return history[VICTIM], [e for e in log if e.tenant == VICTIM], controller
 
 
 def test_the_lying_policy_is_switched_to_and_back_within_k_plus_2_intervals(run):
-    history, log = run
+    history, log, _ = run
     # one node: decision round r answers the report of interval r, and its
     # directive governs interval r + 1
     to_liar = [e for e in log if e.kind == "policy" and e.detail.get("after") == LIAR]
@@ -85,7 +85,7 @@ def test_the_lying_policy_is_switched_to_and_back_within_k_plus_2_intervals(run)
 
 
 def test_the_watchdog_entry_gives_predicted_and_observed_miss_ratios(run):
-    history, log = run
+    history, log, _ = run
     e = next(e for e in log if e.kind == "watchdog")
     predicted, observed = e.detail["predicted_miss"], e.detail["observed_miss"]
     assert set(predicted) == {LIAR, "mru"}
@@ -101,7 +101,7 @@ def test_the_watchdog_entry_gives_predicted_and_observed_miss_ratios(run):
 
 
 def test_the_lying_policy_is_not_picked_again_during_the_cooldown(run):
-    history, log = run
+    history, log, _ = run
     w = next(e for e in log if e.kind == "watchdog").round
     assert INTERVALS >= w + COOLDOWN + 1
     again = [e.round for e in log if e.kind == "policy" and e.detail.get("after") == LIAR
@@ -109,3 +109,14 @@ def test_the_lying_policy_is_not_picked_again_during_the_cooldown(run):
     assert all(r > w + COOLDOWN for r in again), again
     policy = {h["interval"]: h["policy"] for h in history}
     assert [policy[i] for i in range(w + 1, w + COOLDOWN + 2)] == ["mru"] * (COOLDOWN + 1)
+
+
+def test_each_revert_is_counted_for_prometheus(run):
+    """The controller's cachepilot_watchdog_reverts_total counts the
+    watchdog's reverts per tenant (deploy/prometheus alerts on it)."""
+    _, log, controller = run
+    reverts = sum(e.kind == "watchdog" for e in log)
+    assert reverts >= 1
+    text = controller.metrics.exposition().decode()
+    line = f'cachepilot_watchdog_reverts_total{{tenant="{VICTIM}"}} {float(reverts)}'
+    assert line in text, [x for x in text.splitlines() if "reverts" in x]
