@@ -5,7 +5,10 @@ PY       := .venv/bin/python
 PIP      := .venv/bin/pip
 STAMP    := .venv/.installed
 APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-source-6.12 \
-            libzstd-dev fio rocksdb-tools iproute2 python3-venv
+            libzstd-dev fio rocksdb-tools iproute2 python3-venv systemd
+# installed without their recommendations (prometheus would pull in
+# node-exporter and smartmontools, and start them where systemd runs)
+APT_LEAN := prometheus
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test deps build bpf clean kernel kernel-test bench e2e
@@ -23,6 +26,13 @@ deps:
 		echo "installing system packages:" $$missing; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+	@missing=$$(for p in $(APT_LEAN); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:" $$missing; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+			--no-install-recommends $$missing; \
 	fi
 
 # An editable install through a package_dir mapping (cachepilot -> cli/,

@@ -2,8 +2,11 @@
 and compiles the native C core.  Everything else lives in pyproject.toml."""
 import glob
 import os
+import shutil
+import subprocess
 
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build_py import build_py
 
 # import name -> folder (DESIGN.md: the import root is mapped onto the
 # top-level folders).
@@ -48,7 +51,27 @@ if glob.glob("models/native/runtime/*.c"):
         glob.glob("bpf/policies/*.bpf.c"),
         libraries=["dl"]))
 
+class build_py_with_bpf(build_py):
+    """A wheel carries the agent's BPF side: `make -C bpf` builds the
+    sampler, the policy loader and every policy object, and they go into
+    cachepilot/agent/bpf/, where agent/binaries.py looks first.  An
+    editable install skips this: it finds them in the checkout's bpf/out."""
+
+    def run(self):
+        super().run()
+        if getattr(self, "editable_mode", False) or not os.path.exists("bpf/Makefile"):
+            return
+        subprocess.run(["make", "-s", "-C", "bpf"], check=True)
+        dest = os.path.join(self.build_lib, "cachepilot", "agent", "bpf")
+        os.makedirs(os.path.join(dest, "policies"), exist_ok=True)
+        for name in ("sampler", "policyctl"):
+            shutil.copy2(os.path.join("bpf", "out", name), dest)
+        for obj in glob.glob("bpf/out/policies/*.bpf.o"):
+            shutil.copy2(obj, os.path.join(dest, "policies"))
+
+
 setup(
+    cmdclass={"build_py": build_py_with_bpf},
     packages=list(PKGS),
     package_dir=PKGS,
     package_data={"cachepilot.controller": ["*.proto"]},

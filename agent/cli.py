@@ -25,6 +25,8 @@ def register(sub):
     p.add_argument("--config", required=True, help="agent YAML config")
     p.add_argument("--intervals", type=int, help="stop after this many intervals")
     p.add_argument("--interval", type=float, help="override the config's interval_s")
+    p.add_argument("--node-id", help="override the config's node_id (a DaemonSet passes "
+                                     "the node's name)")
     p.add_argument("--reports", metavar="FILE",
                    help="append each interval's reports to FILE as JSON lines")
     p.add_argument("--stats-only", action="store_true",
@@ -64,6 +66,10 @@ def run_agent(args) -> int:
         if args.interval <= 0:
             raise UserError("--interval must be > 0")
         cfg.interval_s = args.interval
+    if args.node_id is not None:
+        if not args.node_id.strip():
+            raise UserError("--node-id must not be empty")
+        cfg.node_id = args.node_id
     for root in cfg.roots:
         if not os.path.isdir(root):
             raise UserError(f"{args.config}: roots: {root} is not a directory")

@@ -68,14 +68,35 @@ class PrometheusThroughput(_Strict):
 Throughput = Union[AccessesThroughput, PrometheusThroughput]
 
 
+class PodRef(_Strict):
+    """A Kubernetes pod by name, or the pods whose labels match `selector`,
+    in `namespace` (agent/pods.py resolves them to cgroups)."""
+    namespace: str = Field(min_length=1)
+    name: str | None = Field(None, min_length=1)
+    selector: dict[str, str] | None = Field(None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.name is None) == (self.selector is None):
+            raise ValueError("pod: give exactly one of name and selector")
+        return self
+
+
 class TenantSpec(_Strict):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")
-    cgroup: str = Field(min_length=1)
+    cgroup: str | None = Field(None, min_length=1)
+    pod: PodRef | None = None
     throughput: Throughput = Field(default_factory=AccessesThroughput)
     floor: Bytes | None = None
     ceiling: Bytes | None = None
     policies: list[str] | None = Field(None, min_length=1)
     policy_threads: PolicyThreads | None = None
+
+    @model_validator(mode="after")
+    def _cgroup_or_pod(self):
+        if (self.cgroup is None) == (self.pod is None):
+            raise ValueError("give exactly one of cgroup and pod")
+        return self
 
     def thread_rules(self) -> dict[str, dict[str, ThreadRule]]:
         """{policy: {role: rule}} of `policy_threads` (empty without it)."""

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachepilot.agent import cgroups, damon, threads
+from cachepilot.agent import cgroups, damon, pods, threads
 from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
@@ -89,7 +89,11 @@ class Watched:
 
 
 class LinuxBackend:
-    def __init__(self, cfg, sampler: Sampler | None = None, start_sampler: bool = True):
+    def __init__(self, cfg, sampler: Sampler | None = None, start_sampler: bool = True,
+                 pod_lister=None):
+        # lists this node's pods (agent/pods.py) when a tenant names pods;
+        # made on first use, so hosts without Kubernetes never need one
+        self.pod_lister = pod_lister
         self.cfg = cfg
         self.rules = SafetyRules(cfg.safety.floor, cfg.safety.anon_margin,
                                  cfg.safety.anon_margin_ratio, cfg.safety.max_step)
@@ -152,7 +156,13 @@ class LinuxBackend:
         """tenant name -> (cgroup path, its TenantSpec or None)."""
         roots = self.cfg.roots
         want = {}
+        listed = None
         for spec in self.cfg.tenants:
+            if spec.pod is not None:
+                if listed is None:
+                    listed = self._list_pods()
+                want.update(self._pod_cgroups(spec, listed, roots))
+                continue
             hits = cgroups.expand([spec.cgroup], roots)
             if len(hits) == 1:
                 want[spec.name] = (hits[0], spec)
@@ -166,6 +176,35 @@ class LinuxBackend:
                          if cgroups.is_under(h, [r])), h)
             want[name if name != "." else os.path.basename(h)] = (h, None)
         return want
+
+    def _list_pods(self) -> list:
+        """This node's pods, once a refresh; none (and a warning) when the
+        API server cannot be asked."""
+        try:
+            if self.pod_lister is None:
+                self.pod_lister = pods.ApiLister(self.cfg.node_id)
+            return self.pod_lister()
+        except CgroupError as err:
+            log.warning("%s", err)
+            return []
+
+    def _pod_cgroups(self, spec, listed, roots) -> dict:
+        """tenant name -> (pod cgroup, spec) for the pods a tenant names:
+        the tenant's own name for one pod by name, name/pod for a selector."""
+        out = {}
+        ref = spec.pod
+        for pod in pods.select(listed, ref.namespace, ref.name, ref.selector):
+            for root in roots:
+                try:
+                    path = str(pods.find_pod_cgroup(root, pod))
+                except CgroupError:
+                    continue
+                out[spec.name if ref.name else f"{spec.name}/{pod.name}"] = (path, spec)
+                break
+            else:
+                log.warning("tenant %s: pod %s/%s has no cgroup under %s", spec.name,
+                            pod.namespace, pod.name, ", ".join(map(str, roots)))
+        return out
 
     def _refresh(self):
         want = self._wanted()
