@@ -118,6 +118,7 @@ def test_the_agent_watches_the_pods_a_tenant_names(tmp_path):
                     {"name": "db", "pod": {"namespace": "shop", "selector": {"app": "db"}}}]})
     calls = []
     b = LinuxBackend(cfg, start_sampler=False, pod_lister=lambda: calls.append(1) or ps)
+    calls.clear()                               # (the constructor's first look)
     want = b._wanted()
     assert {t: str(Path(p).relative_to(root)) for t, (p, _) in want.items()} == {
         "web": pods.pod_cgroup("u2", "BestEffort", "systemd"),
