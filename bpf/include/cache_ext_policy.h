@@ -541,4 +541,16 @@ static inline __u64 cp_full_pages(__u64 pages)
 #endif /* !CP_RUNTIME_INTERNAL */
 #endif /* __BPF__ */
 
+#if defined(__BPF__) || !defined(CP_RUNTIME_INTERNAL)
+/*
+ * A list walk's callback that proposes every page it is shown, in list
+ * order: cache_ext_list_iterate(memcg, list, cp_take, ectx) evicts from
+ * the head until the request is met.
+ */
+static int __attribute__((unused)) cp_take(int idx, struct cache_ext_list_node *node)
+{
+	return CACHE_EXT_ITER_EVICT;
+}
+#endif
+
 #endif /* CACHE_EXT_POLICY_H */

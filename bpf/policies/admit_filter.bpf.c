@@ -48,16 +48,11 @@ bool BPF_STRUCT_OPS(admit_filter_admit_folio, struct cache_ext_admit_ctx *actx)
 	return true;
 }
 
-static int admit_filter_take(int idx, struct cache_ext_list_node *node)
-{
-	return CACHE_EXT_ITER_EVICT;
-}
-
 void BPF_STRUCT_OPS(admit_filter_evict_folios,
 		    struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	cache_ext_list_iterate(memcg, CP_STATE.list, admit_filter_take, ectx);
+	cache_ext_list_iterate(memcg, CP_STATE.list, cp_take, ectx);
 }
 
 void BPF_STRUCT_OPS(admit_filter_folio_added, struct folio *folio)

@@ -83,11 +83,6 @@ static __u64 gs_list(bool scan, __u32 freq)
 				      GS_LISTS - 1)];
 }
 
-static int gs_take(int idx, struct cache_ext_list_node *node)
-{
-	return CACHE_EXT_ITER_EVICT;
-}
-
 static __s64 gs_score(int idx, struct cache_ext_list_node *node)
 {
 	__u64 id = cp_folio_id(cache_ext_node_folio(node));
@@ -111,7 +106,7 @@ static __always_inline void gs_evict_side(__u32 base, __u32 n,
 		if (ectx->nr_candidates >= ectx->request)
 			return;
 		cache_ext_list_iterate(memcg, CP_STATE.lists[cp_mask(base + i, GS_LISTS - 1)],
-				       gs_take, ectx);
+				       cp_take, ectx);
 	}
 	if (ectx->nr_candidates < ectx->request)
 		cache_ext_list_score(memcg, CP_STATE.lists[cp_mask(base + n - 1, GS_LISTS - 1)],

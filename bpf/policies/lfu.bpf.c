@@ -59,11 +59,6 @@ static __u64 lfu_list(__u32 freq)
 				      LFU_CLASSES - 1)];
 }
 
-static int lfu_take(int idx, struct cache_ext_list_node *node)
-{
-	return CACHE_EXT_ITER_EVICT;
-}
-
 static __s64 lfu_score(int idx, struct cache_ext_list_node *node)
 {
 	__u64 id = cp_folio_id(cache_ext_node_folio(node));
@@ -83,7 +78,7 @@ void BPF_STRUCT_OPS(lfu_evict_folios, struct cache_ext_eviction_ctx *ectx,
 	for (i = 0; i < LFU_TOP; i++) {
 		if (ectx->nr_candidates >= ectx->request)
 			return;
-		cache_ext_list_iterate(memcg, CP_STATE.lists[i], lfu_take, ectx);
+		cache_ext_list_iterate(memcg, CP_STATE.lists[i], cp_take, ectx);
 	}
 	if (ectx->nr_candidates < ectx->request)
 		cache_ext_list_score(memcg, CP_STATE.lists[LFU_TOP], lfu_score,

@@ -16,15 +16,10 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(lru_init, struct mem_cgroup *memcg)
 	return CP_STATE.list ? 0 : -1;
 }
 
-static int lru_take(int idx, struct cache_ext_list_node *node)
-{
-	return CACHE_EXT_ITER_EVICT;
-}
-
 void BPF_STRUCT_OPS(lru_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	cache_ext_list_iterate(memcg, CP_STATE.list, lru_take, ectx);
+	cache_ext_list_iterate(memcg, CP_STATE.list, cp_take, ectx);
 }
 
 void BPF_STRUCT_OPS(lru_folio_added, struct folio *folio)
