@@ -45,6 +45,21 @@ def version_of(path) -> int:
                       "or memory.max)")
 
 
+def memory_hierarchy() -> tuple[Path, int] | None:
+    """Where this host's memory controller is: (/sys/fs/cgroup/memory, 1)
+    on v1, (/sys/fs/cgroup, 2) on v2, None when there is none."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists():
+        return v1, 1
+    v2 = Path("/sys/fs/cgroup")
+    try:
+        if "memory" in (v2 / "cgroup.controllers").read_text().split():
+            return v2, 2
+    except OSError:
+        pass
+    return None
+
+
 def cgroup_id(path) -> int:
     """The id the kernel gives the cgroup (its kernfs id), which is the
     inode number of its directory in v1 and v2 alike; the sampler keys its

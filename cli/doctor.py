@@ -18,13 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from cachepilot.agent import binaries
+from cachepilot.agent.backends.linux import btf_has_cache_ext
+from cachepilot.agent.cache_ext import PolicyActuator, PolicyError
+from cachepilot.agent.cgroups import cgroup_id, memory_hierarchy
+from cachepilot.agent.sampler import BTF, why_unavailable
 
-BTF = Path("/sys/kernel/btf/vmlinux")
 TRACEPOINTS = ("mm_filemap_get_pages", "mm_filemap_add_to_page_cache",
                "mm_filemap_delete_from_page_cache")
 # capability bits (linux/capability.h)
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
-TIMEOUT_S = 120
 
 
 @dataclass
@@ -80,33 +82,16 @@ def check_permissions(caps: int) -> Check:
 
 
 def check_sampler() -> Check:
+    """The agent's own test (`why_unavailable`, which loads and attaches
+    the programs with `sampler --check`), so the two cannot disagree."""
     loader = binaries.sampler()
     if loader is None:
         return Check("sampler", "missing", "the BPF sampler is not built",
                      "make -C bpf (in a checkout) or reinstall the package", True)
-    try:
-        proc = subprocess.run([str(loader), "--check"], capture_output=True, text=True,
-                              timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return Check("sampler", "missing", f"{loader}: {err}", "", True)
-    if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+    why = why_unavailable(loader)
+    if why is not None:
         return Check("sampler", "missing", why, "see the lines above", True)
     return Check("sampler", "ok", f"loads and attaches ({loader})")
-
-
-def memory_hierarchy() -> tuple[Path, int] | None:
-    """Where the memory controller is mounted: (path, 1 or 2)."""
-    v1 = Path("/sys/fs/cgroup/memory")
-    if (v1 / "memory.limit_in_bytes").exists():
-        return v1, 1
-    v2 = Path("/sys/fs/cgroup")
-    try:
-        if "memory" in (v2 / "cgroup.controllers").read_text().split():
-            return v2, 2
-    except OSError:
-        pass
-    return None
 
 
 def check_cgroups(found) -> Check:
@@ -120,7 +105,7 @@ def check_cgroups(found) -> Check:
 def check_cache_ext(found, btf: bytes | None) -> list[Check]:
     """Whether the kernel has cache_ext, and which policy objects load and
     attach on it (each attached to a scratch cgroup and detached again)."""
-    if btf is None or b"cache_ext_ops\0" not in btf:
+    if btf is None or not btf_has_cache_ext(btf):
         return [Check("cache_ext", "note", "this kernel has no cache_ext: the agent sets "
                       "limits and the kernel's own policy runs",
                       "boot the cache_ext kernel (make kernel) to swap policies")]
@@ -136,22 +121,29 @@ def check_cache_ext(found, btf: bytes | None) -> list[Check]:
         scratch.mkdir()
     except OSError as err:
         return out + [Check("policies", "missing", f"cannot make {scratch}: {err}")]
+    # the agent's own actuator: attach, read back what the kernel runs, detach
+    act = PolicyActuator([found[0]], "none", policy_dir,
+                         Path(f"/sys/fs/bpf/cachepilot-doctor-{os.getpid()}"), ctl)
     loaded, refused = [], []
     try:
-        for obj in sorted(policy_dir.glob("*.bpf.o")):
-            name = obj.name[:-len(".bpf.o")]
-            base = [str(ctl), "--policy-dir", str(policy_dir), "--pin-root",
-                    f"/sys/fs/bpf/cachepilot-doctor-{os.getpid()}", "--root", str(found[0])]
-            r = subprocess.run([*base, "attach", str(scratch), name], capture_output=True,
-                               text=True, timeout=TIMEOUT_S)
-            if r.returncode == 0:
+        cgid = cgroup_id(scratch)
+        for name in act.available():
+            try:
+                act.apply(str(scratch), name, cgid)
                 loaded.append(name)
-                subprocess.run([*base, "detach", str(scratch)], capture_output=True,
-                               timeout=TIMEOUT_S)
-            else:
-                refused.append(f"{name} ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
+                act.apply(str(scratch), "none", cgid)
+            except PolicyError as err:
+                refused.append(f"{name} ({err})")
+        try:
+            act.forget(cgid)
+        except PolicyError:
+            pass                    # the pins go with the scratch cgroup's id
     finally:
         scratch.rmdir()
+        try:
+            act.pin_root.rmdir()
+        except OSError:
+            pass
     out.append(Check("policies", "ok" if loaded else "missing",
                      "load: " + (", ".join(loaded) or "none")
                      + ("; refused: " + "; ".join(refused) if refused else "")))

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from cachepilot.agent import cgroups
 from cachepilot.agent.cache_ext import POLICYCTL, running_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +42,10 @@ APPLIED = re.compile(r"tenant \S+: (limit \d+ -> \d+ bytes|policy )")
 # -- cgroups (v1 or v2) -------------------------------------------------------
 
 def memory_hierarchy() -> tuple[Path, int]:
-    v1 = Path("/sys/fs/cgroup/memory")
-    if (v1 / "memory.limit_in_bytes").exists():
-        return v1, 1
-    v2 = Path("/sys/fs/cgroup")
-    if "memory" in (v2 / "cgroup.controllers").read_text().split():
-        return v2, 2
-    raise SystemExit("no memory cgroup hierarchy (v1 /sys/fs/cgroup/memory or v2)")
+    found = cgroups.memory_hierarchy()
+    if found is None:
+        raise SystemExit("no memory cgroup hierarchy (v1 /sys/fs/cgroup/memory or v2)")
+    return found
 
 
 @dataclass

@@ -290,3 +290,22 @@ def test_thread_rules_fill_the_running_policys_tid_map(env, tmp_path, caplog):
                 p.kill()
                 p.wait()
         assert apply(b, "a", "linux").policy_ok
+
+
+def test_doctor_attaches_every_library_policy(env):
+    """`cachepilot doctor` on the cache_ext kernel: every policy object of
+    the library attaches to its scratch cgroup through the agent's actuator
+    and detaches again, and nothing of the doctor's is left behind."""
+    from cachepilot import doctor
+    from cachepilot.agent.cgroups import memory_hierarchy
+    from cachepilot.agent.sampler import BTF
+
+    found = memory_hierarchy()
+    checks = doctor.check_cache_ext(found, BTF.read_bytes())
+    assert [c.status for c in checks] == ["ok", "ok"], checks
+    policies = checks[1].detail
+    print(policies)
+    library = sorted(p.name[:-len(".bpf.o")] for p in POLICY_DIR.glob("*.bpf.o"))
+    assert library and policies == "load: " + ", ".join(library)
+    assert not list(found[0].glob("cachepilot-doctor-*"))
+    assert not list(Path("/sys/fs/bpf").glob("cachepilot-doctor-*"))

@@ -39,9 +39,13 @@ def kernel_has_cache_ext(btf: Path = BTF) -> bool:
     """Whether the running kernel's BTF names the type `cache_ext_ops` (the
     cache_ext struct_ops the policies attach through)."""
     try:
-        data = btf.read_bytes()
+        return btf_has_cache_ext(btf.read_bytes())
     except OSError:
         return False
+
+
+def btf_has_cache_ext(data: bytes) -> bool:
+    """The same test on BTF already read."""
     # type names live NUL-separated in BTF's string section
     return b"\x00cache_ext_ops\x00" in data
 
