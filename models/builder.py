@@ -221,6 +221,13 @@ class MRCBuilder:
         if self.window is not None and self._cur_accesses >= self.window:
             self.end_window()
 
+    def register_threads(self, policy: str, tids) -> None:
+        """The threads in `policy`'s tid map (an application-informed
+        policy's scan or bypass threads): its miniature simulations treat
+        their accesses as the kernel policy treats them."""
+        if self.minisim is not None:
+            self.minisim.register_threads(policy, tids)
+
     # -- ageing ---------------------------------------------------------------
     def end_window(self) -> None:
         """Close the current window (call once per control interval)."""

@@ -252,6 +252,7 @@ class LinuxBackend:
                 except SamplerUnavailable as err:
                     self._lose_sampler(str(err))
             self.watched[tenant] = w
+            self._simulate_thread_rules(w)
             log.info("watching %s as tenant %s (cgroup id %d)", path, tenant, cgid)
 
     def _drop(self, tenant: str, why: str):
@@ -356,6 +357,7 @@ class LinuxBackend:
                 continue
             w.policy = running_policy(w.path, self.default_policy)
             self._follow_thread_rules(w)
+            self._simulate_thread_rules(w)
             reports.append(self._report(w, stats))
         return reports
 
@@ -384,6 +386,19 @@ class LinuxBackend:
                      "; ".join(f"{m} {len(t)}" for m, t in tids.items()))
         except PolicyError as err:
             log.warning("tenant %s: thread rules not applied: %s", w.tenant, err)
+
+    def _simulate_thread_rules(self, w: Watched) -> None:
+        """Once an interval: every application-informed policy the tenant's
+        curves simulate sees the threads its rules name now, as the kernel
+        policy would if it ran (its scan threads' pages go first, say)."""
+        if w.builder is None or w.spec is None:
+            return
+        for policy in w.spec.thread_rules():
+            if policy not in w.builder.policies:
+                continue
+            tids = self._rule_tids(w, policy)
+            w.builder.register_threads(
+                policy, sorted({t for ts in (tids or {}).values() for t in ts}))
 
     def _report(self, w: Watched, stats) -> TenantReport:
         now = time.monotonic()
