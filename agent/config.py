@@ -42,8 +42,8 @@ from pydantic import (BaseModel, ConfigDict, Field,
                       ValidationError, model_validator)
 
 from cachepilot.agent.threads import PolicyThreads, ThreadRule, unknown_key_message
-from cachepilot.configfile import Bytes, read_yaml
-from cachepilot.errors import UserError
+from cachepilot.core.config import Bytes, read_yaml
+from cachepilot.core.errors import UserError
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")

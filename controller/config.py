@@ -22,8 +22,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Field,
                       ValidationError, field_validator, model_validator)
 
-from cachepilot.configfile import Bytes, parse_bytes, read_yaml  # noqa: F401 (re-exported)
-from cachepilot.errors import UserError
+from cachepilot.core.config import Bytes, parse_bytes, read_yaml  # noqa: F401 (re-exported)
+from cachepilot.core.errors import UserError
 
 PAGE_SIZE = 4096
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models.exact import ExactLRU, auto_sizes
 from cachepilot.models.mrc import MRC
 from cachepilot.models.shards import Shards, pick_estimator, rate_threshold, sample_mask_index

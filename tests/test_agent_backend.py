@@ -18,8 +18,8 @@ from cachepilot.agent.config import config_from_dict, load_config
 from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.profile import subtract_window
 from cachepilot.agent.throughput import PrometheusSource, ThroughputError, scrape
-from cachepilot.agent.types import Directive
-from cachepilot.errors import UserError
+from cachepilot.protocol.types import Directive
+from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import MRC
 
 from test_cgroups_tree import make_v2

@@ -30,7 +30,7 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, POLICYCTL, PolicyActuator,
                                         PolicyError, running_policy)
 from cachepilot.agent.cgroups import cgroup_id
 from cachepilot.agent.config import config_from_dict
-from cachepilot.agent.types import Directive
+from cachepilot.protocol.types import Directive
 
 from test_cache_ext_agent import dump_tids
 
@@ -163,7 +163,7 @@ import json, sys, time
 from cachepilot.agent.backends.linux import LinuxBackend
 from cachepilot.agent.cgroups import cgroup_id
 from cachepilot.agent.config import config_from_dict
-from cachepilot.agent.types import Directive
+from cachepilot.protocol.types import Directive
 b = LinuxBackend(config_from_dict(json.loads(sys.argv[1])), start_sampler=False)
 (r,) = b.apply([Directive("b", int(sys.argv[2]), "mru")])
 print(r.policy_ok, r.applied_policy, r.applied_limit_bytes, flush=True)

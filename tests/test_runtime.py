@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models import runtime as rt
 
 TEST_POLICIES = Path(__file__).resolve().parent / "policies"

@@ -189,7 +189,7 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
                 assert c.meta["slices"] == 2, c.meta
                 assert c.meta["all_keys_estimate"] == pytest.approx(pages, rel=0.1)
             # what the agent reports passes the wire's checks unchanged
-            from cachepilot.agent import wire
+            from cachepilot.protocol import wire
             for r in (web, batch):
                 back = wire.report_from_pb(wire.report_to_pb(r))
                 assert back.tenant == r.tenant and len(back.curves) == len(r.curves)

@@ -27,7 +27,7 @@ from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 log = logging.getLogger("cachepilot.agent")
 

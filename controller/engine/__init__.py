@@ -43,7 +43,7 @@ from collections.abc import Collection
 
 import numpy as np
 
-from cachepilot.agent.types import Directive, TenantReport
+from cachepilot.protocol.types import Directive, TenantReport
 from cachepilot.controller.engine import allocate, model, watchdog
 from cachepilot.controller.engine.autopilot import PolicyChoice, choose_policy
 from cachepilot.controller.engine.curves import CurveBank

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.agent.types import TenantReport
+from cachepilot.protocol.types import TenantReport
 from cachepilot.models.mrc import MRC
 
 PAGE = 4096

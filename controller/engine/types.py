@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.agent.types import Directive
+from cachepilot.protocol.types import Directive
 from cachepilot.controller.engine.watchdog import Probation
 
 

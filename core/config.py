@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BeforeValidator
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 
 
 def read_yaml(path) -> tuple[Path, Any]:

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
-from cachepilot.errors import UserError
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
+from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import PAGE_SIZE
 
 # Curve resolution: points per curve, spread evenly up to the node's memory.
