@@ -24,6 +24,7 @@ import grpc
 
 from cachepilot.controller import engine
 from cachepilot.controller.config import SLO
+from cachepilot.controller.engine import keep_freed_memory
 from cachepilot.controller.metrics import ControllerMetrics
 from cachepilot.controller.registry import LOST, Refused, Registry
 from cachepilot.core.errors import UserError
@@ -412,6 +413,7 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
     config names a port).  `listen` overrides config.controller.listen;
     port 0 picks a free one (see Served.port).  watch_lost=False leaves out
     the wall-clock lost-node watch, for nodes stepped on a virtual clock."""
+    keep_freed_memory()
     spec = config.controller
     address = listen or spec.listen
     token = spec.token_value()
