@@ -27,7 +27,8 @@ import numpy as np
 from cachepilot.core.errors import UserError
 from cachepilot.models.exact import ExactLRU, auto_sizes
 from cachepilot.models.mrc import MRC
-from cachepilot.models.shards import Shards, pick_estimator, rate_threshold, sample_mask_index
+from cachepilot.models.estimators import BY_NAME, describe, pick_estimator
+from cachepilot.models.shards import Shards, rate_threshold, sample_mask_index
 from cachepilot.models.traces import open_trace
 from cachepilot.models.traces.readers import formats_help, normalise_format
 
@@ -64,12 +65,8 @@ def register_mrc(subparsers):
     g.add_argument("--max-samples", type=str,
                    help="fixed-size SHARDS: at most S sampled pages")
     p.add_argument("--estimator", default=None,
-                   help="how SHARDS turns its sample into a curve: stack (default "
-                        "at a fixed rate: distinct-page sketches of time slices "
-                        "count every reference, the sample places distances "
-                        "inside their brackets), keys (divides by the key rate a "
-                        "sketch of every reference measures), split (default at a "
-                        "fixed size), adj (SHARDS_adj) or ratio")
+                   help="how SHARDS turns its sample into a curve: "
+                        + describe().replace("%", "%%"))
     p.add_argument("--sizes", default="auto",
                    help="comma-separated sizes in pages, or 'auto' "
                         "(~50 log-spaced from 1%% to 100%% of the unique pages)")
@@ -167,8 +164,8 @@ class Plan:
             if self.methods.get("lru") != "shards":
                 raise UserError("--estimator goes with SHARDS (--method shards, "
                                 "--rate or --max-samples for lru)")
-            if self.estimator == "stack" and self.max_samples is not None:
-                raise UserError("--estimator stack needs a fixed rate (--rate R), "
+            if BY_NAME[self.estimator].fixed_rate_only and self.max_samples is not None:
+                raise UserError(f"--estimator {self.estimator} needs a fixed rate (--rate R), "
                                 "not a fixed size (--max-samples)")
         self.sizes = parse_sizes(args.sizes)
 
