@@ -5,7 +5,8 @@ import textwrap
 
 import pytest
 
-from cachepilot.controller.config import load_config, parse_bytes
+from cachepilot.controller.config import load_config
+from cachepilot.core.config import parse_bytes
 from cachepilot.core.errors import UserError
 
 GOOD = """
