@@ -247,9 +247,7 @@ def plot(rows, names, real, chosen, path):
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("MAE")
     ax.set_title(f"reference traces, unsalted, measured after choosing '{chosen}'")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    study_output.save_figure(fig, ax, path, dpi=110)
 
 
 def main(argv=None):

@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from cachepilot.core.errors import UserError
-from cachepilot.models.exact import ExactLRU, auto_sizes
-from cachepilot.models.mrc import MRC
 from cachepilot.models.estimators import BY_NAME, describe, pick_estimator
+from cachepilot.models.exact import ExactLRU, auto_sizes, parse_sizes
+from cachepilot.models.mrc import MRC
 from cachepilot.models.shards import Shards, rate_threshold, sample_mask_index
 from cachepilot.models.traces import open_trace
 from cachepilot.models.traces.readers import formats_help, normalise_format
@@ -108,19 +108,6 @@ def parse_number(text, name, kind, lo, hi):
     if not lo <= value <= hi:
         raise UserError(f"--{name} must be within [{lo}, {hi}], not {text}")
     return value
-
-
-def parse_sizes(text: str):
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        sizes = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise UserError(f"--sizes takes 'auto' or comma-separated page counts, "
-                        f"not {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise UserError("--sizes needs page counts of at least 1 (or 'auto')")
-    return np.array(sizes, dtype=np.int64)
 
 
 class Plan:

@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 
-from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
-from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.models.mrc import MRC
+from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 
 class WireError(ValueError):

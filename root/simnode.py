@@ -46,7 +46,7 @@ def main(argv=None) -> int:
                             token=spec.token_value(), root_cert=root,
                             server_name=args.server_name, insecure=spec.insecure)
     except UserError as err:
-        print(f"cachepilot agent: error: {err}", file=sys.stderr)
+        print(f"cachepilot simnode: error: {err}", file=sys.stderr)
         return 2
     status = open(args.status_file, "a", buffering=1) if args.status_file else None
 
