@@ -35,7 +35,7 @@ deps:
 			--no-install-recommends $$missing; \
 	fi
 
-# An editable install through a package_dir mapping (cachepilot -> cli/,
+# An editable install through a package_dir mapping (cachepilot -> root/,
 # ...) always ends with setuptools' informational notice "Editable
 # installation" (its InformationOnly class: nothing is wrong); it is
 # filtered by its text and no other warning is.

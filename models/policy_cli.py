@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models import runtime
+from cachepilot.models.exact import parse_sizes
 from cachepilot.models.runtime import TID_REGISTERED as CP_TID_REGISTERED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -274,17 +275,12 @@ def run_list(args) -> int:
     return 0
 
 
-def parse_sizes(text: str | None, n_keys: int) -> list[int]:
-    if not text:
+def smoke_sizes(text: str | None, n_keys: int) -> list[int]:
+    """--sizes, or sizes at SMOKE_FRACTIONS of the keys."""
+    sizes = parse_sizes(text)
+    if sizes is None:
         return sorted({max(1, int(f * n_keys)) for f in SMOKE_FRACTIONS})
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise UserError(f"--sizes wants page counts like 100,200,400, "
-                        f"not {text!r}") from None
-    if not sizes or any(s < 1 for s in sizes) or sizes != sorted(set(sizes)):
-        raise UserError("--sizes must be positive and strictly increasing")
-    return sizes
+    return sizes.tolist()
 
 
 def run_check(args) -> int:
@@ -316,7 +312,7 @@ def run_check(args) -> int:
         print(f"bpf build: ok ({size} bytes; BTF: {btf_desc})")
 
     stream = smoke_stream(args.seed, args.keys, args.accesses)
-    sizes = parse_sizes(args.sizes, args.keys)
+    sizes = smoke_sizes(args.sizes, args.keys)
     result = smoke_check(name, sizes, stream)
     curve, lru, st = result["curve"], result["lru"], result["stats"]
     evictions = max(1, st["evictions"])

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models import _runtime, shards
 from cachepilot.models.mrc import MRC
 from cachepilot.models.mruchain import MRUChain

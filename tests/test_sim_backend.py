@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cachepilot.agent.backends.sim import SimBackend
-from cachepilot.agent.types import Directive
+from cachepilot.sim.backend import SimBackend
+from cachepilot.protocol.types import Directive
 from cachepilot.controller.config import config_from_dict
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 
 MiB = 1 << 20
 

@@ -27,12 +27,12 @@ from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
+from cachepilot.models.mrc import PAGE_SIZE
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 log = logging.getLogger("cachepilot.agent")
 
 BTF = Path("/sys/kernel/btf/vmlinux")
-PAGE = 4096
 
 
 def kernel_has_cache_ext(btf: Path = BTF) -> bool:
@@ -229,8 +229,9 @@ class LinuxBackend:
             if self.sampler is not None:
                 policies = spec.policies if spec is not None and spec.policies \
                     else self.policies
+                max_pages = (self.cfg.max_cache or self.memory_bytes) // PAGE_SIZE
                 builder = make_builder(policies, rate=self.cfg.sampling.rate,
-                                       max_pages=(self.cfg.max_cache or self.memory_bytes) // PAGE,
+                                       max_pages=max_pages,
                                        max_samples=self.cfg.sampling.max_samples)
             tp = None
             if spec is not None and spec.throughput.source == "prometheus":
@@ -409,7 +410,7 @@ class LinuxBackend:
         curves = []
         if w.builder is not None and self.sampler is not None:
             # the limit must also hold what is not page cache (anon + kernel)
-            offset_pages = stats.nonfile_bytes // PAGE
+            offset_pages = stats.nonfile_bytes // PAGE_SIZE
             curves = [shift_by_anon(c, offset_pages) for c in w.builder.snapshot()]
             # the builder's counts age by control interval (sliding window)
             w.builder.end_window()

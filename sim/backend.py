@@ -1,7 +1,8 @@
 """The sim backend: an emulated host on a virtual clock.
 
-Each tenant replays its workload (A's seeded generators, or a trace) through
-the policy runtime (B's `Cache`) at its memory limit.  One collect() is one
+Each tenant replays its workload (the seeded generators of models/generators.py,
+or a trace) through the policy runtime (models/runtime.py's `Cache`) at its
+memory limit.  One collect() is one
 control interval of virtual time: the tenant issues
 `accesses_per_interval` page accesses (a sample of its operation stream),
 the cache counts the misses, and the tenant's service model turns the miss
@@ -24,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.models.runtime import mark_registered
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 # Curve resolution: points per curve, spread evenly up to the node's memory.
 CURVE_POINTS = 24
