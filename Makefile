@@ -11,7 +11,7 @@ APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-sourc
 APT_LEAN := prometheus
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps build bpf clean kernel kernel-test bench e2e
+.PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz
 
 run: build
 	.venv/bin/cachepilot run --config configs/demo.yaml
@@ -56,6 +56,15 @@ bpf: deps
 
 bench: build
 	for b in experiments/bench_*.py; do $(PY) $$b || exit 1; done
+
+# Coverage-guided fuzzing of every trace reader and the record reader
+# (fuzz/run.py: atheris over the Python readers, libFuzzer with ASan and
+# UBSan over the native parser), FUZZ_RUNS executions a target; writes
+# experiments/results/fuzz.json.  Not part of make test.
+FUZZ_RUNS ?= 1000000
+fuzz: build
+	$(PIP) install -q 'atheris>=2.3'
+	$(PY) -m fuzz.run --runs $(FUZZ_RUNS)
 
 kernel:
 	kernel/build
