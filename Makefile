@@ -11,7 +11,7 @@ APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-sourc
 APT_LEAN := prometheus
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz
+.PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz sanitize image
 
 run: build
 	.venv/bin/cachepilot run --config configs/demo.yaml
@@ -65,6 +65,24 @@ FUZZ_RUNS ?= 1000000
 fuzz: build
 	$(PIP) install -q 'atheris>=2.3'
 	$(PY) -m fuzz.run --runs $(FUZZ_RUNS)
+
+# The native core and the BPF loaders built with ASan and UBSan, run
+# through the native tests and a short fuzz, and the sampler loader under
+# valgrind for one agent interval (fuzz/sanitize.sh).  Not part of make test.
+sanitize: build
+	@dpkg -s valgrind >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq valgrind; }
+	fuzz/sanitize.sh
+
+# The agent+controller OCI image (deploy/container/Containerfile), built
+# without a container daemon: buildah with chroot isolation over a
+# debootstrap'd Debian 12 base; writes out/image/cachepilot-*.oci.tar.
+IMAGE_PKGS := buildah skopeo debootstrap
+image:
+	@missing=$$(for p in $(IMAGE_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
+	$(SUDO) deploy/container/build-image.sh
 
 kernel:
 	kernel/build

@@ -123,7 +123,11 @@ def run_target(name: str, runs: int, seed: int, progress: bool) -> dict:
         cmd = [str(native_binary()), *args]
     else:
         cmd = [sys.executable, "-m", "fuzz.run", "--child", name, *args]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # a PYTHONPATH given (make sanitize's build) stays first
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p))
+    if name == NATIVE:
+        env.pop("LD_PRELOAD", None)     # it carries clang's ASan runtime itself
     env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1")
     env.setdefault("ASAN_OPTIONS", "detect_leaks=0" if name != NATIVE else "detect_leaks=1")
     log = base / "log.txt"

@@ -152,6 +152,13 @@ def stack(tmp_path):
         pytest.skip("prometheus is not installed (make deps installs it)")
     ports = {k: free_port() for k in ("grpc", "ctl_metrics", "agent_metrics", "prom")}
     procs = Procs(tmp_path)
+    try:
+        yield stack_of(tmp_path, procs, ports)
+    finally:
+        procs.stop()
+
+
+def stack_of(tmp_path, procs, ports) -> dict:
     # the controller: one node, two tenants with an SLO of 1,000 ops/s
     ctl = small_config_dict(tmp_path, listen=f"127.0.0.1:{ports['grpc']}",
                             metrics_port=ports["ctl_metrics"], interval_s=0.5, lost_after=3)
@@ -174,10 +181,7 @@ def stack(tmp_path):
     prom = start_prometheus(procs, {"cachepilot-agent": [ports["agent_metrics"]],
                                     "cachepilot-controller": [ports["ctl_metrics"]]},
                             ports["prom"])
-    try:
-        yield {"prom": prom, "agent": agent, "ports": ports, "tmp": tmp_path}
-    finally:
-        procs.stop()
+    return {"prom": prom, "agent": agent, "ports": ports, "tmp": tmp_path}
 
 
 def test_prometheus_scrapes_both_and_the_alerts_fire(stack):
@@ -236,7 +240,7 @@ def sampler_stack(tmp_path):
     and a controller whose watchdog reverts a policy switch
     (watchdog_revert_run.py)."""
     from cachepilot.agent.sampler import why_unavailable
-    from cachepilot.agent.testbed import (SCRATCH, have, in_cgroup, make_file, scratch_cgroup,
+    from cachepilot.agent.testbed import (SCRATCH, have, make_file, scratch_cgroup,
                                           v1_memory_available, v2_memory_root)
     if shutil.which("prometheus") is None:
         pytest.skip("prometheus is not installed (make deps installs it)")
@@ -250,29 +254,34 @@ def sampler_stack(tmp_path):
     procs = Procs(tmp_path)
     data = make_file(SCRATCH / "prom-drops-32m.dat", 32 << 20)
     with scratch_cgroup("cp_promlive", root) as cg:
-        procs.start(in_cgroup(cg, ["fio", "--name=r", f"--filename={data}", "--rw=randread",
-                                   "--bs=4k", "--time_based", "--runtime=300",
-                                   "--invalidate=0"]), "fio")
-
-        def agent_config(name, port, ring_bytes):
-            (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({
-                "node_id": name, "roots": [str(root)], "interval_s": 1.0,
-                "tenants": [{"name": "reader", "cgroup": str(cg)}], "policies": ["lru"],
-                "sampling": {"rate": 1.0, "ring_bytes": ring_bytes, "slices": 2},
-                "prometheus": {"address": "127.0.0.1", "port": port}}))
-            return [CACHEPILOT, "agent", "--config", f"{name}.yaml"]
-        procs.start(agent_config("drops", ports["drops"], 4096), "agent-drops")
-        procs.start(setpriv_without_bpf() + agent_config("stats", ports["stats"], 1 << 22),
-                    "agent-stats")
-        procs.start([sys.executable, Path(__file__).parent / "watchdog_revert_run.py",
-                     ports["ctl"], 0.5], "revert")
-        prom = start_prometheus(procs, {"cachepilot-agent": [ports["drops"], ports["stats"]],
-                                        "cachepilot-controller": [ports["ctl"]]},
-                                ports["prom"])
         try:
-            yield {"prom": prom, "ports": ports, "tmp": tmp_path}
+            yield sampler_stack_of(tmp_path, procs, ports, root, cg, data)
         finally:
             procs.stop()
+
+
+def sampler_stack_of(tmp_path, procs, ports, root, cg, data) -> dict:
+    from cachepilot.agent.testbed import in_cgroup
+    procs.start(in_cgroup(cg, ["fio", "--name=r", f"--filename={data}", "--rw=randread",
+                               "--bs=4k", "--time_based", "--runtime=300",
+                               "--invalidate=0"]), "fio")
+
+    def agent_config(name, port, ring_bytes):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({
+            "node_id": name, "roots": [str(root)], "interval_s": 1.0,
+            "tenants": [{"name": "reader", "cgroup": str(cg)}], "policies": ["lru"],
+            "sampling": {"rate": 1.0, "ring_bytes": ring_bytes, "slices": 2},
+            "prometheus": {"address": "127.0.0.1", "port": port}}))
+        return [CACHEPILOT, "agent", "--config", f"{name}.yaml"]
+    procs.start(agent_config("drops", ports["drops"], 4096), "agent-drops")
+    procs.start(setpriv_without_bpf() + agent_config("stats", ports["stats"], 1 << 22),
+                "agent-stats")
+    procs.start([sys.executable, Path(__file__).parent / "watchdog_revert_run.py",
+                 ports["ctl"], 0.5], "revert")
+    prom = start_prometheus(procs, {"cachepilot-agent": [ports["drops"], ports["stats"]],
+                                    "cachepilot-controller": [ports["ctl"]]},
+                            ports["prom"])
+    return {"prom": prom, "ports": ports, "tmp": tmp_path}
 
 
 def test_drops_stats_only_and_a_revert_fire_live(sampler_stack):
