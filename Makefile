@@ -62,9 +62,10 @@ bench: build
 # UBSan over the native parser), FUZZ_RUNS executions a target; writes
 # experiments/results/fuzz.json.  Not part of make test.
 FUZZ_RUNS ?= 1000000
+FUZZ_JOBS ?= 1
 fuzz: build
 	$(PIP) install -q 'atheris>=2.3'
-	$(PY) -m fuzz.run --runs $(FUZZ_RUNS)
+	$(PY) -m fuzz.run --runs $(FUZZ_RUNS) --jobs $(FUZZ_JOBS)
 
 # The native core and the BPF loaders built with ASan and UBSan, run
 # through the native tests and a short fuzz, and the sampler loader under

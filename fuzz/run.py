@@ -3,6 +3,7 @@
     .venv/bin/python -m fuzz.run                     # every target, 1,000,000 runs each
     .venv/bin/python -m fuzz.run --runs 20000 csv    # one target, a short run
     .venv/bin/python -m fuzz.run --list
+    .venv/bin/python -m fuzz.run --jobs 2             # two targets at a time
 
 Python targets (fuzz/targets.py) run under atheris, coverage-guided over
 the readers' bytecode; the native parser (`parse_c`, fuzz/parse_fuzz.c)
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,6 +169,14 @@ def run_target(name: str, runs: int, seed: int, progress: bool) -> dict:
             "log": str(log)}
 
 
+def report(r: dict, runs: int) -> None:
+    state = "ok" if r["rc"] == 0 and not r["crashes"] and r["runs"] >= runs else "FAILED"
+    print(f"{r['target']:10s} {state:6s} {r['runs']:>10,} runs in {r['seconds']:7.1f} s "
+          f"({r['exec_per_s'] or 0:>7,}/s), corpus {r['corpus']}, cov {r['coverage']}"
+          + (f", crashes: {' '.join(r['crashes'])}" if r["crashes"] else "")
+          + (f" (rc {r['rc']}, log {r['log']})" if state != "ok" else ""), flush=True)
+
+
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3:])
@@ -176,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=DEFAULT_RUNS,
                     help=f"executions per target (default {DEFAULT_RUNS:,})")
     ap.add_argument("--seed", type=int, default=1, help="libFuzzer's random seed (1)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="targets run at once, one process each (1)")
     ap.add_argument("--list", action="store_true", help="list the targets and exit")
     ap.add_argument("--json", type=Path, default=RESULTS,
                     help=f"write results here (default {RESULTS.relative_to(REPO)})")
@@ -189,17 +201,17 @@ def main(argv=None) -> int:
         ap.error(f"unknown target(s) {', '.join(unknown)}; have: {', '.join(names)}")
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.jobs < 1:
+        ap.error("--jobs must be at least 1")
     todo = args.targets or names
+    if NATIVE in todo:
+        native_binary()             # built once, before any job needs it
     results = []
-    for name in todo:
-        r = run_target(name, args.runs, args.seed, sys.stderr.isatty())
-        results.append(r)
-        state = "ok" if r["rc"] == 0 and not r["crashes"] and r["runs"] >= args.runs \
-            else "FAILED"
-        print(f"{name:10s} {state:6s} {r['runs']:>10,} runs in {r['seconds']:7.1f} s "
-              f"({r['exec_per_s'] or 0:>7,}/s), corpus {r['corpus']}, cov {r['coverage']}"
-              + (f", crashes: {' '.join(r['crashes'])}" if r["crashes"] else "")
-              + (f" (rc {r['rc']}, log {r['log']})" if state != "ok" else ""), flush=True)
+    progress = sys.stderr.isatty() and args.jobs == 1
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for r in pool.map(lambda n: run_target(n, args.runs, args.seed, progress), todo):
+            report(r, args.runs)
+            results.append(r)
     failed = [r["target"] for r in results
               if r["rc"] != 0 or r["crashes"] or r["runs"] < args.runs]
     doc = {"host": platform.node(), "python": platform.python_version(),
