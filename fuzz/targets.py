@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models.traces import records
 from cachepilot.models.traces.readers import ZSTD_MAGIC, Trace
 from fuzz import seeds as S

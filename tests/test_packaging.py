@@ -98,7 +98,7 @@ def test_the_package_carries_the_bpf_side(venv):
     # the native core and the proto come along too
     assert any(n.startswith("cachepilot/models/_mrc") for n in names)
     assert any(n.startswith("cachepilot/models/_runtime") for n in names)
-    assert "cachepilot/controller/cachepilot.proto" in names
+    assert "cachepilot/protocol/cachepilot.proto" in names
     # ... and none of the C sources as packages of their own
     assert not any(n.startswith("cachepilot/models/native/") for n in names)
     assert os.access(site / "cachepilot/agent/bpf/sampler", os.X_OK)

@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from test_watchdog_sim import INTERVALS, LyingSim, config  # noqa: E402
 
-from cachepilot.controller import run as run_mod  # noqa: E402
+from cachepilot import run as run_mod  # noqa: E402
 
 
 def main() -> int:
