@@ -320,13 +320,13 @@ def main(argv=None) -> int:
                     help="measured interval (throughput read from the tenants), s (5)")
     ap.add_argument("--control-interval", type=float, default=10.0,
                     help="the agent's and the controller's interval, s (10)")
-    ap.add_argument("--intervals", type=int, default=48,
-                    help="measured intervals per configuration, the phase change halfway (48)")
-    ap.add_argument("--warmup", type=int, default=8,
-                    help="measured intervals left out of means after the start (8: a "
+    ap.add_argument("--intervals", type=int, default=32,
+                    help="measured intervals per configuration, the phase change halfway (32)")
+    ap.add_argument("--warmup", type=int, default=4,
+                    help="measured intervals left out of means after the start (4: a "
                          "cache fills only as fast as its tenant misses)")
-    ap.add_argument("--settle", type=int, default=5,
-                    help="measured intervals left out of means after the phase change (5; "
+    ap.add_argument("--settle", type=int, default=3,
+                    help="measured intervals left out of means after the phase change (3; "
                          "under emulation the second phase's fio takes some 20 s to start)")
     ap.add_argument("--sweep-warm", type=int, default=3, help="sweep: warm-up intervals (3)")
     ap.add_argument("--sweep-measure", type=int, default=4, help="sweep: measured intervals (4)")
