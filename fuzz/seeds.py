@@ -127,3 +127,41 @@ def zstd(data: bytes, frames: int = 1) -> bytes:
     step = max(1, len(data) // frames)
     return b"".join(c.compress(data[i:i + step]) for i in range(0, len(data), step)) \
         or c.compress(b"")
+
+
+def config_seeds() -> list[bytes]:
+    """The project's own YAML configs (agent, controller, the demo run),
+    each prefixed with the byte that picks its loader in fuzz_config."""
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    out = []
+    for path in sorted(configs.glob("*.yaml")):
+        which = 0 if path.name.startswith("agent") else 1
+        out.append(bytes([which]) + path.read_bytes())
+    return out
+
+
+def report_seeds() -> list[bytes]:
+    """Serialised ReportRequests as an agent sends them: reports with exact
+    and SHARDS curves of generated traces, an apply result, an empty one."""
+    from cachepilot.models.exact import exact_lru_mrc
+    from cachepilot.models.shards import shards_mrc
+    from cachepilot.protocol import cachepilot_pb2 as pb
+    from cachepilot.protocol.types import ApplyResult, TenantReport
+    from cachepilot.protocol import wire
+
+    out = [pb.ReportRequest(node_id="n1", session="s", seq=1).SerializeToString()]
+    for i, keys in enumerate(generated_keys()):
+        curve = exact_lru_mrc(keys) if i % 2 == 0 else shards_mrc(keys, rate=0.1)
+        rep = TenantReport(tenant=f"t{i}", cgroup=f"/t{i}", interval_s=10.0,
+                           accesses_per_s=1e4, inserts_per_s=1e3, removals_per_s=9e2,
+                           refaults_per_s=10.0, limit_bytes=64 << 20,
+                           usage_file_bytes=60 << 20, usage_anon_bytes=1 << 20,
+                           policy="linux", throughput=500.0, miss_ratio=0.1,
+                           curves=[curve])
+        res = ApplyResult(tenant=f"t{i}", applied_limit_bytes=64 << 20,
+                          applied_policy="linux", ok=True, message="")
+        out.append(pb.ReportRequest(node_id="n1", session="s", seq=i + 2,
+                                    reports=[wire.report_to_pb(rep)],
+                                    applied=[wire.apply_result_to_pb(res)])
+                   .SerializeToString())
+    return out

@@ -25,8 +25,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from cachepilot.core.errors import UserError
+from cachepilot.protocol import wire
 from cachepilot.models.traces import records
 from cachepilot.models.traces.readers import ZSTD_MAGIC, Trace
 from fuzz import seeds as S
@@ -207,3 +209,39 @@ def fuzz_zstd(data: bytes, scratch: Path) -> None:
         return
     fmt = _FORMATS[data[0] % len(_FORMATS)]
     Trace(write(scratch, data[1:], ".zst"), fmt).read_all()
+
+
+_CONFIG_LOADERS = ("agent", "controller")
+
+
+@target("config", seeds=S.config_seeds)
+def fuzz_config(data: bytes, scratch: Path) -> None:
+    """A YAML config as `cachepilot agent|controller|run --config` reads it
+    (the first byte picks the loader): the config or a UserError naming
+    the file and key."""
+    if not data:
+        return
+    from cachepilot.agent.config import load_config as agent_config
+    from cachepilot.controller.config import load_config as controller_config
+    which = _CONFIG_LOADERS[data[0] % len(_CONFIG_LOADERS)]
+    path = write(scratch, data[1:], ".yaml")
+    (agent_config if which == "agent" else controller_config)(path)
+
+
+@target("report", seeds=S.report_seeds, expected=(wire.WireError, DecodeError))
+def fuzz_report(data: bytes, scratch: Path) -> None:
+    """A ReportRequest's bytes as the controller's gRPC server receives
+    them, through report_from_pb and apply_result_from_pb: the objects, or
+    a protobuf DecodeError or WireError.  A report that decodes encodes
+    back to the same message."""
+    from cachepilot.protocol import cachepilot_pb2 as pb
+    msg = pb.ReportRequest.FromString(data)
+    for r in msg.reports:
+        rep = wire.report_from_pb(r)
+        again = wire.report_from_pb(wire.report_to_pb(rep))
+        assert again.tenant == rep.tenant and len(again.curves) == len(rep.curves)
+        for a, b in zip(rep.curves, again.curves):
+            assert np.array_equal(a.sizes, b.sizes)
+            assert np.array_equal(a.miss_ratio, b.miss_ratio)
+    for a in msg.applied:
+        wire.apply_result_from_pb(a)

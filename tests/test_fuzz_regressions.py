@@ -117,3 +117,30 @@ def test_a_bad_line_after_a_split_block_is_named_by_its_own_number(tmp_path):
     p.write_text("0 1048576 0 0\n" * big + "5 1 0 0\n" + "5 x 0 0\n")
     with pytest.raises(TraceError, match=rf":{big + 2}: malformed lis line"):
         Trace(p, "lis").read_all()
+
+
+@pytest.mark.parametrize("name", ["config", "report"])
+def test_the_config_and_report_targets_pass_their_seeds_and_refuse_garbage(tmp_path, name):
+    """Their seeds (the project's configs, reports of generated curves) go
+    through the target; hostile bytes end in the target's own clear error,
+    and a report whose curve lies is refused, not decoded."""
+    from fuzz.targets import TARGETS
+    from cachepilot.protocol import cachepilot_pb2 as pb
+    t = TARGETS[name]
+    seeds = t.seeds()
+    assert seeds
+    for s in seeds:
+        t.run(s, tmp_path / "in")
+    if name == "config":
+        hostile = [b"\x00tenants: [", b"\x01{}", b"\x01- 1\n- 2", b"\x00sampling: {rate: 7}",
+                   b"\x01nodes: [{name: a, memory_bytes: -1}]"]
+    else:
+        lying = pb.Curve(policy="lru", method="exact", rate=0.5, sizes_pages=[4, 2],
+                         miss_ratio=[1.0, 0.5])
+        hostile = [b"\xff\xff\xff", pb.ReportRequest(reports=[pb.TenantReport(
+            tenant="a", curves=[lying])]).SerializeToString(),
+            pb.ReportRequest(reports=[pb.TenantReport(tenant="a", miss_ratio=2.0)])
+            .SerializeToString()]
+    for h in hostile:
+        with pytest.raises(t.expected):
+            t.run(h, tmp_path / "in")
