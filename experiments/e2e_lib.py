@@ -35,11 +35,12 @@ RESULTS = ROOT / "experiments" / "results"
 CLI = [sys.executable, "-m", "cachepilot"]
 MiB = 1 << 20
 CONTROLLED = ("limits_only", "autopilot")
-# SHARDS rate of the agent: a tenant as slow as kv (hundreds of page
-# accesses a second under TCG) gives a few samples a second at 0.01, too few
-# for a curve within a control interval; the kernel checks every access
-# either way, so a higher rate costs only the sampled ones' ring records
-SAMPLING_RATE = 0.05
+# SHARDS rate of the agent.  A tenant as slow as kv (hundreds of page
+# accesses a second under TCG) gives a few samples a second at 0.01, few for
+# a curve; at 0.05 the agent's miniatures of every allowed policy took more
+# than twice the CPU and slowed every tenant more than the better curves
+# helped (README, End to end)
+SAMPLING_RATE = 0.01
 # the agent's log line for a directive it applied
 APPLIED = re.compile(r"tenant \S+: (limit \d+ -> \d+ bytes|policy )")
 
