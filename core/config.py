@@ -192,6 +192,9 @@ def read_yaml(path) -> tuple[Path, Any]:
         raise UserError(f"{p}: no such config file") from None
     except OSError as err:
         raise UserError(f"{p}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"{p}: not UTF-8 text (byte {err.start}); "
+                        "a config is a YAML text file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

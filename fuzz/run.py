@@ -47,7 +47,11 @@ LIMITS = ["-timeout=20", "-rss_limit_mb=2048", "-max_len=8192", "-print_final_st
 
 def child(name: str, argv: list[str]) -> None:
     import atheris
-    with atheris.instrument_imports(include=["cachepilot.models.traces", "fuzz.targets"]):
+    with atheris.instrument_imports(include=["cachepilot.models.traces", "cachepilot.core",
+                                             "cachepilot.agent.config",
+                                             "cachepilot.controller.config",
+                                             "cachepilot.protocol.wire",
+                                             "fuzz.targets"]):
         from fuzz.targets import TARGETS
     t = TARGETS[name]
     scratch_dir = Path(tempfile.mkdtemp(prefix=f"cachepilot-fuzz-{name}-",

@@ -27,6 +27,8 @@ from typing import Callable
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from cachepilot.agent.config import load_config as agent_config
+from cachepilot.controller.config import load_config as controller_config
 from cachepilot.core.errors import UserError
 from cachepilot.protocol import wire
 from cachepilot.models.traces import records
@@ -221,8 +223,6 @@ def fuzz_config(data: bytes, scratch: Path) -> None:
     the file and key."""
     if not data:
         return
-    from cachepilot.agent.config import load_config as agent_config
-    from cachepilot.controller.config import load_config as controller_config
     which = _CONFIG_LOADERS[data[0] % len(_CONFIG_LOADERS)]
     path = write(scratch, data[1:], ".yaml")
     (agent_config if which == "agent" else controller_config)(path)

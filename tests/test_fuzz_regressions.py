@@ -144,3 +144,16 @@ def test_the_config_and_report_targets_pass_their_seeds_and_refuse_garbage(tmp_p
     for h in hostile:
         with pytest.raises(t.expected):
             t.run(h, tmp_path / "in")
+
+
+# config: the project's controller.yaml with one byte of a comment turned
+# into 0x93 (not UTF-8); read_yaml let UnicodeDecodeError through
+@pytest.mark.parametrize("command", [["run", "--config"], ["agent", "--config"],
+                                     ["controller", "--config"]])
+def test_a_config_that_is_not_utf8_is_a_clear_error(tmp_path, command):
+    bad = tmp_path / "c.yaml"
+    bad.write_bytes(b"# a controller \x93for real hosts\ncontroller: {}\n")
+    r = subprocess.run([str(CACHEPILOT), *command, str(bad)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"{bad}: not UTF-8 text (byte 15)" in r.stderr, r.stderr
