@@ -35,7 +35,7 @@ deps:
 			--no-install-recommends $$missing; \
 	fi
 
-# An editable install through a package_dir mapping (cachepilot -> cli/,
+# An editable install through a package_dir mapping (cachepilot -> root/,
 # ...) always ends with setuptools' informational notice "Editable
 # installation" (its InformationOnly class: nothing is wrong); it is
 # filtered by its text and no other warning is.
@@ -70,10 +70,14 @@ kernel-test: kernel bpf
 # guest), under the disk's own throttle (under TCG the host's page cache
 # would make misses nearly free).  Writes
 # experiments/results/e2e_vm.{json,png}.  Not part of make test.
+# E2E_ARGS: more arguments for e2e_vm.py (its --help), e.g. a short
+# diagnostic run: make e2e E2E_ARGS="--only default_equal,agent_sampling"
 E2E_DISK := throttling.bps-total=67108864,throttling.iops-total=8000
+E2E_ARGS :=
 e2e: build kernel
 	kernel/vm -H -m 3G -s 2 -t 4800 -D 2G -d "$(E2E_DISK)" \
-		-W experiments/results -a $(CURDIR) kernel/tests/e2e-in-vm.sh
+		-W experiments/results -a $(CURDIR) $(foreach a,$(E2E_ARGS),-a $(a)) \
+		kernel/tests/e2e-in-vm.sh
 
 clean:
 	rm -rf .venv build *.egg-info out

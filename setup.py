@@ -8,11 +8,14 @@ import subprocess
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_py import build_py
 
-# import name -> folder (DESIGN.md: the import root is mapped onto the
-# top-level folders).
+# import name -> folder: the import root is mapped onto the top-level
+# folders (docs/design.md draws how they may import one another).
 ROOTS = {
-    "cachepilot": "cli",
+    "cachepilot": "root",
+    "cachepilot.core": "core",
     "cachepilot.models": "models",
+    "cachepilot.protocol": "protocol",
+    "cachepilot.sim": "sim",
     "cachepilot.agent": "agent",
     "cachepilot.controller": "controller",
 }
@@ -74,7 +77,7 @@ setup(
     cmdclass={"build_py": build_py_with_bpf},
     packages=list(PKGS),
     package_dir=PKGS,
-    package_data={"cachepilot.controller": ["*.proto"]},
+    package_data={"cachepilot.protocol": ["*.proto"]},
     # only the files named above: the C sources under models/native are the
     # extensions' (listed in ext_modules), not packages of their own
     include_package_data=False,

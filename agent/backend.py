@@ -1,7 +1,7 @@
 """The node backend interface: what the agent loop needs from a host.
 
 Two implementations: `linux` (agent/backends/linux.py, a real host: eBPF
-sampler, cgroup files) and `sim` (agent/backends/sim.py, an emulated host on
+sampler, cgroup files) and `sim` (sim/backend.py, an emulated host on
 a virtual clock).  The gRPC node client (agent/client.py) drives either one
 the same way: every interval it calls collect(), sends the reports, and hands
 the controller's directives to apply().
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 
 class Backend(Protocol):

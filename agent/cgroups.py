@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-PAGE = 4096
+from cachepilot.models.mrc import PAGE_SIZE
+
 # A v1 limit at or above this is "no limit" (PAGE_COUNTER_MAX pages rounded).
 V1_UNLIMITED = 1 << 62
 
@@ -289,6 +290,6 @@ def safe_limit(requested: int, current_limit: int, anon_bytes: int,
     if limit < max(floor, anon_floor):
         # the OOM guard outranks the step cap
         limit = max(floor, anon_floor)
-    limit = (limit + PAGE - 1) // PAGE * PAGE
+    limit = (limit + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE
     return LimitDecision(requested, limit, bool(reasons),
                          "; ".join(reasons) or "within the safety rules")

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 
 log = logging.getLogger("cachepilot.agent")
 

@@ -9,21 +9,18 @@ controller everything it needs to resynchronise.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import sys
 import threading
 import time
 from dataclasses import dataclass
 
 import grpc
 
-from cachepilot.agent import wire
-from cachepilot.agent.types import ApplyResult, Directive
-from cachepilot.controller import cachepilot_pb2 as pb
-from cachepilot.controller import cachepilot_pb2_grpc as pb_grpc
-from cachepilot.controller.service import TOKEN_HEADER
+from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.protocol import wire
+from cachepilot.protocol.channel import make_channel, token_metadata
+from cachepilot.protocol.types import ApplyResult, Directive
 
 log = logging.getLogger("cachepilot.agent.client")
 
@@ -44,18 +41,6 @@ class StepOutcome:
     error: str = ""
 
 
-def make_channel(target: str, root_cert: bytes | None = None, server_name: str | None = None,
-                 insecure: bool = False) -> grpc.Channel:
-    options = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", 64 << 20),
-               ("grpc.max_send_message_length", 64 << 20)]
-    if insecure:
-        return grpc.insecure_channel(target, options=options)
-    if server_name:
-        options.append(("grpc.ssl_target_name_override", server_name))
-    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root_cert),
-                               options=options)
-
-
 class NodeClient:
     def __init__(self, backend, target: str, token: str | None = None,
                  root_cert: bytes | None = None, server_name: str | None = None,
@@ -64,7 +49,7 @@ class NodeClient:
         self.backend = backend
         self.info = backend.info()
         self.target = target
-        self.metadata = ((TOKEN_HEADER, f"Bearer {token}"),) if token else ()
+        self.metadata = token_metadata(token)
         self._channel_args = (target, root_cert, server_name, insecure)
         self.timeout_s = timeout_s
         self.backoff_min, self.backoff_max = backoff_s
@@ -167,55 +152,3 @@ class NodeClient:
         if self.channel is not None:
             self.channel.close()
         self.backend.close()
-
-
-# -- a stand-alone sim node (tests and demos start these as processes) ----------
-def main(argv=None) -> int:
-    from cachepilot.agent.backends.sim import SimBackend
-    from cachepilot.controller.config import load_config
-    from cachepilot.errors import UserError
-
-    ap = argparse.ArgumentParser(prog="python -m cachepilot.agent.client",
-                                 description="Run one sim node against a controller.")
-    ap.add_argument("--config", required=True)
-    ap.add_argument("--node", required=True)
-    ap.add_argument("--target", help="controller address (default: the config's listen)")
-    ap.add_argument("--server-name", help="TLS name to expect (default: from the target)")
-    ap.add_argument("--intervals", type=int)
-    ap.add_argument("--pace", type=float, help="seconds between intervals")
-    ap.add_argument("--status-file", help="append one JSON line per interval")
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        cfg = load_config(args.config)
-        try:
-            cfg.node(args.node)
-        except KeyError:
-            raise UserError(f"{args.config}: no node named {args.node!r}") from None
-        spec = cfg.controller
-        root = spec.client_root_cert()
-        client = NodeClient(SimBackend(cfg, args.node), args.target or spec.listen,
-                            token=spec.token_value(), root_cert=root,
-                            server_name=args.server_name, insecure=spec.insecure)
-    except UserError as err:
-        print(f"cachepilot agent: error: {err}", file=sys.stderr)
-        return 2
-    status = open(args.status_file, "a", buffering=1) if args.status_file else None
-
-    def on_step(c, outcome):
-        if status:
-            limits = c.backend.current()
-            status.write(json.dumps({"t": time.time(), "seq": outcome.seq,
-                                     "connected": outcome.connected, "error": outcome.error,
-                                     "tenants": limits}) + "\n")
-    try:
-        client.run(args.intervals, args.pace, on_step=on_step)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        client.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

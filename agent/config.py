@@ -38,23 +38,19 @@ import socket
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field,
-                      ValidationError, model_validator)
+from pydantic import Field, model_validator
 
 from cachepilot.agent.threads import PolicyThreads, ThreadRule, unknown_key_message
-from cachepilot.configfile import Bytes, read_yaml
-from cachepilot.errors import UserError
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from cachepilot.core import config as base
+from cachepilot.core.config import Bytes, FilePath, Strict
 
 
-class AccessesThroughput(_Strict):
+class AccessesThroughput(Strict):
     """Throughput = page-cache accesses per second (the default)."""
     source: Literal["accesses"] = "accesses"
 
 
-class PrometheusThroughput(_Strict):
+class PrometheusThroughput(Strict):
     """Throughput read from the application's own Prometheus metric: the
     per-second rate of a counter, or a gauge's value."""
     source: Literal["prometheus"]
@@ -68,7 +64,7 @@ class PrometheusThroughput(_Strict):
 Throughput = Union[AccessesThroughput, PrometheusThroughput]
 
 
-class PodRef(_Strict):
+class PodRef(Strict):
     """A Kubernetes pod by name, or the pods whose labels match `selector`,
     in `namespace` (agent/pods.py resolves them to cgroups)."""
     namespace: str = Field(min_length=1)
@@ -82,7 +78,7 @@ class PodRef(_Strict):
         return self
 
 
-class TenantSpec(_Strict):
+class TenantSpec(Strict):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")
     cgroup: str | None = Field(None, min_length=1)
     pod: PodRef | None = None
@@ -103,7 +99,7 @@ class TenantSpec(_Strict):
         return self.policy_threads.rules() if self.policy_threads else {}
 
 
-class Sampling(_Strict):
+class Sampling(Strict):
     """Fixed-rate SHARDS at `rate`; with `max_samples`, fixed-size SHARDS
     that starts at `rate` and lowers the kernel's threshold as distinct
     sampled pages exceed the bound.  `slices`: how many times per interval
@@ -122,36 +118,36 @@ class Sampling(_Strict):
         return self
 
 
-class Safety(_Strict):
+class Safety(Strict):
     floor: Bytes = 64 << 20
     anon_margin: Bytes = 32 << 20
     anon_margin_ratio: float = Field(0.1, ge=0, le=10)
     max_step: Bytes = 1 << 30
 
 
-class PrometheusEndpoint(_Strict):
+class PrometheusEndpoint(Strict):
     address: str = "127.0.0.1"
     port: int = Field(9105, ge=0, le=65535)
 
 
-class CacheExt(_Strict):
+class CacheExt(Strict):
     """Where cache_ext policy objects are loaded from (a directive names a
     policy; only <policy_dir>/<name>.bpf.o can be loaded) and where their
     links are pinned in bpffs.  Defaults: bpf/out/policies beside the agent,
     /sys/fs/bpf/cachepilot."""
-    policy_dir: Path | None = None
+    policy_dir: FilePath | None = None
     pin_root: Path = Path("/sys/fs/bpf/cachepilot")
 
 
-class ControllerLink(_Strict):
+class ControllerLink(Strict):
     address: str = Field(min_length=1)
-    token_file: Path | None = None
-    ca_file: Path | None = None
+    token_file: FilePath | None = None
+    ca_file: FilePath | None = None
     server_name: str | None = None
     insecure: bool = False
 
 
-class AgentConfig(_Strict):
+class AgentConfig(Strict):
     node_id: str = Field(default_factory=socket.gethostname, min_length=1)
     roots: list[str] = Field(min_length=1)
     cgroups: list[str] = Field(default_factory=list)
@@ -197,42 +193,13 @@ def _unknown_policy(names: list[str]) -> str | None:
     return None
 
 
-def _format(path: str, err: ValidationError) -> str:
-    out = []
-    for e in err.errors(include_url=False)[:5]:
-        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]"
-                       for p in e["loc"]).replace(".[", "[") or "(top level)"
-        msg = e["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        got = e.get("input")
-        tail = "" if isinstance(got, (dict, list)) or got is None else f", got {got!r}"
-        if e["type"] == "extra_forbidden":
-            msg, tail = unknown_key_message(e["loc"]) or "unknown key", ""
-        elif e["type"] == "model_type":
-            msg = "expected a mapping"
-        out.append(f"{path}: {key}: {msg[0].lower() + msg[1:]}{tail}")
-    return "; ".join(out)
-
-
 def config_from_dict(data: Any, path: str = "<config>") -> AgentConfig:
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping at the top level")
-    try:
-        return AgentConfig.model_validate(data)
-    except ValidationError as err:
-        raise UserError(_format(path, err)) from None
+    """Validate an already parsed document; errors name `path` and the key."""
+    return base.validate(AgentConfig, data, path, unknown_key=unknown_key_message)
 
 
 def load_config(path) -> AgentConfig:
-    p, data = read_yaml(path)
-    cfg = config_from_dict(data, str(p))
-    base = p.resolve().parent
-    if cfg.cache_ext.policy_dir is not None and not cfg.cache_ext.policy_dir.is_absolute():
-        cfg.cache_ext.policy_dir = base / cfg.cache_ext.policy_dir
-    if cfg.controller:
-        for attr in ("token_file", "ca_file"):
-            v = getattr(cfg.controller, attr)
-            if v is not None and not v.is_absolute():
-                setattr(cfg.controller, attr, base / v)
+    """Read and validate the agent's YAML config (core/config.py); paths in
+    it are relative to the file."""
+    cfg, _ = base.load(AgentConfig, path, unknown_key=unknown_key_message)
     return cfg

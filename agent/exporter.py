@@ -36,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 
 FORMATS = ("db_bench", "fio", "lines")
 METRIC = "cachepilot_app_operations"        # exposed as ..._total

@@ -18,9 +18,7 @@ from cachepilot.agent import cgroups
 from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable, access_batch,
                                       why_unavailable)
-from cachepilot.models.mrc import MRC
-
-PAGE = 4096
+from cachepilot.models.mrc import MRC, PAGE_SIZE
 
 
 @dataclass
@@ -144,7 +142,7 @@ def profile_cgroup(path: str, duration_s: float, *, rate: float = 0.01,
         total = builder.snapshot()
         curves = subtract_window(total, fed, early, early_n) if early is not None else total
         stats = cgroups.read_stats(path)
-        offset_pages = max(nonfile_peak, stats.nonfile_bytes) // PAGE
+        offset_pages = max(nonfile_peak, stats.nonfile_bytes) // PAGE_SIZE
         return Profile(path, cgid, time.monotonic() - start, last - base, stats, curves,
                        [shift_by_anon(c, offset_pages) for c in curves], nonfile_peak)
     finally:

@@ -265,7 +265,8 @@ static __always_inline __u64 task_syscr(struct task_struct *task)
 {
 	if (!bpf_core_field_exists(task->ioac.syscr))
 		return 0;
-	return BPF_CORE_READ(task, ioac.syscr);
+	/* a BTF pointer: a plain load, where BPF_CORE_READ would call a helper */
+	return task->ioac.syscr;
 }
 
 /*

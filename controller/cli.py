@@ -1,13 +1,12 @@
-"""Commands: `controller`, `run` and `admin`."""
+"""Commands: `controller` and `admin`."""
 from __future__ import annotations
 
 import json
 import logging
 import signal
 import threading
-from pathlib import Path
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 
 
 def register(subparsers):
@@ -15,18 +14,6 @@ def register(subparsers):
     p.add_argument("--config", required=True)
     p.add_argument("--listen", help="address to listen on (default: the config's)")
     p.set_defaults(func=cmd_controller)
-
-    p = subparsers.add_parser("run", help="controller + sim nodes in one process (the demo)")
-    p.add_argument("--config", required=True)
-    p.add_argument("--intervals", type=int, default=None,
-                   help="control intervals to run (default 30)")
-    p.add_argument("--json", dest="json_out", help="write the results as JSON here")
-    p.add_argument("--plots", default="out/run",
-                   help="write PNG plots into this folder (default out/run)")
-    p.add_argument("--no-plots", action="store_true", help="write no plots")
-    p.add_argument("--no-live", action="store_true", help="no live table (headless)")
-    p.add_argument("--seed", type=int, help="override the nodes' seeds")
-    p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("admin", help="talk to a running controller")
     p.add_argument("--config", required=True,
@@ -65,43 +52,22 @@ def cmd_controller(args) -> int:
     return 0
 
 
-def cmd_run(args) -> int:
-    from cachepilot.controller.config import load_config
-    from cachepilot.controller.run import DEFAULT_INTERVALS, run_command
-    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
-    if args.intervals is not None and args.intervals < 1:
-        raise UserError(f"--intervals {args.intervals}: expected at least 1")
-    cfg = load_config(args.config)
-    bad = [n.name for n in cfg.nodes if n.backend != "sim"]
-    if bad:
-        raise UserError(f"{args.config}: run embeds sim nodes only; node(s) "
-                        f"{', '.join(bad)} use another backend (start `cachepilot controller` "
-                        f"and agents instead)")
-    plots = None if args.no_plots else args.plots
-    if plots and Path(plots).exists() and not Path(plots).is_dir():
-        raise UserError(f"--plots {plots}: not a folder")
-    intervals = DEFAULT_INTERVALS if args.intervals is None else args.intervals
-    run_command(cfg, intervals=intervals, json_out=args.json_out,
-                plots=plots, live=not args.no_live, seed=args.seed)
-    return 0
-
-
 def cmd_admin(args) -> int:
     import grpc
 
-    from cachepilot.agent.client import make_channel
-    from cachepilot.controller import cachepilot_pb2 as pb
-    from cachepilot.controller import cachepilot_pb2_grpc as pb_grpc
-    from cachepilot.controller.config import load_config
-    from cachepilot.controller.service import TOKEN_HEADER
     from google.protobuf.json_format import MessageToDict
+
+    from cachepilot.controller.config import load_config
+    from cachepilot.protocol import cachepilot_pb2 as pb
+    from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
+    from cachepilot.protocol.channel import make_channel, token_metadata
 
     cfg = load_config(args.config)
     spec = cfg.controller
     target = args.target or spec.listen
     root = spec.client_root_cert()
     token = spec.token_value()
-    md = ((TOKEN_HEADER, f"Bearer {token}"),) if token else ()
+    md = token_metadata(token)
     channel = make_channel(target, root, insecure=spec.insecure)
     stub = pb_grpc.AdminStub(channel)
     action = args.admin_command

@@ -19,13 +19,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Field,
-                      ValidationError, field_validator, model_validator)
+from pydantic import Field, field_validator, model_validator
 
-from cachepilot.configfile import Bytes, parse_bytes, read_yaml  # noqa: F401 (re-exported)
-from cachepilot.errors import UserError
-
-PAGE_SIZE = 4096
+from cachepilot.core import config as base
+from cachepilot.core.config import Bytes, FilePath, Strict
+from cachepilot.core.errors import UserError
 
 Name = Annotated[str, Field(min_length=1, max_length=128,
                             pattern=r"^[A-Za-z0-9_.:-]+$")]
@@ -33,14 +31,9 @@ PolicyName = Annotated[str, Field(min_length=1, max_length=64,
                                   pattern=r"^[a-z0-9_-]+$")]
 
 
-class _Strict(BaseModel):
-    # A misspelt key is an error, not a silently ignored setting.
-    model_config = ConfigDict(extra="forbid", frozen=False)
-
-
 # -- control loop ------------------------------------------------------------
 
-class ModelPrior(_Strict):
+class ModelPrior(Strict):
     """Per-operation time = t_hit_s + miss_ratio * t_miss_s, with
     `concurrency` operations in flight: throughput = concurrency / time.
     Used as the throughput model until enough observations exist, and as
@@ -53,7 +46,7 @@ class ModelPrior(_Strict):
         return self.concurrency / (self.t_hit_s + miss_ratio * self.t_miss_s)
 
 
-class ControlSpec(_Strict):
+class ControlSpec(Strict):
     interval_s: float = Field(1.0, gt=0)
     # No node's limits move by more than this fraction of its memory per
     # interval, summed over its tenants.
@@ -101,16 +94,16 @@ class ControlSpec(_Strict):
     prior: ModelPrior = ModelPrior()
 
 
-class ControllerSpec(_Strict):
+class ControllerSpec(Strict):
     listen: str = "127.0.0.1:50551"
     # TLS is the default; `insecure: true` runs plaintext (loopback demos)
     # and the controller warns loudly when it does.
     insecure: bool = False
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_ca: Path | None = None          # for agents verifying the controller
+    tls_cert: FilePath | None = None
+    tls_key: FilePath | None = None
+    tls_ca: FilePath | None = None      # for agents verifying the controller
     token: str | None = Field(None, min_length=8)
-    token_file: Path | None = None
+    token_file: FilePath | None = None
     metrics_port: int | None = Field(None, ge=0, le=65535)
 
     @model_validator(mode="after")
@@ -151,7 +144,7 @@ class ControllerSpec(_Strict):
 
 # -- nodes ---------------------------------------------------------------------
 
-class NodeSpec(_Strict):
+class NodeSpec(Strict):
     name: Name
     memory_bytes: Bytes = Field(gt=0)
     backend: Literal["sim", "linux"] = "sim"
@@ -165,27 +158,27 @@ class NodeSpec(_Strict):
 
 # -- tenants -------------------------------------------------------------------
 
-class PrometheusSource(_Strict):
+class PrometheusSource(Strict):
     url: str = Field(min_length=1)
     metric: str = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class SLO(_Strict):
+class SLO(Strict):
     min_throughput: float = Field(ge=0)   # operations per second
     # "accesses": the backend's own count (sim: operations served; linux:
     # page-cache accesses per second); or a Prometheus query.
     source: Union[Literal["accesses"], PrometheusSource] = "accesses"
 
 
-class PhaseSpec(_Strict):
+class PhaseSpec(Strict):
     """One phase of a synthetic (or traced) workload."""
     kind: Literal["zipf", "uniform", "scan", "loop", "get-scan", "trace"]
     footprint: Bytes = Field(64 << 20, gt=0)  # working set, bytes
     skew: float = Field(1.0, ge=0)           # zipf, get-scan
     scan_fraction: float = Field(0.1, ge=0, le=1)  # get-scan
     scan_length: Bytes = Field(16 << 20, gt=0)     # get-scan: bytes per scan
-    trace: Path | None = None                # kind: trace
+    trace: FilePath | None = None            # kind: trace
     trace_format: str | None = None
     # Length of the phase in control intervals; None = until the end.
     intervals: int | None = Field(None, ge=1)
@@ -197,7 +190,7 @@ class PhaseSpec(_Strict):
         return self
 
 
-class WorkloadSpec(_Strict):
+class WorkloadSpec(Strict):
     """What a sim tenant runs (and what the planner profiles)."""
     phases: list[PhaseSpec] = Field(min_length=1)
     accesses_per_interval: int = Field(20000, ge=1)
@@ -226,7 +219,7 @@ class WorkloadSpec(_Strict):
         return spans
 
 
-class TenantSpec(_Strict):
+class TenantSpec(Strict):
     name: Name
     node: Name
     cgroup: str | None = None           # defaults to the tenant name
@@ -243,7 +236,7 @@ class TenantSpec(_Strict):
     # Planner input when no workload is given: a JSON file of curves as
     # written by `cachepilot mrc --json` (a list of MRC dicts, or an object
     # with a "curves" list).
-    curves_file: Path | None = None
+    curves_file: FilePath | None = None
 
     @model_validator(mode="after")
     def _defaults(self):
@@ -257,7 +250,7 @@ class TenantSpec(_Strict):
         return self
 
 
-class Config(_Strict):
+class Config(Strict):
     control: ControlSpec = ControlSpec()
     # A file without a controller section (planner inputs, embedded runs)
     # gets plaintext on loopback only -- never a network-facing port without
@@ -293,84 +286,6 @@ class Config(_Strict):
 
 
 # -- loading -------------------------------------------------------------------
-
-def _path(loc) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif "[" in str(part) or str(part)[:1].isupper() or \
-                str(part).startswith("function-"):
-            continue    # union branch tags and validator names
-        else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
-
-
-def _show(value) -> str:
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _expectation(err: dict) -> str:
-    kind, ctx = err["type"], err.get("ctx") or {}
-    got = f", got {_show(err['input'])}" if "input" in err else ""
-    if kind == "missing":
-        return "required key is missing"
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind in ("greater_than_equal", "greater_than", "less_than_equal",
-                "less_than"):
-        op = {"greater_than_equal": ">=", "greater_than": ">",
-              "less_than_equal": "<=", "less_than": "<"}[kind]
-        bound = next(iter(ctx.values()))
-        if isinstance(bound, float) and bound.is_integer():
-            bound = int(bound)
-        return f"expected a number {op} {bound}{got}"
-    if kind in ("float_parsing", "float_type", "int_parsing", "int_type",
-                "int_from_float"):
-        what = "an integer" if kind.startswith("int") else "a number"
-        return f"expected {what}{got}"
-    if kind in ("bool_parsing", "bool_type"):
-        return f"expected true or false{got}"
-    if kind in ("string_type",):
-        return f"expected a string{got}"
-    if kind == "literal_error":
-        return f"expected {ctx.get('expected', 'one of the allowed values')}{got}"
-    if kind in ("list_type",):
-        return f"expected a list{got}"
-    if kind in ("model_type", "dict_type", "model_attributes_type"):
-        return f"expected a mapping{got}"
-    if kind == "too_short":
-        return f"expected at least {ctx.get('min_length', 1)} item(s){got}"
-    if kind == "string_pattern_mismatch":
-        return f"expected letters, digits and _.:- only{got}"
-    if kind == "value_error":
-        msg = str(ctx.get("error", err["msg"]))
-        plain = isinstance(err.get("input"), (dict, list))
-        return msg + ("" if plain else got)
-    return err["msg"][0].lower() + err["msg"][1:] + got
-
-
-def _format(path: str, err: ValidationError) -> str:
-    errors = err.errors(include_url=False)
-    # A union (e.g. slo.source) reports once per branch: when a mapping was
-    # given, the "expected 'accesses'" branch says nothing useful.
-    if len(errors) > 1:
-        errors = [e for e in errors if not (
-            e["type"] == "literal_error" and isinstance(e.get("input"), dict))]
-    seen, out = set(), []
-    for e in errors:
-        key = _path(e["loc"])
-        if key not in seen:         # one message per key path
-            seen.add(key)
-            out.append(f"{path}: {key}: {_expectation(e)}")
-    return "; ".join(out[:5]) + (f" (and {len(out) - 5} more)" if len(out) > 5 else "")
-
 
 def _cross_check(cfg: Config) -> list[str]:
     """Checks that span several entries: names, placements, floors."""
@@ -414,39 +329,15 @@ def _cross_check(cfg: Config) -> list[str]:
     return errs
 
 
-def _resolve_paths(cfg: Config, base: Path) -> None:
-    def fix(p):
-        return p if p is None or p.is_absolute() else (base / p)
-    c = cfg.controller
-    c.tls_cert, c.tls_key, c.tls_ca, c.token_file = (
-        fix(c.tls_cert), fix(c.tls_key), fix(c.tls_ca), fix(c.token_file))
-    for t in cfg.tenants:
-        t.curves_file = fix(t.curves_file)
-        if t.workload is not None:
-            for ph in t.workload.phases:
-                ph.trace = fix(ph.trace)
-
-
 def config_from_dict(data: Any, path: str = "<config>") -> Config:
     """Validate an already parsed document; errors name `path` and the key."""
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a mapping at the top level, got "
-                        f"{type(data).__name__}")
-    try:
-        cfg = Config.model_validate(data)
-    except ValidationError as err:
-        raise UserError(_format(path, err)) from None
-    errs = _cross_check(cfg)
-    if errs:
-        raise UserError("; ".join(f"{path}: {e}" for e in errs[:5]))
-    return cfg
+    return base.validate(Config, data, path, cross_check=_cross_check)
 
 
 def load_config(path) -> Config:
-    """Read and validate a YAML config; UserError with file, key path and
-    expectation on any problem."""
-    p, data = read_yaml(path)
-    cfg = config_from_dict(data, str(p))
-    cfg.source = p.resolve()
-    _resolve_paths(cfg, p.resolve().parent)
+    """Read and validate a YAML config (core/config.py); UserError with
+    file, key path and expectation on any problem.  Paths in it are
+    relative to the file."""
+    cfg, source = base.load(Config, path, cross_check=_cross_check)
+    cfg.source = source
     return cfg

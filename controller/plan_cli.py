@@ -15,7 +15,7 @@ import json
 import math
 from pathlib import Path
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 
 MiB = 1 << 20
 

@@ -36,8 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.errors import UserError
+from cachepilot.controller.config import Config
+from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import MRC, PAGE_SIZE
+from cachepilot.sim.backend import PhaseStream, SimBackend
 
 EXACT_LIMIT = 600          # tenant x host pairs up to which the MILP is tried
 MILP_TIME_LIMIT_S = 20.0
@@ -137,7 +139,6 @@ class _Prober:
     WINDOWS = 6
 
     def __init__(self, phase, seed: int, accesses: int, policy: str):
-        from cachepilot.agent.backends.sim import PhaseStream
         self.warm = warm_accesses(phase, accesses)
         self.window = int(accesses)
         stream = PhaseStream(phase, seed, key_base=0)
@@ -431,7 +432,6 @@ def placed_config(config, result: Plan):
         t["initial_limit_bytes"] = d.demand_bytes
         if d.policy is not None:
             t["initial_policy"] = d.policy
-    from cachepilot.controller.config import Config
     return Config.model_validate(data)
 
 
@@ -442,7 +442,6 @@ def confirm_with_sim(config, result: Plan, intervals: int | None = None) -> dict
     SLO, the lowest throughput of any interval once its cache is warm (the
     same warm-up the planner's profiling used, again after each phase
     change, since a new phase reads new data)."""
-    from cachepilot.agent.backends.sim import SimBackend
     placed = placed_config(config, result)
     cold: dict[str, set[int]] = {}
     longest = 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 
 class Refused(Exception):

@@ -22,17 +22,19 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from cachepilot.agent import wire
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
-from cachepilot.controller import cachepilot_pb2 as pb
-from cachepilot.controller import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.controller import engine
+from cachepilot.controller.config import SLO
+from cachepilot.controller.engine import keep_freed_memory
 from cachepilot.controller.metrics import ControllerMetrics
 from cachepilot.controller.registry import LOST, Refused, Registry
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
+from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.protocol import wire
+from cachepilot.protocol.channel import TOKEN_HEADER
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 log = logging.getLogger("cachepilot.controller")
-
-TOKEN_HEADER = "authorization"
 
 
 @dataclass
@@ -67,7 +69,6 @@ class Engine:
     """
 
     def __init__(self):
-        from cachepilot.controller import engine
         self._engine = engine
         self.state = engine.EngineState()
 
@@ -264,7 +265,6 @@ class Controller:
                           f"SLO for {tenant!r}: expected a throughput >= 0, got {min_throughput}")
         with self.lock:
             spec = self._tenant(tenant)
-            from cachepilot.controller.config import SLO
             old = spec.slo
             spec.slo = SLO(min_throughput=min_throughput,
                            source=old.source if old is not None else "accesses")
@@ -415,6 +415,7 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
     config names a port).  `listen` overrides config.controller.listen;
     port 0 picks a free one (see Served.port).  watch_lost=False leaves out
     the wall-clock lost-node watch, for nodes stepped on a virtual clock."""
+    keep_freed_memory()
     spec = config.controller
     address = listen or spec.listen
     token = spec.token_value()

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from cachepilot.agent.backends.sim import SimBackend
+from cachepilot.sim.backend import SimBackend
 from cachepilot.controller.config import load_config
-from cachepilot.controller.run import run_command, write_plots
+from cachepilot.run import run_command, write_plots
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.models.runtime import available_policies, warm_miss_ratio
 

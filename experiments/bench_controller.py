@@ -136,6 +136,7 @@ def main(argv=None):
     ap.add_argument("--points", type=int, default=50)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_controller"))
     args = ap.parse_args(argv)
+    engine.keep_freed_memory()      # as the service does when it starts
 
     main_run = time_rounds(100, 10, args.rounds, args.seed, args.points)
     load = Path("/proc/loadavg").read_text().split()[0] + f" on {os.cpu_count()} CPUs" + \

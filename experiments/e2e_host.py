@@ -47,7 +47,7 @@ def sim_prediction(ts, budget: int, intervals: int, service: dict) -> dict:
     """The same scenario on the sim backend: equal split vs the controller's
     limits, the kernel's policy only.  Per tenant ops/s under both."""
     from cachepilot.controller.config import config_from_dict
-    from cachepilot.controller.run import run_autopilot, run_static_equal, summarise
+    from cachepilot.run import run_autopilot, run_static_equal, summarise
     cfg = config_from_dict({
         "control": {"interval_s": 1.0, "max_step_fraction": 0.25, "hysteresis": 0.01,
                     "warmup_intervals": 2, "anon_margin_bytes": 0},

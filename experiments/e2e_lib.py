@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from cachepilot.agent import cgroups
+from cachepilot.agent import cgroups, threads
 from cachepilot.agent.cache_ext import POLICYCTL, running_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +93,22 @@ class Cgroups:
             raise SystemExit(f"e2e: no cpu.max for {name} (cgroup v2 with the cpu "
                              f"controller, CONFIG_CFS_BANDWIDTH)")
         f.write_text(f"{int(cpus * period_us)} {period_us}")
+
+    def unset_io(self, name: str, path: Path):
+        """Lift the tenant's disk limit (io.max back to max)."""
+        dev = os.stat(path).st_dev
+        (self.root / name / "io.max").write_text(
+            f"{os.major(dev)}:{os.minor(dev)} riops=max rbps=max")
+
+    def cpu_usage(self, name: str) -> tuple[float, float]:
+        """(CPU seconds used, seconds throttled by cpu.max) of the tenant so
+        far; v1 has no cpu controller here, so (nan, nan)."""
+        try:
+            stat = dict(line.split() for line in
+                        (self.root / name / "cpu.stat").read_text().splitlines())
+            return int(stat["usage_usec"]) / 1e6, int(stat.get("throttled_usec", 0)) / 1e6
+        except (OSError, KeyError, ValueError):
+            return float("nan"), float("nan")
 
     def limit_file(self, name: str) -> Path:
         return self.root / name / ("memory.limit_in_bytes" if self.version == 1
@@ -189,20 +205,31 @@ def tenants(data: Path, sizes: dict, seconds: int, phased: bool = False,
     scanner = data / "db_scan"
     if not scanner.exists():
         scanner.symlink_to(shutil.which("db_bench"))
+    # GETs favour some keys (db_bench scatters them over the key space):
+    # sizes["kv_skew"] is its read_random_exp_range
+    skew = [f"--read_random_exp_range={sizes['kv_skew']}"] if sizes.get("kv_skew") else []
     common = [f"--db={db}", f"--num={sizes['kv_keys']}", "--value_size=400",
               "--compression_type=none", "--cache_size=1048576", "--use_existing_db=1",
               "--open_files=-1"]
     policies = policies or {}
-    scan = ("while :; do " + " ".join([str(scanner), "--benchmarks=readseq",
-                                        "--readonly=1", *common]) + " >/dev/null; done")
+    # one thread scanning from random keys to the end of the database, over
+    # and over, for the whole run: a thread rule (and get_scan's tid map)
+    # names it once, where a new readseq process per pass would bring new
+    # thread ids every pass.  It reads block by block, without RocksDB's
+    # read-ahead, so it takes its turn at the tenant's disk with the GET
+    # threads instead of taking all of its bandwidth
+    scan = [str(scanner), "--benchmarks=seekrandom", f"--seek_nexts={sizes['kv_keys']}",
+            "--readonly=1", "--threads=1", f"--duration={seconds}",
+            "--initial_auto_readahead_size=0", "--max_auto_readahead_size=0", *common]
     return [
         Tenant("kv", "db_bench", "GETs", [
-            "db_bench", "--benchmarks=readrandom", *common, "--threads=2",
-            # a report every second, checked every 50 GETs (by default
-            # db_bench checks ever more rarely, up to every 100,000 GETs)
-            f"--duration={seconds}", "--stats_interval_seconds=1", "--stats_interval=50"],
+            "db_bench", "--benchmarks=readrandom", *common, *skew, "--threads=2",
+            # a report every 100 GETs of a thread (with --stats_interval_seconds
+            # db_bench checks the clock only every 1,000, too coarse for a few
+            # hundred GETs a second)
+            f"--duration={seconds}", "--stats_interval=100"],
             policies=policies.get("kv", ["linux", "lru", "s3fifo", "get_scan"]),
-            helpers=[["sh", "-c", scan]],
+            helpers=[scan],
             threads={"get_scan": {"scan_threads": {"comm": "db_scan*"}}},
             sim={"kind": "get-scan", "footprint": sizes["kv_bytes"], "skew": 0.0,
                  "scan_fraction": 0.5, "scan_length": sizes["kv_bytes"]}),
@@ -237,13 +264,14 @@ def prepare(data: Path, sizes: dict):
             subprocess.run(["fio", "--name=prep", f"--filename={f}", f"--size={sizes[name]}",
                             "--rw=write", "--bs=1m"], check=True, capture_output=True)
     db = data / "db"
-    stamp = db / f".keys-{sizes['kv_keys']}-compacted"
+    stamp = db / f".keys-{sizes['kv_keys']}-seq-compacted"
     if not stamp.exists():
         print(f"  filling {db} ({sizes['kv_keys']} keys)", flush=True)
         shutil.rmtree(db, ignore_errors=True)
+        # every key once (fillrandom would leave a third of them out), then
         # compacted, so nothing is left in the write-ahead log: every open
         # would replay it into a memtable, tens of MiB of the tenant's memory
-        subprocess.run(["db_bench", "--benchmarks=fillrandom,compact", f"--db={db}",
+        subprocess.run(["db_bench", "--benchmarks=fillseq,compact", f"--db={db}",
                         f"--num={sizes['kv_keys']}", "--value_size=400",
                         "--compression_type=none", "--threads=1"],
                        check=True, capture_output=True)
@@ -305,6 +333,27 @@ def stop(procs):
 def cpu_seconds(pid: int) -> float:
     parts = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and its live children (the agent and the
+    sampler loader it runs)."""
+    total = 0.0
+    try:
+        total = cpu_seconds(pid)
+        kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return total
+    return total + sum(tree_cpu_seconds(int(k)) for k in kids)
+
+
+def host_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far (/proc/stat's
+    first line; iowait counts as idle)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    tck = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / tck, sum(fields[:8]) / tck
 
 
 # -- controller and agent --------------------------------------------------------
@@ -399,15 +448,17 @@ class Run:
 
 
 def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Path,
-              slos: dict, static: dict | None = None) -> Run:
+              slos: dict, static: dict | None = None, cold: bool = True) -> Run:
     """Start a configuration from cold caches and wait until every tenant
     counts (and, where a controller decides, until its first directives are
     applied).  `static` ({tenant: (policy, limit)}) sets each tenant's
     policy and limit once (best_static); `agent_sampling` is the equal
     split with an agent that samples and builds curves but has no
-    controller, for the agent's overhead."""
+    controller, for the agent's overhead.  `cold=False` keeps what the
+    page cache holds."""
     reset_policies(ts, cg)
-    drop_caches()
+    if cold:
+        drop_caches()
     for t in ts:
         t.port = free_port()
         cg.set_limit(t.name, budget // len(ts))
@@ -446,6 +497,10 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
         if all((scrape(t.port) or 0) > 0 for t in ts):
             break
         time.sleep(1.0)
+    # a static policy's threads exist only now
+    for t in ts:
+        if static and t.name in static:
+            register_threads(t, cg, static[t.name][0])
     # ... and, where a controller decides, its first directives applied
     # (the agent's first interval: under emulation a minute or more)
     while ctl is not None and time.monotonic() - started < 900:
@@ -454,7 +509,7 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
         time.sleep(1.0)
     run = Run(name, work, procs, ctl, agent, time.monotonic() - started)
     run.last = {t.name: scrape(t.port) or 0.0 for t in ts}
-    run.agent_cpu0 = cpu_seconds(agent.pid) if agent is not None else 0.0
+    run.agent_cpu0 = tree_cpu_seconds(agent.pid) if agent is not None else 0.0
     return run
 
 
@@ -467,7 +522,9 @@ def daemon_priority():
 
 def set_static(ts, cg: Cgroups, static: dict):
     """Each tenant's (policy, limit) of `static`: the policy attached,
-    swapped or detached first, so the new limit's reclaim runs under it."""
+    swapped or detached first, so the new limit's reclaim runs under it,
+    and the threads its tenant's thread rules name registered with it (as
+    the agent does)."""
     for t in ts:
         if t.name not in static:
             continue
@@ -476,13 +533,26 @@ def set_static(ts, cg: Cgroups, static: dict):
         want = "none" if policy == "linux" else policy
         if now != want:
             verb = ("detach" if want == "none" else "attach" if now == "none" else "swap")
-            cmd = [str(POLICYCTL), verb, str(cg.root / t.name)] + \
-                ([] if verb == "detach" else [policy])
-            got = subprocess.run(cmd, capture_output=True, text=True)
-            if got.returncode:
-                raise RuntimeError(f"{t.name}: policyctl {verb} {policy}: "
-                                   f"{(got.stderr or got.stdout).strip()}")
+            policyctl(t, verb, str(cg.root / t.name), *([] if verb == "detach" else [policy]))
+        register_threads(t, cg, policy)
         cg.set_limit(t.name, limit)
+
+
+def policyctl(t: Tenant, *args: str):
+    got = subprocess.run([str(POLICYCTL), *args], capture_output=True, text=True)
+    if got.returncode:
+        raise RuntimeError(f"{t.name}: policyctl {' '.join(args)}: "
+                           f"{(got.stderr or got.stdout).strip()}")
+
+
+def register_threads(t: Tenant, cg: Cgroups, policy: str):
+    """Fill the tid maps of the tenant's running `policy` from its thread
+    rules, once: the threads they name live as long as the run."""
+    rules = (t.threads or {}).get(policy)
+    if not rules:
+        return
+    for tid_map, tids in threads.policy_tids(cg.root / t.name, policy, rules).items():
+        policyctl(t, "tids", str(cg.root / t.name), tid_map, *map(str, tids))
 
 
 def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int,
@@ -490,10 +560,20 @@ def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int
     """Per tenant and interval: operations per second, limit, running
     policy and phase.  After interval `phase_at` the two-phase tenants
     switch to their second phase."""
-    series = {t.name: {"ops_per_s": [], "limit_bytes": [], "policy": [], "phase": []}
-              for t in ts}
+    series = {t.name: {"ops_per_s": [], "limit_bytes": [], "policy": [], "phase": [],
+                       "cpu": [], "throttled": []} for t in ts}
+    # the machine's busy CPUs and the agent's, per interval: whether a
+    # tenant was held by its disk or by its CPU share, and what was left
+    series["_host"] = {"busy_cpus": [], "agent_cpus": []}
     phase = {t.name: 0 for t in ts}
     t0 = time.monotonic()
+    # counted from now: what happened since the last call (a sweep setting
+    # being made, say) belongs to no interval
+    for t in ts:
+        run.last[t.name] = scrape(t.port) or run.last[t.name]
+    cpu0 = {t.name: cg.cpu_usage(t.name) for t in ts}
+    busy0 = host_cpu()[0]
+    agent0 = tree_cpu_seconds(run.agent.pid) if run.agent is not None else 0.0
     for k in range(1, intervals + 1):
         time.sleep(max(0.0, t0 + k * interval - time.monotonic()))
         run.measured_s += interval
@@ -506,10 +586,22 @@ def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int
             series[t.name]["limit_bytes"].append(cg.limit(t.name))
             series[t.name]["policy"].append(running(cg, t.name))
             series[t.name]["phase"].append(phase[t.name])
+            used, throttled = cg.cpu_usage(t.name)
+            series[t.name]["cpu"].append((used - cpu0[t.name][0]) / interval)
+            series[t.name]["throttled"].append((throttled - cpu0[t.name][1]) / interval)
+            cpu0[t.name] = (used, throttled)
+        busy = host_cpu()[0]
+        series["_host"]["busy_cpus"].append((busy - busy0) / interval)
+        busy0 = busy
+        if run.agent is not None and run.agent.poll() is None:
+            a = tree_cpu_seconds(run.agent.pid)
+            series["_host"]["agent_cpus"].append((a - agent0) / interval)
+            agent0 = a
         print(f"    {label or run.name} {k:>2}/{intervals}: " + "  ".join(
             f"{t.name} {series[t.name]['ops_per_s'][-1]:>6.0f}/s "
             f"{series[t.name]['limit_bytes'][-1] >> 20:>3}M "
-            f"{series[t.name]['policy'][-1]}" for t in ts), flush=True)
+            f"{series[t.name]['policy'][-1]} {series[t.name]['cpu'][-1]:.2f}c"
+            for t in ts) + f"  busy {series['_host']['busy_cpus'][-1]:.2f}c", flush=True)
         if phase_at is not None and k == phase_at:
             for t in ts:
                 if t.switch_phase():
@@ -534,7 +626,7 @@ def finish_run(run: Run, ts, cg: Cgroups) -> dict:
             except ValueError:
                 extra[f"admin_{what}"] = got.stderr.strip()
     if run.agent is not None:
-        extra["agent_cpu_s"] = cpu_seconds(run.agent.pid) - run.agent_cpu0
+        extra["agent_cpu_s"] = tree_cpu_seconds(run.agent.pid) - run.agent_cpu0
         extra["agent_cpu_fraction"] = extra["agent_cpu_s"] / max(run.measured_s, 1e-9)
     stop([p for p in (run.agent, run.ctl) if p is not None] + run.procs)
     for t in ts:
@@ -543,14 +635,24 @@ def finish_run(run: Run, ts, cg: Cgroups) -> dict:
     return extra
 
 
+def warm_up(t: Tenant, cg: Cgroups, files: list[Path]):
+    """Read `files` once from inside the tenant's cgroup, so the page cache
+    holds them charged to it."""
+    procs = cg.procs(t.name)
+    subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=False,
+                   preexec_fn=lambda: procs.write_text(str(os.getpid())))
+
+
 def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, intervals: int,
                work: Path, slos: dict, static: dict | None = None,
-               phase_at: int | None = None, control_interval: float | None = None) -> dict:
+               phase_at: int | None = None, control_interval: float | None = None,
+               cold: bool = True) -> dict:
     """One run of a configuration from cold caches: per tenant and
     measured interval its operations per second, limit, running policy and
     phase.  The agent and the controller decide every `control_interval`
     (default: the measured interval)."""
-    run = start_run(name, ts, cg, budget, control_interval or interval, work, slos, static)
+    run = start_run(name, ts, cg, budget, control_interval or interval, work, slos, static,
+                    cold)
     series = measure_intervals(run, ts, cg, interval, intervals, phase_at)
     return {"series": series, **finish_run(run, ts, cg)}
 

@@ -156,9 +156,7 @@ def plot(results, rate, path):
     ax.set_xticks([i * 4 + 1 for i in range(len(names))], names, rotation=20, fontsize=8)
     ax.set_ylabel("MAE vs exact MRU (1-100 % of unique pages)\n(below 1e-4 drawn at 1e-4)")
     ax.set_title(f"MRU at R = {rate}, one dot per hash salt")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    study_output.save_figure(fig, ax, path)
 
 
 def main(argv=None) -> int:
@@ -185,9 +183,8 @@ def main(argv=None) -> int:
               f" {fmt('miniature'):>20s} {fmt('chain'):>20s} {fmt('timed'):>20s}"
               f"  {o['miniature']['mean'] / max(o['chain']['mean'], 1e-12):5.1f}x"
               f"  {r['chain_every_access_sampled']:.4f}", flush=True)
-    doc = {"rate": args.rate, "salts": args.salts, "salt_seed": SALT_SEED,
-           "sizes": "12 log-spaced, 1-100 % of unique pages", "workloads": results,
-           "seconds": time.perf_counter() - t0}
+    doc = study_output.salted_run(args.rate, args.salts, SALT_SEED, t0, workloads=results,
+                                  sizes="12 log-spaced, 1-100 % of unique pages")
     study_output.write(args.out, doc, lambda png: plot(results, args.rate, png))
     return 0
 

@@ -3,7 +3,15 @@ plot as OUT.png beside it, and a line saying so."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+
+
+def salted_run(rate: float, salts: int, seed: int, started: float, **figures) -> dict:
+    """The document of a study over hash salts: its rate, salts and salt
+    seed, its figures, and the seconds since `started` (perf_counter)."""
+    return {"rate": rate, "salts": salts, "salt_seed": seed, **figures,
+            "seconds": time.perf_counter() - started}
 
 
 def write(out, doc: dict, draw) -> None:
@@ -14,3 +22,10 @@ def write(out, doc: dict, draw) -> None:
     out.with_suffix(".json").write_text(json.dumps(doc, indent=1))
     draw(out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')} and .png ({doc['seconds']:.0f} s)")
+
+
+def save_figure(fig, ax, path, dpi: int = 120) -> None:
+    """Finish a study's figure (legend, layout) and save it at `path`."""
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)

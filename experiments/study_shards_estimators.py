@@ -48,8 +48,9 @@ import numpy as np
 from cachepilot.models import generators as gen
 from cachepilot.models.exact import exact_lru_mrc
 from cachepilot.models.exact import miss_ratios
-from cachepilot.models.shards import (ESTIMATORS, SALT_SEED, Shards, curve_from_histogram,
-                                      frequency_cv2, hash_salts, key_count_factor,
+from cachepilot.models.estimators import (BY_NAME, ESTIMATORS, frequency_cv2,
+                                          key_count_factor)
+from cachepilot.models.shards import (SALT_SEED, Shards, curve_from_histogram, hash_salts,
                                       shards_mrc)
 
 import study_output
@@ -60,9 +61,9 @@ TRACES = HERE.parents[1] / "shared" / "traces"
 RATE = 0.01
 MAX_SAMPLES = 8192
 MODES = {"rate=0.01": {"rate": RATE}, "size=8192": {"max_samples": MAX_SAMPLES}}
-# "stack" keeps records at one rate: a fixed-size sample changes its rate
+# a fixed-size sample changes its rate, which some estimators cannot follow
 OFFERED = {"rate=0.01": ESTIMATORS,
-           "size=8192": tuple(e for e in ESTIMATORS if e != "stack")}
+           "size=8192": tuple(e for e in ESTIMATORS if not BY_NAME[e].fixed_rate_only)}
 EVERYWHERE = tuple(e for e in ESTIMATORS if all(e in o for o in OFFERED.values()))
 # Ablation, not a shipped estimator: split with a Gaussian composition part,
 # to show what the Student-t's heavy tail buys.
@@ -124,10 +125,10 @@ def errors_by_estimator(keys, exact, mode_kw, salt=0) -> dict[str, float]:
     for name in ESTIMATORS:
         if name not in OFFERED[mode]:
             continue
-        if name == "stack":
-            # the same sample, with the time slices "stack" keeps
-            curve = shards_mrc(salted, sizes=sizes, estimator="stack", **mode_kw)
-            assert curve.meta["estimator"] == "stack"
+        if BY_NAME[name].slices:
+            # the same sample, with the time slices the estimator keeps
+            curve = shards_mrc(salted, sizes=sizes, estimator=name, **mode_kw)
+            assert curve.meta["estimator"] == name
         else:
             curve = curve_from_histogram(hist, bin_pages, rate, accesses, sizes,
                                          estimator=name, key_stats=stats, all_keys=all_keys)
@@ -246,9 +247,7 @@ def plot(rows, names, real, chosen, path):
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("MAE")
     ax.set_title(f"reference traces, unsalted, measured after choosing '{chosen}'")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    study_output.save_figure(fig, ax, path, dpi=110)
 
 
 def main(argv=None):

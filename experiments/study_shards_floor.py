@@ -113,9 +113,7 @@ def plot(results: dict, rate: float, path: Path) -> None:
     ax.set_ylabel("MAE vs exact LRU (1-100 % of unique pages)")
     ax.set_title(f"SHARDS at R = {rate}: oracles with exact distances (the sampling "
                  f"floors) and {MEASURED}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    study_output.save_figure(fig, ax, path)
 
 
 def main(argv=None) -> int:
@@ -155,9 +153,8 @@ def main(argv=None) -> int:
     if not results:
         print("error: no reference trace found under " + str(TRACES), file=sys.stderr)
         return 1
-    doc = {"rate": args.rate, "salts": args.salts, "salt_seed": SALT_SEED,
-           "sizes": "50 log-spaced, 1-100 % of unique pages", "traces": results,
-           "seconds": time.perf_counter() - t0}
+    doc = study_output.salted_run(args.rate, args.salts, SALT_SEED, t0, traces=results,
+                                  sizes="50 log-spaced, 1-100 % of unique pages")
     study_output.write(args.out, doc, lambda png: plot(results, args.rate, png))
     return 0
 

@@ -33,10 +33,10 @@ from cachepilot.agent import cgroups, damon
 from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, exclusive, in_cgroup,
                                       make_file, scratch_cgroup, v1_memory_available)
 from cachepilot.models import runtime
+from cachepilot.models.mrc import PAGE_SIZE
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-PAGE = 4096
 FILE_SIZE = 128 << 20
 LIMITS_MB = (24, 48, 72, 96)
 WARM, MEASURED = 200_000, 200_000
@@ -142,7 +142,7 @@ def kernel_run(reader, cg, data, trace) -> dict:
         in_cgroup(cg, [str(reader), str(data), str(cg / "memory.stat"), str(WARM)]),
         input=trace.tobytes(), capture_output=True, check=True)
     p0, p1, c0, c1, n = (int(x) for x in proc.stdout.split())
-    return {"miss_ratio": (p1 - p0) / n, "cache_pages": (c0 + c1) // 2 // PAGE}
+    return {"miss_ratio": (p1 - p0) / n, "cache_pages": (c0 + c1) // 2 // PAGE_SIZE}
 
 
 def main() -> int:
@@ -155,7 +155,7 @@ def main() -> int:
         print("note: MGLRU is enabled on this host; `linux` models the "
               "classic LRU", file=sys.stderr)
     data = make_file(SCRATCH / "cp-validate-linux-128m.dat", FILE_SIZE)
-    pages = FILE_SIZE // PAGE
+    pages = FILE_SIZE // PAGE_SIZE
     report = {"file_pages": pages, "warm": WARM, "measured": MEASURED,
               "zipf_skew": SKEW, "kernel": os.uname().release, "workloads": {}}
     # the host's DAMON pageout, if any, would reclaim below the limits

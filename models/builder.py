@@ -57,12 +57,12 @@ class _Window:
     rate: float = 1.0              # SHARDS rate the histogram is counted at
     accesses: float = 0.0          # unsampled accesses represented
     mini: dict = field(default_factory=dict)   # policy -> (misses, accesses) arrays
-    # SHARDS per-key statistics (keys, references, sum of squares) for the
-    # "split" estimator; None when the estimator keeps none
+    # what the SHARDS estimator needs (models/estimators.py): per-key
+    # statistics (keys, references, sum of squares), the distinct keys of
+    # every access (the sketch), the time slices (stack.Slices, sampled
+    # references); None where the estimator keeps none
     key_stats: tuple | None = None
-    # distinct keys of every access (the sketch), for the "keys" estimator
     all_keys: float | None = None
-    # "stack": (stack.Slices, sampled references), None without slices
     stack: tuple | None = None
 
     def scaled_to(self, rate: float, bin_pages: int) -> np.ndarray:
@@ -120,7 +120,6 @@ class MRCBuilder:
             max_samples = DEFAULT_MAX_SAMPLES
         self.shards = Shards(rate, max_samples, adj, estimator=estimator,
                              slice_refs=slice_refs)
-        self.adj = self.shards.adj
         self.estimator = self.shards.estimator
         self.window = None if window is None else int(window)
         self.half_life = half_life
@@ -221,6 +220,13 @@ class MRCBuilder:
         if self.window is not None and self._cur_accesses >= self.window:
             self.end_window()
 
+    def register_threads(self, policy: str, tids) -> None:
+        """The threads in `policy`'s tid map (an application-informed
+        policy's scan or bypass threads): its miniature simulations treat
+        their accesses as the kernel policy treats them."""
+        if self.minisim is not None:
+            self.minisim.register_threads(policy, tids)
+
     # -- ageing ---------------------------------------------------------------
     def end_window(self) -> None:
         """Close the current window (call once per control interval)."""
@@ -236,7 +242,7 @@ class MRCBuilder:
     def _current(self, reset: bool) -> _Window:
         key_stats = self.shards.key_stats()
         all_keys = self.shards.window_unique()
-        stack = self.shards.slices(take=reset) if self.estimator == "stack" else None
+        stack = self.shards.slices(take=reset) if self.shards.kind.slices else None
         hist, bin_pages, rate, accesses = self.shards.take_histogram(reset=reset)
         mini = {}
         if self.minisim is not None:

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.errors import UserError
-from cachepilot.models.exact import ExactLRU, auto_sizes
+from cachepilot.core.errors import UserError
+from cachepilot.models.estimators import BY_NAME, describe, pick_estimator
+from cachepilot.models.exact import ExactLRU, auto_sizes, parse_sizes
 from cachepilot.models.mrc import MRC
-from cachepilot.models.shards import Shards, pick_estimator, rate_threshold, sample_mask_index
+from cachepilot.models.shards import Shards, rate_threshold, sample_mask_index
 from cachepilot.models.traces import open_trace
 from cachepilot.models.traces.readers import formats_help, normalise_format
 
@@ -64,12 +65,8 @@ def register_mrc(subparsers):
     g.add_argument("--max-samples", type=str,
                    help="fixed-size SHARDS: at most S sampled pages")
     p.add_argument("--estimator", default=None,
-                   help="how SHARDS turns its sample into a curve: stack (default "
-                        "at a fixed rate: distinct-page sketches of time slices "
-                        "count every reference, the sample places distances "
-                        "inside their brackets), keys (divides by the key rate a "
-                        "sketch of every reference measures), split (default at a "
-                        "fixed size), adj (SHARDS_adj) or ratio")
+                   help="how SHARDS turns its sample into a curve: "
+                        + describe().replace("%", "%%"))
     p.add_argument("--sizes", default="auto",
                    help="comma-separated sizes in pages, or 'auto' "
                         "(~50 log-spaced from 1%% to 100%% of the unique pages)")
@@ -113,19 +110,6 @@ def parse_number(text, name, kind, lo, hi):
     return value
 
 
-def parse_sizes(text: str):
-    if text.strip().lower() == "auto":
-        return None
-    try:
-        sizes = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise UserError(f"--sizes takes 'auto' or comma-separated page counts, "
-                        f"not {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise UserError("--sizes needs page counts of at least 1 (or 'auto')")
-    return np.array(sizes, dtype=np.int64)
-
-
 class Plan:
     """Which engine computes which curve."""
 
@@ -167,8 +151,8 @@ class Plan:
             if self.methods.get("lru") != "shards":
                 raise UserError("--estimator goes with SHARDS (--method shards, "
                                 "--rate or --max-samples for lru)")
-            if self.estimator == "stack" and self.max_samples is not None:
-                raise UserError("--estimator stack needs a fixed rate (--rate R), "
+            if BY_NAME[self.estimator].fixed_rate_only and self.max_samples is not None:
+                raise UserError(f"--estimator {self.estimator} needs a fixed rate (--rate R), "
                                 "not a fixed size (--max-samples)")
         self.sizes = parse_sizes(args.sizes)
 

@@ -12,6 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
+from cachepilot.core.errors import UserError
 from cachepilot.models import _mrc
 from cachepilot.models.mrc import MRC
 
@@ -59,6 +60,23 @@ def check_sizes(sizes) -> np.ndarray:
     if sizes[0] < 0:
         raise ValueError("cache sizes must be non-negative")
     return sizes
+
+
+def parse_sizes(text: str | None) -> np.ndarray | None:
+    """Cache sizes a user wrote (--sizes): comma-separated page counts of
+    at least 1, in increasing order; None for "auto" or nothing given (the
+    command picks its own)."""
+    if text is None or not text.strip() or text.strip().lower() == "auto":
+        return None
+    try:
+        sizes = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"--sizes takes 'auto' or comma-separated page counts, "
+                        f"not {text!r}") from None
+    if not sizes or sizes[0] < 1 or sizes != sorted(set(sizes)):
+        raise UserError("--sizes needs page counts of at least 1 in increasing order "
+                        "(or 'auto')")
+    return np.array(sizes, dtype=np.int64)
 
 
 def hist_array(raw: bytes) -> np.ndarray:

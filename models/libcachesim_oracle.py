@@ -11,7 +11,7 @@ import tempfile
 
 import numpy as np
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models.traces import write_oracle_general
 
 

@@ -11,9 +11,8 @@ it.  Outcomes chain: hit(t) = hit(s + 1) = hit(s' + 1) ... back to a repeat
 almost always another page, in a rate-R sample with probability R; a
 miniature cache decides on the next *sampled* access instead, which sampling
 makes hot pages' own accesses far more often than they are in the stream,
-and lands wherever that luck puts it: at R = 0.01 on the OLTP trace, a mean
-absolute error of 0.082 on average over ten hash salts and 0.18 at worst
-(experiments/study_minisim_mru.py; the chain model: 0.0077 and 0.016).
+and lands wherever that luck puts it (experiments/study_minisim_mru.py
+compares the two; its results are in experiments/results/ and the README).
 
 The chain model follows the recursion with what the sample does know.  Every
 sampled access has its full-stream position, so its previous use s (sampling
@@ -24,9 +23,9 @@ that are not repeats (a link of a chain never is one: a repeat of page(s) at
 s + 1 would be t itself).  Time is cut into bins of BIN_SAMPLES / R
 accesses; a bin's hit ratio is what its sampled accesses say, and since
 they may link into the bin itself, it solves one linear equation, bin after
-bin, every size at once.  With every access sampled (R = 1) it is within
-0.005 of exact MRU on every workload of the study (0.0003 on OLTP): the
-model is right, what is left is sampling.
+bin, every size at once.  With every access sampled (R = 1) the study
+finds it close to exact MRU on every workload: the model is right, what
+is left is sampling.
 
 Three sampling effects are then taken out (experiments/study_minisim_mru.py
 measures the whole):

@@ -3,12 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from cachepilot.models.mrc import PAGE_SIZE
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
-from cachepilot.models.mrc import PAGE_SIZE  # noqa: E402
+def _pyplot():
+    """pyplot on the headless backend, chosen when a plot is drawn rather
+    than when this module is imported (the choice is process-wide)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def curve_label(curve) -> str:
@@ -22,6 +26,7 @@ def plot_curves(curves, out, title: str = "", unique: int | None = None) -> Path
     """One line per curve (policy, method); x = cache size in pages (log
     axis when the sizes span more than two decades), top axis in MiB."""
     out = Path(out)
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     lo, hi = None, None
     for curve in curves:

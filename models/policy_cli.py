@@ -31,7 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
+from cachepilot.models import runtime
+from cachepilot.models.exact import parse_sizes
+from cachepilot.models.runtime import TID_REGISTERED as CP_TID_REGISTERED
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POLICY_DIR = REPO_ROOT / "bpf" / "policies"
@@ -40,7 +43,6 @@ BPF_DIR = REPO_ROOT / "bpf"
 POLICY_VMLINUX_H = BPF_DIR / "out" / "policies" / "vmlinux.h"
 BPFFS_ROOT = Path("/sys/fs/bpf/cachepilot")
 
-CP_TID_REGISTERED = 1 << 31
 PID_MAX_LIMIT = 1 << 22        # the kernel's upper bound on pid_max
 
 # Smoke workload of `policy check`: hot set, uniform background, a scan and
@@ -64,10 +66,7 @@ def mark_registered(tids, registered) -> np.ndarray:
         raise UserError("tids must be one per access (a 1-D array)")
     reg = np.asarray(sorted({check_tid(t) for t in registered}),
                      dtype=np.uint32)
-    plain = tids.astype(np.uint32) & np.uint32(CP_TID_REGISTERED - 1)
-    out = plain.copy()
-    out[np.isin(plain, reg)] |= np.uint32(CP_TID_REGISTERED)
-    return out
+    return runtime.mark_registered(tids, reg)
 
 
 def check_tid(tid) -> int:
@@ -237,7 +236,6 @@ def smoke_stream(seed: int = 1, n_keys: int = SMOKE_KEYS,
 
 
 def smoke_check(name: str, sizes, stream) -> dict:
-    from cachepilot.models import runtime
 
     curve = runtime.full_mrc(stream, name, sizes)
     lru = runtime.full_mrc(stream, "lru", sizes)
@@ -257,7 +255,6 @@ def smoke_check(name: str, sizes, stream) -> dict:
 # -- commands -----------------------------------------------------------------
 
 def run_list(args) -> int:
-    from cachepilot.models import runtime
 
     rows = []
     for name in runtime.available_policies():
@@ -278,21 +275,15 @@ def run_list(args) -> int:
     return 0
 
 
-def parse_sizes(text: str | None, n_keys: int) -> list[int]:
-    if not text:
+def smoke_sizes(text: str | None, n_keys: int) -> list[int]:
+    """--sizes, or sizes at SMOKE_FRACTIONS of the keys."""
+    sizes = parse_sizes(text)
+    if sizes is None:
         return sorted({max(1, int(f * n_keys)) for f in SMOKE_FRACTIONS})
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise UserError(f"--sizes wants page counts like 100,200,400, "
-                        f"not {text!r}") from None
-    if not sizes or any(s < 1 for s in sizes) or sizes != sorted(set(sizes)):
-        raise UserError("--sizes must be positive and strictly increasing")
-    return sizes
+    return sizes.tolist()
 
 
 def run_check(args) -> int:
-    from cachepilot.models import runtime
 
     path = Path(args.file)
     if not path.is_file():
@@ -321,7 +312,7 @@ def run_check(args) -> int:
         print(f"bpf build: ok ({size} bytes; BTF: {btf_desc})")
 
     stream = smoke_stream(args.seed, args.keys, args.accesses)
-    sizes = parse_sizes(args.sizes, args.keys)
+    sizes = smoke_sizes(args.sizes, args.keys)
     result = smoke_check(name, sizes, stream)
     curve, lru, st = result["curve"], result["lru"], result["stats"]
     evictions = max(1, st["evictions"])

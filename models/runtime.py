@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models import _runtime, shards
 from cachepilot.models.mrc import MRC
 from cachepilot.models.mruchain import MRUChain
@@ -80,6 +80,20 @@ def _keys(keys) -> np.ndarray:
             raise UserError("page keys must be integers")
         arr = arr.astype(np.uint64)
     return np.ascontiguousarray(arr)
+
+
+# bit 31 of a simulated access's tid: a thread in the policy's tid map
+# (CP_TID_REGISTERED in the application-informed policies; kernel tids
+# never have it)
+TID_REGISTERED = 1 << 31
+
+
+def mark_registered(tids: np.ndarray, registered: np.ndarray) -> np.ndarray:
+    """A copy of `tids` (uint32, one per access) with TID_REGISTERED set on
+    exactly the accesses of a tid in `registered` (sorted uint32)."""
+    plain = np.asarray(tids, dtype=np.uint32) & np.uint32(TID_REGISTERED - 1)
+    return np.where(np.isin(plain, registered), plain | np.uint32(TID_REGISTERED),
+                    plain).astype(np.uint32)
 
 
 def _tids(tids, n: int) -> np.ndarray | None:
@@ -256,7 +270,15 @@ class MiniSim:
     its sampled keys in the full stream (:meth:`feed_unsampled` knows them;
     :meth:`feed` takes them as `positions`), MRU's curve is the chain
     model's (meta["estimator"] = "chain"); a batch without positions
-    falls back to MRU's miniature for good."""
+    falls back to MRU's miniature for good.
+
+    Registered threads.  An application-informed policy (get_scan,
+    admit_filter) treats the threads in its tid map specially; in a
+    simulation an access marked with CP_TID_REGISTERED (bit 31 of its tid)
+    is such a thread's.  :meth:`register_threads` gives one policy its
+    threads, as the agent writes the kernel policy's map: that policy's
+    miniatures then see those threads' accesses marked, the others'
+    unmarked."""
 
     def __init__(self, policies, sizes_pages, rate: float):
         if isinstance(policies, str):
@@ -274,6 +296,7 @@ class MiniSim:
             for m in np.unique(self.mini_sizes).tolist():
                 self._caches[(p, m)] = Cache(p, m, scale=1.0 / self.rate)
         self._window = {k: (0, 0) for k in self._caches}
+        self._registered: dict[str, np.ndarray] = {}   # policy -> sorted tids
         self.sampled = 0           # sampled accesses in the current window
         self.accesses = 0          # full-stream accesses, when told
         self.chain = MRUChain(self.sizes, self.rate) if "mru" in self.policies else None
@@ -302,13 +325,26 @@ class MiniSim:
                     raise UserError(str(err)) from None
         self._feed_caches(keys, tids, accesses)
 
+    def register_threads(self, policy: str, tids) -> None:
+        """The threads `policy`'s tid map holds from now on (an empty list
+        clears it); a policy this MiniSim does not run is ignored."""
+        arr = np.unique(np.asarray(list(tids), dtype=np.uint32))
+        if len(arr):
+            self._registered[policy] = arr
+        else:
+            self._registered.pop(policy, None)
+
     def _feed_caches(self, keys, tids, accesses):
         if accesses is not None:
             self.accesses += int(accesses)
         if len(keys) == 0:
             return
-        for cache in self._caches.values():
-            cache._c.access(keys, tids)        # already checked above
+        marked = {}
+        if tids is not None:
+            for policy, reg in self._registered.items():
+                marked[policy] = mark_registered(tids, reg)
+        for (policy, _), cache in self._caches.items():
+            cache._c.access(keys, marked.get(policy, tids))    # already checked above
         self.sampled += len(keys)
 
     def feed_unsampled(self, keys, tids=None):

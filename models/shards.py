@@ -11,83 +11,22 @@ sampled keys, divided by R, estimate the full distances (Waldspurger et al.,
   with the largest hash, the threshold drops to that hash and the counts so
   far are rescaled by R_new / R_old.
 
-The sample holds n references where N * R were expected.  How the curve
-treats that difference is the estimator (the `estimator` keyword):
-
-- "adj" (SHARDS_adj, the paper's): the difference joins the first
-  histogram bin, i.e. it is booked as hits at every size.  Right when the
-  sample caught more (or fewer) hot keys than its share: the extra
-  references are mostly hits.
-- "ratio": divide by n instead of N * R.  Right when the sample simply holds
-  more (or fewer) keys than R * M, each as busy as the average key.
-- "split" (the default at a fixed size): the difference has two causes
-  with known shapes.
-  The key count is binomial, so log(k / (R*M)) has variance ~(1-R)/k; the
-  composition (how busy the sampled keys are) varies like the mean of k
-  per-key counts, variance ~CV^2/k, CV^2 estimated from the sampled keys'
-  own counts.  The posterior mean of the key-count part, with a Gaussian
-  prior for it and a Student-t (3 degrees of freedom, the heaviest tail that
-  still has the variance we estimate) for the composition, is booked like
-  "ratio"; the rest like "adj".  The heavy tail matters: a sample that
-  missed the few hottest keys underestimates CV^2, and a Gaussian would then
-  blame the large deficit on the key count, which cannot plausibly be that
-  far off.  In fixed-size mode the split is applied the same way to the
-  histogram's (rescaled) total, with the frequencies of the keys sampled
-  now.  The estimator was chosen on synthetic workloads only
-  (experiments/study_shards_estimators.py: 14 workloads x 2 modes x 20 hash
-  salts, mean MAE 0.0117 against 0.0148 for SHARDS_adj and 0.0487 for
-  ratio).  Booking the composition part by the sampled keys' own
-  misses-per-reference slope instead of as hits was tried on the same
-  synthetic workloads (a one-off run, not kept in the script) and
-  lost badly on skewed workloads, whose hottest keys a sample usually misses.
-- "keys" (the default at a fixed rate before "stack"): the deviation is
-  measured instead of inferred.  Next to the
-  sample, every reference goes into a HyperLogLog sketch of the distinct
-  keys (models/hll.py, about 1.6 % error, a few nanoseconds a reference),
-  so the realised key rate R' = sampled keys / all keys is known (the
-  sketch's count of all keys averaged with sampled keys / R, each weighted
-  by the inverse of its variance).  Misses
-  are divided by N * R' (the sampled keys' share of the traffic if they are
-  as busy as the average key; extra references of hot keys are hits, as in
-  SHARDS_adj) and distances are scaled by 1/R' instead of 1/R.  It needs a
-  sketch of every reference: the trace path always has one; a stream fed
-  pre-sampled keys has one only when the sketch of its accesses is handed
-  over (Shards.add_sketch), and falls back to "split" otherwise
-  (meta["estimator"] says which ran).
-- "stack" (the default at a fixed rate): the sketch is kept per time
-  slice, and the distinct-key counts of runs of slices say how many
-  references re-use a key last seen how many slices back; the sample only
-  says where inside those brackets the distances fall (models/stack.py).
-  Chosen on the same synthetic workloads: mean MAE 0.0069 at R = 0.01,
-  against 0.0176 for "keys" (lowest on 10 of the 14).  Fixed rate only (a
-  fixed-size sample's records would change rate as it shrinks); a stream
-  fed pre-sampled keys needs each batch's sketch (feed(..., sketch=)) and
-  falls back to "keys" without.  At rate 1 the sample is the stream and
-  its histogram the exact curve.
+This module is the stream side: Shards feeds the native stack-distance
+engine and keeps what its estimator says it needs (per-key counts, the
+sketch of every reference, time slices).  How a window's sample becomes a
+curve is the estimator's business, one class each in models/estimators.py.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
 from cachepilot.models import _mrc, hll
 from cachepilot.models import stack as slice_stack
-from cachepilot.models.exact import (as_keys, auto_sizes, check_sizes,
-                                     hist_array, iter_chunks, miss_ratios)
+from cachepilot.models.estimators import BY_NAME, Sample, estimate, needs, pick_estimator
+from cachepilot.models.exact import as_keys, auto_sizes, check_sizes, hist_array, iter_chunks
 from cachepilot.models.mrc import MRC
 
 THRESHOLD_ALL = (1 << 64) - 1
-ESTIMATORS = ("split", "adj", "ratio", "keys", "stack")
-# Chosen per mode on synthetic workloads only
-# (experiments/study_shards_estimators.py): at a fixed rate "stack" (mean MAE
-# 0.0069 against 0.0176 for keys), at a fixed size "split" (0.0039 against
-# 0.0049 for keys, whose sketch error outweighs what a large sample's own
-# key count already says; "stack" needs a fixed rate).
-DEFAULT_ESTIMATOR = "stack"           # fixed rate
-DEFAULT_SIZE_ESTIMATOR = "split"      # fixed size
-COMPOSITION_DOF = 3        # Student-t degrees of freedom of the composition part
-SKETCH_RSE = 1.04 / math.sqrt(hll.REGISTERS)   # HyperLogLog relative error
 
 
 def rate_threshold(rate: float) -> int:
@@ -128,21 +67,6 @@ def hash64(keys):
 def sample_mask_index(keys, threshold: int) -> np.ndarray:
     """Indices of the keys with cp_hash64(key) < threshold."""
     return np.frombuffer(_mrc.sample_index(as_keys(keys), int(threshold)), np.uint64)
-
-
-def pick_estimator(estimator: str | None = None, adj: bool | None = None,
-                   fixed_size: bool = False) -> str:
-    """The estimator's name: `estimator` if given, else adj=True -> "adj",
-    adj=False -> "ratio", neither -> the default of the mode."""
-    if estimator is None:
-        if adj is None:
-            return DEFAULT_SIZE_ESTIMATOR if fixed_size else DEFAULT_ESTIMATOR
-        return "adj" if adj else "ratio"
-    name = str(estimator).strip().lower()
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown SHARDS estimator {estimator!r}; accepted: "
-                         + ", ".join(ESTIMATORS))
-    return name
 
 
 class KeyCounts:
@@ -194,54 +118,11 @@ class KeyCounts:
         return len(c), float(c.sum()), float(np.dot(c, c))
 
 
-def frequency_cv2(key_stats) -> float:
-    """Squared coefficient of variation of the references per sampled key."""
-    keys, refs, sum_sq = key_stats
-    if keys <= 0 or refs <= 0:
-        return 0.0
-    return max(0.0, keys * sum_sq / (refs * refs) - 1.0)
-
-
-def key_count_factor(keys: int, cv2: float, sampled: float,
-                     accesses: float, rate: float,
-                     dof: float = COMPOSITION_DOF) -> float:
-    """Estimated (sampled keys) / (rate * all keys): the part of the
-    sample's deviation sampled / (accesses*rate) that comes from how many
-    keys it holds (see the module docstring); `keys` and `cv2` describe the
-    sampled keys.  1 = no key-count deviation.  dof = inf models the
-    composition as Gaussian (the study's comparison)."""
-    if keys <= 0 or sampled <= 0 or accesses <= 0 or rate >= 1.0:
-        return 1.0
-    dev = math.log(sampled / (accesses * rate))
-    var_count = (1.0 - rate) / keys
-    var_comp = cv2 * var_count
-    sd_count = math.sqrt(var_count)
-    if math.isinf(dof):
-        # Gaussian composition: the posterior mean is a fixed share of dev
-        return math.exp(dev * var_count / (var_count + var_comp))
-    # Student-t scale whose variance is var_comp
-    scale = math.sqrt(var_comp * (dof - 2) / dof)
-    if scale < 1e-3 * sd_count:
-        # every sampled key equally busy: the whole deviation is the count
-        return math.exp(dev)
-    # posterior mean by quadrature, on a grid fine both where the prior
-    # lives and where a narrow likelihood peaks
-    x = np.union1d(np.linspace(-8.0 * sd_count, 8.0 * sd_count, 2001),
-                   np.linspace(dev - 8.0 * scale, dev + 8.0 * scale, 2001))
-    log_post = (-0.5 * (x / sd_count) ** 2
-                - 0.5 * (dof + 1) * np.log1p((dev - x) ** 2 / (dof * scale * scale)))
-    w = np.exp(log_post - log_post.max())
-    mean = float(np.trapezoid(w * x, x) / np.trapezoid(w, x))
-    # the posterior mean lies between the prior's centre and the deviation;
-    # keep quadrature error from stepping outside
-    return math.exp(min(max(mean, min(0.0, dev)), max(0.0, dev)))
-
-
 class Shards:
     """Streaming SHARDS.  Give `rate` (fixed rate), `max_samples` (fixed
     size, starting at rate 1 or at `rate` when both are given), or both.
     `estimator` names how the curve treats the sample's deviation from
-    N * R (ESTIMATORS); the older `adj` keyword still works: True is
+    N * R (models/estimators.py); the older `adj` keyword still works: True is
     "adj" (SHARDS_adj), False is "ratio".  `slice_refs` ("stack"): the
     first automatic time slices' length (None: stack.FIRST_SLICE_REFS), or
     0 for one slice per fed batch; batches that come pre-sampled are always
@@ -257,19 +138,20 @@ class Shards:
         threshold = THRESHOLD_ALL if rate is None else rate_threshold(rate)
         self.max_samples = None if max_samples is None else int(max_samples)
         self.estimator = pick_estimator(estimator, adj, fixed_size=max_samples is not None)
-        if self.estimator == "stack" and self.max_samples is not None:
-            raise ValueError('the "stack" estimator needs a fixed rate, not max_samples')
-        self.adj = self.estimator == "adj"
+        self.kind = BY_NAME[self.estimator]
+        if self.kind.fixed_rate_only and self.max_samples is not None:
+            raise ValueError(f'the "{self.estimator}" estimator needs a fixed rate, '
+                             'not max_samples')
         slices = {}
-        if self.estimator == "stack":
+        if self.kind.slices:
             slices = {"slice_refs": slice_stack.FIRST_SLICE_REFS if slice_refs is None
                       else int(slice_refs), "max_slices": slice_stack.MAX_SLICES}
         self._sd = _mrc.StackDist(threshold=threshold, max_keys=self.max_samples or 0,
                                   **slices)
         # per-key counts cost a little per batch: kept only when used
-        self._keys = KeyCounts() if self.estimator in ("split", "keys", "stack") else None
-        self._records = []         # "stack": sampled references of the window
-        self._sliced = self.estimator == "stack"   # every batch's sketch known
+        self._keys = KeyCounts() if needs(self.estimator, "key_counts") else None
+        self._records = []         # sliced: sampled references of the window
+        self._sliced = self.kind.slices   # every batch's sketch known
         self.accesses = 0          # unsampled references represented
         # the native sketch counts what feed() is given; it is the window's
         # distinct keys only while every batch is unsampled
@@ -307,7 +189,7 @@ class Shards:
             return self._given_sketch
         if self._own_sketch_valid:
             own = np.frombuffer(self._sd.hll(), np.uint8)
-            if self.estimator == "stack":
+            if self.kind.slices:
                 # the engine's sketch restarts with every slice
                 raw = np.frombuffer(self._sd.slices()[0], np.uint8)
                 if len(raw):
@@ -341,7 +223,7 @@ class Shards:
         self._sd.feed(keys)
         if sketch is not None:
             self.add_sketch(sketch)
-        if self.estimator == "stack":
+        if self.kind.slices:
             self._records.append(slice_stack.as_records(self._sd.take_records()).copy())
             if not self._sd.slice_refs:
                 # one slice per batch: its own sketch, or the one handed over
@@ -351,10 +233,10 @@ class Shards:
                     self._sd.close_slice(None if sketch is None else hll.as_registers(sketch),
                                          len(keys) if total_accesses is None
                                          else int(total_accesses))
-        # "stack" counts the sample's keys from its records; per-key counts
-        # (a second hash pass here) serve only its fallback, pre-sampled
-        # batches without a sketch, where that pass is over few keys
-        if self._keys is not None and (self.estimator != "stack" or presampled):
+        # a sliced estimator counts the sample's keys from its records;
+        # per-key counts (a second hash pass here) serve only its fallback,
+        # pre-sampled batches without a sketch, where that pass is over few keys
+        if self._keys is not None and (not self.kind.slices or presampled):
             threshold = self._sd.threshold
             self._keys.add(keys[sample_mask_index(keys, threshold)])
             self._keys.prune_if_grown(threshold)
@@ -373,7 +255,7 @@ class Shards:
         took them first)."""
         out = (hist_array(self._sd.hist(reset=reset)), self._sd.bin_pages,
                self.rate, self.accesses)
-        if reset and self.estimator == "stack":
+        if reset and self.kind.slices:
             self.slices(take=True)
         if reset:
             self.accesses = 0
@@ -418,7 +300,7 @@ class Shards:
 
     def mrc(self, sizes=None) -> MRC:
         key_stats = self.key_stats()
-        stacked = self.slices() if self.estimator == "stack" else None
+        stacked = self.slices() if self.kind.slices else None
         if stacked is not None:
             # the slices' union is the window's sketch: count it once
             all_keys = stacked[0].distinct
@@ -433,103 +315,19 @@ class Shards:
                                     max_samples=self.max_samples, stacked=stacked)
 
 
-def key_rate(key_stats, all_keys, rate: float) -> float | None:
-    """The realised key rate, sampled keys / all keys (None if unknown).
-
-    Two independent counts of all keys are at hand: the sketch's (relative
-    error SKETCH_RSE) and sampled keys / rate (relative error
-    sqrt((1 - rate) / keys), binomial).  They are combined in log space,
-    each weighted by the inverse of its variance: at a low rate the sketch
-    decides, in a large fixed-size sample the sample's own count weighs in."""
-    if key_stats is None or all_keys is None or not all_keys > 0 or key_stats[0] <= 0:
-        return None
-    keys = float(key_stats[0])
-    var_sketch = SKETCH_RSE ** 2
-    var_sample = max(0.0, 1.0 - rate) / keys
-    w = var_sample / (var_sample + var_sketch)
-    log_all = w * math.log(all_keys) + (1.0 - w) * math.log(keys / rate)
-    return keys / math.exp(log_all)
-
-
 def curve_from_histogram(hist, bin_pages, rate, accesses, sizes=None, *,
                          adj=True, unique=None, max_samples=None,
                          estimator: str | None = None, key_stats=None,
                          all_keys: float | None = None, stacked=None) -> MRC:
-    """The curve from a SHARDS histogram.  `estimator` (else `adj`) picks
-    the estimator; "split" needs `key_stats` (Shards.key_stats()), "keys"
-    also `all_keys` (the window's distinct keys, from the sketch) and falls
-    back to "split" without it; "stack" needs `stacked`, the (Slices,
-    records) of Shards.slices(), and falls back to "keys" without."""
+    """The curve from a SHARDS histogram by the named estimator (else
+    `adj`: True "adj", False "ratio"), given what it needs: `key_stats`
+    (Shards.key_stats()), `all_keys` (the window's distinct keys, from the
+    sketch), `stacked` (the (Slices, records) of Shards.slices()); one that
+    lacks them falls back as models/estimators.py says."""
     name = pick_estimator(estimator, adj)
     sizes = auto_sizes(unique or 1) if sizes is None else check_sizes(sizes)
-    sampled = float(np.sum(hist))
-    extra = 0.0
-    factor = 1.0
-    asked = name
-    eff_rate = None
-    if name == "stack" and rate >= 1.0:
-        # the sample is the stream: its histogram is the exact curve
-        return MRC(sizes, miss_ratios(hist, bin_pages, sizes), "lru", "shards", 1.0,
-                   {"accesses": int(accesses), "sampled": sampled, "estimator": "stack",
-                    "bin_pages": int(bin_pages),
-                    **({} if unique is None else {"unique_estimate": float(unique)})})
-    if name == "stack":
-        if stacked is not None and len(stacked[0]):
-            slices, records = stacked
-            span_keys = slices.distinct
-            eff_rate = key_rate((slice_stack.sampled_keys(slices, records), 0.0, 0.0),
-                                span_keys, rate)
-            if eff_rate is not None:
-                return _stack_curve(stacked, eff_rate, sizes, rate, span_keys,
-                                    unique, sampled)
-        name = "keys"
-    if name == "keys":
-        eff_rate = key_rate(key_stats, all_keys, rate)
-        if eff_rate is None or not accesses:
-            name = "split"
-    lookup = sizes
-    if name == "keys":
-        # distances were scaled by 1/rate; the realised rate says by how much
-        # they should have been: a size c covers scaled distances c * R' / R
-        extra = accesses * eff_rate - sampled
-        lookup = np.floor(sizes * (eff_rate / rate)).astype(np.int64)
-    elif accesses and name == "adj":
-        extra = accesses * rate - sampled
-    elif accesses and name == "split":
-        if key_stats is None:
-            raise ValueError('the "split" estimator needs per-key counts (key_stats)')
-        factor = key_count_factor(key_stats[0], frequency_cv2(key_stats),
-                                  sampled, accesses, rate)
-        # the key-count part scales the whole sample; what is left of the
-        # deviation is composition and is booked as hits, as SHARDS_adj does
-        extra = accesses * rate * factor - sampled
-    ratios = miss_ratios(hist, bin_pages, lookup, extra)
-    meta = {"accesses": int(accesses), "sampled": sampled, "estimator": name,
-            "adj": float(extra), "bin_pages": int(bin_pages)}
-    if asked != name:
-        meta["estimator_asked"] = asked
-    if eff_rate is not None:
-        meta["key_rate"] = eff_rate
-        meta["all_keys_estimate"] = float(all_keys)
-    if name == "split":
-        meta["key_count_factor"] = float(factor)
-        meta["frequency_cv2"] = frequency_cv2(key_stats) if key_stats else 0.0
-    if unique is not None:
-        meta["unique_estimate"] = float(unique)
-    if max_samples:
-        meta["max_samples"] = int(max_samples)
-    return MRC(sizes, ratios, "lru", "shards", float(rate), meta)
-
-
-def _stack_curve(stacked, eff_rate, sizes, rate, all_keys, unique, sampled) -> MRC:
-    slices, records = stacked
-    misses, accesses, facts = slice_stack.stack_misses(slices, records, eff_rate, sizes)
-    ratios = np.clip(misses / accesses, 0.0, 1.0) if accesses > 0 else np.ones(len(sizes))
-    meta = {"accesses": int(round(accesses)), "sampled": sampled, "estimator": "stack",
-            "key_rate": eff_rate, "all_keys_estimate": float(all_keys), **facts}
-    if unique is not None:
-        meta["unique_estimate"] = float(unique)
-    return MRC(sizes, ratios, "lru", "shards", float(rate), meta)
+    return estimate(name, Sample(hist, bin_pages, rate, accesses, sizes, key_stats,
+                                 all_keys, stacked, unique, max_samples))
 
 
 def shards_mrc(source, rate=None, max_samples=None, sizes=None, adj=None, *,

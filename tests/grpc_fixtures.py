@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.agent.types import ApplyResult, NodeInfo, TenantReport
+from cachepilot.protocol.types import ApplyResult, NodeInfo, TenantReport
 from cachepilot.controller.config import config_from_dict
 from cachepilot.models.mrc import MRC
 
@@ -61,7 +61,7 @@ class EchoEngine:
         self.calls = []
 
     def decide(self, node, reports, config, advisory=False):
-        from cachepilot.agent.types import Directive
+        from cachepilot.protocol.types import Directive
         self.calls.append((node, [r.tenant for r in reports]))
         self.advisory = advisory
         out, log = [], []

@@ -18,8 +18,8 @@ from cachepilot.agent.config import config_from_dict, load_config
 from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.profile import subtract_window
 from cachepilot.agent.throughput import PrometheusSource, ThroughputError, scrape
-from cachepilot.agent.types import Directive
-from cachepilot.errors import UserError
+from cachepilot.protocol.types import Directive
+from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import MRC
 
 from test_cgroups_tree import make_v2
@@ -120,24 +120,17 @@ def test_named_tenants_and_unmatched_paths(tmp_path):
 
 def test_config_errors_name_file_key_and_expectation(tmp_path):
     bad = tmp_path / "agent.yaml"
-    bad.write_text("roots: [/sys/fs/cgroup]\ncgroups: ['*']\nsampling: {rate: 2}\n")
-    with pytest.raises(UserError, match=r"agent.yaml: sampling.rate: .*less than or equal to 1"):
-        load_config(bad)
-    bad.write_text("roots: []\ncgroups: ['*']\n")
-    with pytest.raises(UserError, match=r"roots"):
-        load_config(bad)
-    bad.write_text("roots: [/x]\n")
-    with pytest.raises(UserError, match="at least one entry in `cgroups` or `tenants`"):
-        load_config(bad)
-    bad.write_text("roots: [/x]\ncgroups: [a]\nsafety: {floor: lots}\n")
-    with pytest.raises(UserError, match=r"safety.floor: .*size"):
-        load_config(bad)
-    bad.write_text("roots: [/x]\ncgroups: [a]\nintervall: 3\n")
-    with pytest.raises(UserError, match=r"intervall"):
-        load_config(bad)
-    bad.write_text("roots: [/x\n")
-    with pytest.raises(UserError, match="not valid YAML"):
-        load_config(bad)
+    for text, match in (
+            ("roots: [/sys/fs/cgroup]\ncgroups: ['*']\nsampling: {rate: 2}\n",
+             r"agent.yaml: sampling.rate: expected a number <= 1, got 2"),
+            ("roots: []\ncgroups: ['*']\n", r"roots"),
+            ("roots: [/x]\n", "at least one entry in `cgroups` or `tenants`"),
+            ("roots: [/x]\ncgroups: [a]\nsafety: {floor: lots}\n", r"safety.floor: .*size"),
+            ("roots: [/x]\ncgroups: [a]\nintervall: 3\n", r"intervall"),
+            ("roots: [/x\n", "not valid YAML")):
+        bad.write_text(text)
+        with pytest.raises(UserError, match=match):
+            load_config(bad)
     with pytest.raises(UserError, match="no such config file"):
         load_config(tmp_path / "absent.yaml")
 

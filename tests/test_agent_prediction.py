@@ -26,10 +26,10 @@ from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, exclusive,
                                       fio_randread_with_mark, have, warm_fio, warm_program,
                                       in_cgroup, make_file, scratch_cgroup,
                                       v1_memory_available)
+from cachepilot.models.mrc import PAGE_SIZE
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-PAGE = 4096
 FILE_SIZE = 256 << 20
 LIMITS_MB = (32, 64, 128, 192)
 TOLERANCE = 0.05
@@ -140,7 +140,7 @@ def describe(before: dict, sampled_cache_pages: int) -> str:
 
 
 def sampled_cache_pages(cg) -> int:
-    return cgroups.read_stats(cg).sampled_cache_bytes // PAGE
+    return cgroups.read_stats(cg).sampled_cache_bytes // PAGE_SIZE
 
 
 def measure_real(cg, data_file, distribution, limit_mb, rep):
@@ -182,7 +182,7 @@ def test_fio_curve_predicts_kernel_miss_ratio_at_four_limits(data_file, distribu
         prof = profile_during(cg, [
             lambda warmed: fio_randread_with_mark(cg, data_file, WARM + MEASURED, WARM, warmed,
                                                   distribution=distribution, seed=1)],
-            max_pages=2 * FILE_SIZE // PAGE)
+            max_pages=2 * FILE_SIZE // PAGE_SIZE)
         curves = curves_of(prof)
         rows = []
         for limit_mb in LIMITS_MB:
@@ -192,7 +192,7 @@ def test_fio_curve_predicts_kernel_miss_ratio_at_four_limits(data_file, distribu
             # median of REPEATS runs is the kernel's figure.
             real, notes = sorted(measure_real(cg, data_file, distribution, limit_mb, rep)
                                  for rep in range(REPEATS))[REPEATS // 2]
-            size = (limit_mb << 20) // PAGE
+            size = (limit_mb << 20) // PAGE_SIZE
             rows.append((limit_mb, real, float(curves[DEFAULT].at(size)),
                          float(curves["lru"].at(size)), notes))
         check_prediction(f"fio {distribution} (rate {RATE}, non-file offset "
@@ -258,7 +258,7 @@ def test_rocksdb_curve_predicts_kernel_miss_ratio_at_four_limits(rocksdb):
         prof = profile_during(cg, [
             lambda: db_bench(["--benchmarks=readrandom", f"--reads={reads}", "--seed=1"], cg),
             lambda: db_bench(["--benchmarks=readrandom", f"--reads={reads}", "--seed=2"], cg)],
-            max_pages=2 * db_size // PAGE)
+            max_pages=2 * db_size // PAGE_SIZE)
         curves = curves_of(prof)
         rows = []
         cgid = os.stat(cg).st_ino
@@ -285,7 +285,7 @@ def test_rocksdb_curve_predicts_kernel_miss_ratio_at_four_limits(rocksdb):
                     base[0] += sign * (after.pgpgin - before.pgpgin)
                     base[1] += sign * (c1[cgid][1].accesses - c0[cgid][1].accesses)
                 real = base[0] / base[1]
-                size = (limit_mb << 20) // PAGE
+                size = (limit_mb << 20) // PAGE_SIZE
                 rows.append((limit_mb, real, float(curves[DEFAULT].at(size)),
                              float(curves["lru"].at(size)),
                              describe(host, sampled_cache_pages(cg))))

@@ -13,7 +13,7 @@ from cachepilot.agent.backends.linux import LinuxBackend
 from cachepilot.agent.cache_ext import (POLICYCTL, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.config import config_from_dict
-from cachepilot.agent.types import Directive
+from cachepilot.protocol.types import Directive
 
 from test_cgroups_tree import make_v2
 

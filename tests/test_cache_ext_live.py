@@ -30,7 +30,7 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, POLICYCTL, PolicyActuator,
                                         PolicyError, running_policy)
 from cachepilot.agent.cgroups import cgroup_id
 from cachepilot.agent.config import config_from_dict
-from cachepilot.agent.types import Directive
+from cachepilot.protocol.types import Directive
 
 from test_cache_ext_agent import dump_tids
 
@@ -128,6 +128,15 @@ def apply(b: LinuxBackend, tenant: str, policy: str, limit: int = LIMIT):
     return res
 
 
+def pass_under(cg: Path, env, policy: str):
+    """Check memory.cache_ext names `policy` ("none": the kernel's own),
+    then (H, T) after a pass."""
+    assert cache_ext(cg)["policy"] == policy
+    h, t, _ = residency_after_a_pass(cg, env)
+    print(f"under {policy}: H={h} T={t}")
+    return h, t
+
+
 def test_directives_attach_swap_and_detach(env):
     a = ROOT / "a"
     b = backend()
@@ -137,23 +146,18 @@ def test_directives_attach_swap_and_detach(env):
     res = apply(b, "a", "mru")
     print(f"mru: {res.policy_message}")
     assert res.ok and res.policy_ok and res.applied_policy == "mru"
-    assert cache_ext(a)["policy"] == "mru"
-    h, t, _ = residency_after_a_pass(a, env)
-    print(f"after attaching mru: H={h} T={t}")
+    h, t = pass_under(a, env, "mru")
     assert h >= HIGH and t <= LOW
 
     res = apply(b, "a", "fifo")
     assert res.policy_ok and "swapped live" in res.policy_message, res
-    assert cache_ext(a)["policy"] == "fifo"
-    h, t, _ = residency_after_a_pass(a, env)
-    print(f"after swapping to fifo: H={h} T={t}")
+    h, t = pass_under(a, env, "fifo")
     assert t >= HIGH and h <= LOW
 
     res = apply(b, "a", "linux")
     assert res.policy_ok and "detached" in res.policy_message, res
-    assert cache_ext(a)["policy"] == "none"
     assert {r.tenant: r.policy for r in b.collect()}["a"] == "linux"
-    h, t, _ = residency_after_a_pass(a, env)
+    h, t = pass_under(a, env, "none")
     assert t >= HIGH and h <= LOW
     assert not (PINS / str(cgroup_id(a))).exists()
 
@@ -163,7 +167,7 @@ import json, sys, time
 from cachepilot.agent.backends.linux import LinuxBackend
 from cachepilot.agent.cgroups import cgroup_id
 from cachepilot.agent.config import config_from_dict
-from cachepilot.agent.types import Directive
+from cachepilot.protocol.types import Directive
 b = LinuxBackend(config_from_dict(json.loads(sys.argv[1])), start_sampler=False)
 (r,) = b.apply([Directive("b", int(sys.argv[2]), "mru")])
 print(r.policy_ok, r.applied_policy, r.applied_limit_bytes, flush=True)

@@ -5,8 +5,9 @@ import textwrap
 
 import pytest
 
-from cachepilot.controller.config import load_config, parse_bytes
-from cachepilot.errors import UserError
+from cachepilot.controller.config import load_config
+from cachepilot.core.config import parse_bytes
+from cachepilot.core.errors import UserError
 
 GOOD = """
 control: {interval_s: 2, max_step_fraction: 0.05, hysteresis: 0.01}

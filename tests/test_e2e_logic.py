@@ -153,3 +153,107 @@ def test_cpu_shares_are_written_as_cpu_max_and_leave_room_for_the_agent(tmp_path
     assert set(e2e_vm.CPU) == set(e2e_vm.IO) == set(e2e_vm.ALLOWED)
     assert all(0 < c < 1 for c in e2e_vm.CPU.values())
     assert sum(e2e_vm.CPU.values()) <= 2 - 0.5
+
+
+def test_sweep_error_and_the_policies_the_sweep_cannot_tell_apart():
+    ts = [T("a", ["linux", "mru"])]
+    trials = [dict(trial(0, 1.0, {"a": "linux"}, {"a": 10}), series={"a": [9, 10, 11]}),
+              dict(trial(0, 1.0, {"a": "mru"}, {"a": 11}), series={"a": [10, 11, 12]}),
+              dict(trial(1, 1.0, {"a": "mru"}, {"a": 11}),
+                   series={"a": [11, float("nan"), 11]})]
+    err = e2e_vm.sweep_error(trials, ts)
+    # linux: sd 1 over 3 intervals; mru pools both halves, nan left out
+    assert err["a"][0][("linux", 1.0)] == pytest.approx(1 / 3 ** 0.5)
+    assert err["a"][0][("mru", 1.0)] == pytest.approx(
+        e2e_vm.stdev([10, 11, 12, 11, 11]) / 5 ** 0.5)
+    # within two standard errors of the difference: both count as best
+    assert e2e_vm.best_policies({"linux": 10, "mru": 11},
+                                {"linux": 0.5, "mru": 0.5}) == ["linux", "mru"]
+    # far apart: only the best
+    assert e2e_vm.best_policies({"linux": 10, "mru": 20},
+                                {"linux": 0.5, "mru": 0.5}) == ["mru"]
+
+
+def test_slos_sit_between_the_equal_split_and_the_best_setting():
+    table = {"kv": {0: {("linux", 1.0): 100.0, ("get_scan", 1.0): 400.0,
+                        ("linux", 2.0): 300.0}},
+             "zipf": {0: {("linux", 1.0): 100.0, ("lfu", 1.0): 110.0}}}
+    slos = e2e_vm.derive_slos(table, ["kv", "zipf"])
+    assert slos == {"kv": pytest.approx(200.0)}      # sqrt(100 * 400); zipf within noise
+    assert e2e_vm.control_intervals(3, 5.0, 10.0) == 2
+    assert e2e_vm.control_intervals(4, 5.0, 10.0) == 2
+    assert e2e_vm.control_intervals(None, 5.0, 10.0) is None
+
+
+def test_summarise_report_and_plot_a_whole_synthetic_run(tmp_path, capsys):
+    """Every configuration's series, the sweep and the overhead as make e2e
+    would leave them, through summarise, report and plot: the arithmetic of
+    the results file, checked on numbers whose answers are known."""
+    import argparse
+    ts = [T("kv", ["linux", "get_scan"]), T("search", ["linux", "mru"], phased=True)]
+    for t in ts:
+        t.unit = "ops"
+    n, phase_at = 8, 4
+    args = argparse.Namespace(interval=5.0, control_interval=10.0, intervals=n,
+                              warmup=1, settle=1)
+    win = e2e_vm.windows(n, phase_at, 1, 1)
+    # ops per configuration: kv flat, search's phases differ
+    level = {"default_equal": (100, 10, 50), "limits_only": (150, 30, 50),
+             "autopilot": (200, 40, 50), "best_static": (210, 40, 50),
+             "default_equal_repeat": (100, 10, 50)}
+    runs = {}
+    for c, (kv, s0, s1) in level.items():
+        pol = "get_scan" if c in ("autopilot", "best_static") else "none"
+        series = {
+            "kv": {"ops_per_s": [kv] * n, "limit_bytes": [80 * MiB] * n,
+                   "policy": [pol] * n, "cpu": [0.3] * n},
+            "search": {"ops_per_s": [s0] * phase_at + [s1] * (n - phase_at),
+                       "limit_bytes": [80 * MiB] * n, "policy": ["none"] * n,
+                       "cpu": [0.2] * n},
+            "_host": {"busy_cpus": [1.0] * n, "agent_cpus": [0.1] * n}}
+        runs[c] = {"series": series, "agent_cpu_fraction": 0.1}
+    trials = []
+    for phase in (0, 1):
+        for pol_kv, pol_s, kv_ops, s_ops in (("linux", "linux", 100, 10 if phase == 0 else 50),
+                                              ("get_scan", "mru", 200, 12 if phase == 0 else 40)):
+            trials.append({"phase": phase, "factor": 1.0,
+                           "settings": {"kv": [pol_kv, 80 * MiB], "search": [pol_s, 80 * MiB]},
+                           "ops": {"kv": kv_ops, "search": s_ops},
+                           "series": {"kv": [kv_ops - 1, kv_ops + 1],
+                                      "search": [s_ops - 1, s_ops + 1]}})
+    table, errors = e2e_vm.sweep_table(trials, ts), e2e_vm.sweep_error(trials, ts)
+    static, score = e2e_vm.best_static(table, ts, 160 * MiB)
+    slos = e2e_vm.derive_slos(table, ["kv"])
+    assert slos == {"kv": pytest.approx(200 ** 0.5 * 100 ** 0.5)}
+    res = e2e_vm.summarise(args, ts, runs, trials, table, errors, static, score, slos,
+                           {"ratio": 0.9}, 160 * MiB, phase_at, win, 1.0)
+    conf = res["configurations"]
+    assert conf["default_equal"]["normalised"] == pytest.approx(1.0)
+    # kv 2x, search (4x, 1x) -> mean 2.5: normalised (2 + 2.5) / 2
+    assert conf["autopilot"]["normalised"] == pytest.approx((2.0 + 2.5) / 2)
+    assert res["parts"]["autopilot (c)/(d)"] == pytest.approx(2.25 / ((2.1 + 2.5) / 2))
+    kv_choice = next(c for c in res["choices"] if c["tenant"] == "kv")
+    assert kv_choice["autopilot_policy"] == "get_scan" and kv_choice["match"]
+    s1 = next(c for c in res["choices"] if c["tenant"] == "search" and c["phase"] == 1)
+    assert s1["best_static_policies"] == ["linux"] and s1["match"]
+    # the kv SLO (~141 GETs/s) is met from the first interval of (c)
+    assert res["slo"]["kv"]["autopilot_control_intervals"] == {"from_start": 1,
+                                                               "after_phase_change": 1}
+    assert res["slo"]["kv"]["target_met"]
+    e2e_vm.report(res, ts)
+    assert "normalised:" in capsys.readouterr().out
+    e2e_lib.plot(res, tmp_path / "e2e.png", "title", phase_at=phase_at)
+    assert (tmp_path / "e2e.png").stat().st_size > 10_000
+
+
+def test_best_static_serves_slos_first():
+    ts = [T("a", ["linux"]), T("b", ["linux"])]
+    table = {"a": {0: {("linux", 1.5): 40, ("linux", 1.0): 10, ("linux", 0.5): 8}},
+             "b": {0: {("linux", 1.5): 30, ("linux", 1.0): 20, ("linux", 0.5): 18}}}
+    # without SLOs a takes the larger share (4x against b's 1.5x)
+    choice, _ = e2e_vm.best_static(table, ts, 200 * MiB)
+    assert choice == {"a": ("linux", 150 * MiB), "b": ("linux", 50 * MiB)}
+    # b's SLO of 25/s needs the larger share: the oracle meets it first
+    choice, score = e2e_vm.best_static(table, ts, 200 * MiB, {"b": 25})
+    assert choice == {"a": ("linux", 50 * MiB), "b": ("linux", 150 * MiB)}
+    assert score == pytest.approx((0.8 + 1.5) / 2)

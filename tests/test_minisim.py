@@ -125,3 +125,38 @@ def test_mru_hit_is_the_hit_of_the_access_after_the_previous_use():
     for capacity in (40, 400, 2_000):
         misses = rt.Cache("mru", capacity).access(keys)
         assert misses == int(np.count_nonzero(~mru_hits_by_recursion(keys, capacity)))
+
+
+def test_registered_threads_reach_only_their_policy():
+    """A GET-SCAN stream: once get_scan's miniatures know the scan thread
+    (as the agent registers the threads a tenant's rule names), its curve is
+    the full simulation's with the scan accesses marked, and it beats the
+    unmarked one; the other policies' curves do not move, and the
+    registration can be taken back."""
+    from cachepilot.models import generators as gen
+    keys, tids = gen.get_scan(20_000, skew=0.0, scan_fraction=0.5, scan_pages=20_000,
+                              scan_space=200_000, seed=3).next(400_000)
+    sizes = np.array([4_000, 8_000, 16_000])
+    rate = 0.05
+
+    def curves(register):
+        sim = rt.MiniSim(["get_scan", "lfu"], sizes, rate)
+        if register is not None:
+            sim.register_threads("get_scan", register)
+        sim.feed_unsampled(keys, tids)
+        return {c.policy: np.asarray(c.miss_ratio) for c in sim.curves()}
+
+    plain, marked, cleared = curves(None), curves([gen.SCAN_TID]), curves([])
+    full = rt.full_mrc(keys, "get_scan", sizes,
+                       rt.mark_registered(tids, np.array([gen.SCAN_TID], np.uint32)))
+    assert np.abs(marked["get_scan"] - np.asarray(full.miss_ratio)).max() < 0.05
+    assert np.all(marked["get_scan"] <= plain["get_scan"] + 0.005)
+    assert marked["get_scan"][-1] < plain["get_scan"][-1] - 0.03
+    assert np.array_equal(marked["lfu"], plain["lfu"])
+    assert np.array_equal(cleared["get_scan"], plain["get_scan"])
+
+
+def test_mark_registered_sets_bit_31_on_exactly_those_threads():
+    tids = np.array([5, 7, 5 | rt.TID_REGISTERED, 9], dtype=np.uint32)
+    out = rt.mark_registered(tids, np.array([5], np.uint32))
+    assert out.tolist() == [5 | rt.TID_REGISTERED, 7, 5 | rt.TID_REGISTERED, 9]

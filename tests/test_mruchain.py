@@ -4,7 +4,7 @@ same however the stream is cut into batches."""
 import numpy as np
 import pytest
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models import generators as gen
 from cachepilot.models import runtime as rt
 from cachepilot.models.mruchain import MRUChain

@@ -74,7 +74,7 @@ def start_controller(cfg: Path, listen: str, log: Path):
 
 
 def start_agent(cfg: Path, node: str, target: str, status: Path, log: Path, netns=None):
-    cmd = [PY, "-m", "cachepilot.agent.client", "--config", str(cfg), "--node", node,
+    cmd = [PY, "-m", "cachepilot.simnode", "--config", str(cfg), "--node", node,
            "--target", target, "--pace", str(PACE), "--status-file", str(status)]
     if netns:
         cmd = ["ip", "netns", "exec", netns] + cmd

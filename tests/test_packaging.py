@@ -43,7 +43,7 @@ def test_the_wheel_carries_the_bpf_side(wheel):
     assert built and policies == built
     # the native core and the proto come along too
     assert any(n.startswith("cachepilot/models/_mrc") for n in names)
-    assert "cachepilot/controller/cachepilot.proto" in names
+    assert "cachepilot/protocol/cachepilot.proto" in names
     # ... and none of the C sources as packages of their own
     assert not any(n.startswith("cachepilot/models/native/") for n in names)
 

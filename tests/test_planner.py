@@ -11,7 +11,7 @@ import pytest
 
 from cachepilot.controller import planner
 from cachepilot.controller.config import config_from_dict, load_config
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import MRC
 
 MiB = 1 << 20

@@ -103,7 +103,7 @@ def test_the_agent_watches_the_pods_a_tenant_names(tmp_path):
     both or neither of cgroup and pod is refused in one line."""
     from cachepilot.agent.backends.linux import LinuxBackend
     from cachepilot.agent.config import config_from_dict
-    from cachepilot.errors import UserError
+    from cachepilot.core.errors import UserError
     from test_cgroups_tree import make_v2
 
     ps = pods.pods_from_list(pod_list())

@@ -140,19 +140,28 @@ needs_bpffs = pytest.mark.skipif(
     reason="needs root, bpftool and a bpffs at /sys/fs/bpf")
 
 
+def dump_map(pin: Path) -> list:
+    return json.loads(subprocess.run(["bpftool", "-j", "map", "dump", "pinned", str(pin)],
+                                     check=True, capture_output=True, text=True).stdout)
+
+
+def pinned_map(tag: str, key: int, value: int, entries: int, name: str) -> Path:
+    """A hash map made with bpftool and pinned in bpffs (the caller unlinks it)."""
+    pin = Path(f"/sys/fs/bpf/cachepilot_test_{tag}_{os.getpid()}")
+    subprocess.run(["bpftool", "map", "create", str(pin), "type", "hash",
+                    "key", str(key), "value", str(value), "entries", str(entries),
+                    "name", name], check=True)
+    return pin
+
+
 @needs_bpffs
 def test_register_tids_fills_a_pinned_kernel_map(capsys):
-    pin = Path(f"/sys/fs/bpf/cachepilot_test_tids_{os.getpid()}")
-    subprocess.run(["bpftool", "map", "create", str(pin), "type", "hash",
-                    "key", "4", "value", "1", "entries", "64",
-                    "name", "gs_tids"], check=True)
+    pin = pinned_map("tids", 4, 1, 64, "gs_tids")
     try:
         rc, out, err = run(capsys, "policy", "register-tids", "4242", "77",
                            "--policy-map", str(pin))
         assert rc == 0, err
-        dump = json.loads(subprocess.run(
-            ["bpftool", "-j", "map", "dump", "pinned", str(pin)],
-            check=True, capture_output=True, text=True).stdout)
+        dump = dump_map(pin)
         found = {int.from_bytes(bytes(int(b, 16) for b in e["key"]), "little")
                  for e in dump}
         assert found == {4242, 77}
@@ -160,17 +169,13 @@ def test_register_tids_fills_a_pinned_kernel_map(capsys):
         rc, _, _ = run(capsys, "policy", "register-tids", "77", "--remove",
                        "--policy-map", str(pin))
         assert rc == 0
-        dump = json.loads(subprocess.run(
-            ["bpftool", "-j", "map", "dump", "pinned", str(pin)],
-            check=True, capture_output=True, text=True).stdout)
+        dump = dump_map(pin)
         assert len(dump) == 1
         # a process: all its threads at once
         rc, _, err = run(capsys, "policy", "register-tids", "--threads-of",
                          str(os.getpid()), "--policy-map", str(pin))
         assert rc == 0, err
-        dump = json.loads(subprocess.run(
-            ["bpftool", "-j", "map", "dump", "pinned", str(pin)],
-            check=True, capture_output=True, text=True).stdout)
+        dump = dump_map(pin)
         found = {int.from_bytes(bytes(int(b, 16) for b in e["key"]), "little")
                  for e in dump}
         threads = {int(t) for t in os.listdir(f"/proc/{os.getpid()}/task")}
@@ -181,10 +186,7 @@ def test_register_tids_fills_a_pinned_kernel_map(capsys):
 
 @needs_bpffs
 def test_register_tids_refuses_a_map_that_is_not_a_tid_map(capsys):
-    pin = Path(f"/sys/fs/bpf/cachepilot_test_notids_{os.getpid()}")
-    subprocess.run(["bpftool", "map", "create", str(pin), "type", "hash",
-                    "key", "8", "value", "8", "entries", "4",
-                    "name", "other"], check=True)
+    pin = pinned_map("notids", 8, 8, 4, "other")
     try:
         rc, _, err = run(capsys, "policy", "register-tids", "5",
                          "--policy-map", str(pin))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachepilot.agent.backends.sim import SimBackend
+from cachepilot.sim.backend import SimBackend
 from cachepilot.controller.config import load_config
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.models.runtime import warm_miss_ratio

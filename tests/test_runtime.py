@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models import runtime as rt
 
 TEST_POLICIES = Path(__file__).resolve().parent / "policies"
@@ -27,6 +27,15 @@ def stream(n=20000, universe=600, seed=1):
 
 
 # -- reference models, written from the policy definitions -----------------
+
+def run_test_policy(name, seed, pages):
+    """A test policy run over a seeded stream: (cache, keys, misses, stats)."""
+    load_test_policy(name)
+    keys = stream(seed=seed)
+    cache = rt.Cache(name, pages)
+    misses = cache.access(keys)
+    return cache, keys, misses, cache.stats
+
 
 def ref_misses(policy, keys, capacity):
     """Miss count of a textbook fifo / lru / mru cache, evict-before-insert."""
@@ -136,15 +145,14 @@ def test_admission_and_tids():
 # -- misbehaving policies --------------------------------------------------
 
 def test_policy_proposing_duplicates():
-    load_test_policy("bad_claims")
-    keys = stream(seed=7)
-    cache = rt.Cache("bad_claims", 64)
-    misses = cache.access(keys)
-    st = cache.stats
+    cache, keys, misses, st = run_test_policy("bad_claims", 7, 64)
     # the first copy is accepted, the others ignored and counted; with one
     # page needed per miss the duplicates never show, so lower the limit
     assert st["rejected_duplicate"] == 0
+    # every call claims 1000 candidates: a request for one page sees 999
+    # of them as beyond its request
     excess = st["rejected_excess"]
+    assert excess == 999 * st["requests"]
     cache.capacity_pages = 10          # one reclaim of 54 pages: 32 + 22
     st = cache.stats
     assert st["cached"] == 10
@@ -162,11 +170,7 @@ def test_policy_proposing_duplicates():
 
 
 def test_policy_proposing_pages_not_cached():
-    load_test_policy("bad_not_cached")
-    keys = stream(seed=8)
-    cache = rt.Cache("bad_not_cached", 50)
-    misses = cache.access(keys)
-    st = cache.stats
+    cache, keys, misses, st = run_test_policy("bad_not_cached", 8, 50)
     evictions = misses - 50
     assert st["evictions"] == st["fallback_evictions"] == evictions
     assert st["accepted"] == 0
@@ -178,11 +182,7 @@ def test_policy_proposing_pages_not_cached():
 
 
 def test_policy_proposing_nothing():
-    load_test_policy("bad_none")
-    keys = stream(seed=9)
-    cache = rt.Cache("bad_none", 30)
-    misses = cache.access(keys)
-    st = cache.stats
+    cache, keys, misses, st = run_test_policy("bad_none", 9, 30)
     assert st["proposed"] == 0
     assert st["fallback_evictions"] == st["evictions"] == misses - 30
     assert st["requests"] == misses - 30
@@ -190,11 +190,7 @@ def test_policy_proposing_nothing():
 
 
 def test_policy_proposing_too_many():
-    load_test_policy("bad_claims")
-    keys = stream(seed=10)
-    cache = rt.Cache("bad_claims", 30)
-    misses = cache.access(keys)
-    st = cache.stats
+    cache, keys, misses, st = run_test_policy("bad_claims", 10, 30)
     assert st["requests"] == misses - 30
     # each request wants 1, gets a claim of 1000: 999 ignored
     assert st["rejected_excess"] == 999 * st["requests"]

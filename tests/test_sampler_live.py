@@ -1,6 +1,7 @@
 """The BPF sampler on this host, for real: its counts against fio's own,
 its keys against the shared hash, separate cgroups, a deleted cgroup, and
 a ring-buffer overflow that is counted and reported."""
+import contextlib
 import logging
 import os
 import time
@@ -27,6 +28,16 @@ def files():
             make_file(SCRATCH / "mid-64m.dat", 64 << 20))
 
 
+@contextlib.contextmanager
+def watched(name, threshold, **sampler_kw):
+    """A scratch cgroup and a sampler watching it at `threshold`:
+    (cgroup, sampler, cgroup id)."""
+    with scratch_cgroup(name) as cg, Sampler(**sampler_kw) as sampler:
+        cgid = os.stat(cg).st_ino
+        sampler.watch(cgid, threshold)
+        yield cg, sampler, cgid
+
+
 def counters_of(sampler, cgid):
     _, snap = sampler.counters()
     return snap[cgid][1]
@@ -44,9 +55,7 @@ def dd_in(cg, path, bs, count=None):
 
 def test_unsampled_access_count_equals_fio_reads(files):
     _, mid = files
-    with scratch_cgroup("cp_count") as cg, Sampler() as sampler:
-        cgid = os.stat(cg).st_ino
-        sampler.watch(cgid, threshold_for_rate(0.01))
+    with watched("cp_count", threshold_for_rate(0.01)) as (cg, sampler, cgid):
         before = counters_of(sampler, cgid)
         run = fio_randread(cg, mid, 200_000, distribution="zipf:0.9", jobs=2)
         after = counters_of(sampler, cgid)
@@ -64,9 +73,7 @@ def test_sampled_keys_are_the_shared_page_keys_under_the_threshold(files):
     small, _ = files
     rate = 0.05
     threshold = threshold_for_rate(rate)
-    with scratch_cgroup("cp_keys") as cg, Sampler() as sampler:
-        cgid = os.stat(cg).st_ino
-        sampler.watch(cgid, threshold)
+    with watched("cp_keys", threshold) as (cg, sampler, cgid):
         fio_randread(cg, small, 50_000)
         c = counters_of(sampler, cgid)
         recs = sampler.drain()[cgid]
@@ -117,9 +124,7 @@ def test_two_cgroups_are_counted_and_sampled_apart(files):
 
 def test_ring_buffer_overflow_is_counted_never_fatal(files):
     small, _ = files
-    with scratch_cgroup("cp_overflow") as cg, Sampler(ring_bytes=4096) as sampler:
-        cgid = os.stat(cg).st_ino
-        sampler.watch(cgid, threshold_for_rate(1.0))
+    with watched("cp_overflow", threshold_for_rate(1.0), ring_bytes=4096) as (cg, sampler, cgid):
         sampler.pause()             # nobody drains: the 4 KiB ring fills up
         fio_randread(cg, small, 20_000)
         sampler.resume()
@@ -189,7 +194,7 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
                 assert c.meta["slices"] == 2, c.meta
                 assert c.meta["all_keys_estimate"] == pytest.approx(pages, rel=0.1)
             # what the agent reports passes the wire's checks unchanged
-            from cachepilot.agent import wire
+            from cachepilot.protocol import wire
             for r in (web, batch):
                 back = wire.report_from_pb(wire.report_to_pb(r))
                 assert back.tenant == r.tenant and len(back.curves) == len(r.curves)
@@ -324,9 +329,7 @@ def test_insertions_and_removals_are_weighted_by_folio_order(files):
     import subprocess
     small, _ = files
     pages = os.stat(small).st_size // 4096
-    with scratch_cgroup("cp_folios") as cg, Sampler() as sampler:
-        cgid = os.stat(cg).st_ino
-        sampler.watch(cgid, 0)
+    with watched("cp_folios", 0) as (cg, sampler, cgid):
         drop_file_cache(small)
         subprocess.run(in_cgroup(cg, ["cat", str(small)]), stdout=subprocess.DEVNULL,
                        check=True)
@@ -407,9 +410,7 @@ def test_a_read_counts_each_page_once_however_the_kernel_splits_it(files):
 
     small, _ = files
     pages = (8 << 20) // 4096
-    with scratch_cgroup("cp_split") as cg, Sampler() as sampler:
-        cgid = os.stat(cg).st_ino
-        sampler.watch(cgid, threshold_for_rate(0.01))
+    with watched("cp_split", threshold_for_rate(0.01)) as (cg, sampler, cgid):
         drop_file_cache(small)
         # every other page of the first 8 MiB cached, as single pages
         subprocess.run(in_cgroup(cg, [
@@ -434,9 +435,7 @@ def test_the_kernel_sketch_counts_every_page_read_and_restarts(files):
 
     _, mid = files
     pages = (64 << 20) // 4096
-    with scratch_cgroup("cp_sketch") as cg, Sampler() as sampler:
-        cgid = os.stat(cg).st_ino
-        sampler.watch(cgid, threshold_for_rate(0.01))
+    with watched("cp_sketch", threshold_for_rate(0.01)) as (cg, sampler, cgid):
         sampler.sketches()                     # start from an empty window
         drop_file_cache(mid)
         dd_in(cg, mid, "1M")

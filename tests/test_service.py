@@ -11,10 +11,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from cachepilot.agent import wire
-from cachepilot.agent.client import make_channel
-from cachepilot.controller import cachepilot_pb2 as pb
-from cachepilot.controller import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.protocol import wire
+from cachepilot.protocol.channel import make_channel
+from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.controller.service import serve
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -273,11 +273,11 @@ def test_silent_node_is_marked_lost_and_leaves_the_pool(tmp_path):
 
 def test_generated_modules_match_the_proto(tmp_path):
     pytest.importorskip("grpc_tools")
-    subprocess.run(["bash", str(ROOT / "controller" / "gen_proto.sh"), str(tmp_path)],
+    subprocess.run(["bash", str(ROOT / "protocol" / "gen_proto.sh"), str(tmp_path)],
                    check=True, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"})
     for name in ("cachepilot_pb2.py", "cachepilot_pb2_grpc.py"):
-        assert (tmp_path / name).read_text() == (ROOT / "controller" / name).read_text(), \
-            f"{name} is stale: run controller/gen_proto.sh"
+        assert (tmp_path / name).read_text() == (ROOT / "protocol" / name).read_text(), \
+            f"{name} is stale: run protocol/gen_proto.sh"
 
 
 def _free_port():

@@ -2,7 +2,7 @@
 over 50 log-spaced sizes from 1 % to 100 % of the unique pages.
 
 The default estimators ("stack" at a fixed rate, "split" at a fixed size,
-models/shards.py) were chosen on synthetic workloads over many hash salts
+models/estimators.py) were chosen on synthetic workloads over many hash salts
 (experiments/study_shards_estimators.py); the reference-trace tests below
 only measure them."""
 import math
@@ -14,11 +14,10 @@ from cachepilot.models import generators as gen
 from cachepilot.models.exact import (COLD, exact_lru_mrc, misses_from_distances,
                                      stack_distances)
 from cachepilot.models import hll
-from cachepilot.models.shards import (DEFAULT_ESTIMATOR, DEFAULT_SIZE_ESTIMATOR, ESTIMATORS,
-                                      Shards,
-                                      curve_from_histogram, key_count_factor,
-                                      hash64, hash_salts, rate_threshold, sample_mask_index,
-                                      shards_mrc)
+from cachepilot.models.estimators import (DEFAULT_ESTIMATOR, DEFAULT_SIZE_ESTIMATOR,
+                                          ESTIMATORS, key_count_factor)
+from cachepilot.models.shards import (Shards, curve_from_histogram, hash64, hash_salts,
+                                      rate_threshold, sample_mask_index, shards_mrc)
 from cachepilot.models.traces import read_keys
 
 

@@ -4,7 +4,7 @@ decide() in closed loop with a tenant whose curve for one policy lies."""
 import numpy as np
 import pytest
 
-from cachepilot.agent.types import TenantReport
+from cachepilot.protocol.types import TenantReport
 from cachepilot.controller import engine
 from cachepilot.controller.config import config_from_dict
 from cachepilot.controller.engine import watchdog

@@ -3,7 +3,7 @@ policy whose curve is deliberately wrong; the controller switches it back
 within K + 2 intervals, and the log entry gives the predicted and observed
 miss ratios.
 
-`cachepilot run`'s own wiring (controller/run.py: the real controller behind
+`cachepilot run`'s own wiring (root/run.py: the real controller behind
 loopback gRPC, the real engine, sim nodes through NodeClient) runs one node
 whose backend reports an optimistic lie for one policy: fifo's curve says
 the tenant would barely miss at any size.  The tenant replays a loop larger
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cachepilot.agent.backends.sim import SimBackend
-from cachepilot.controller import run as run_mod
+from cachepilot.sim.backend import SimBackend
+from cachepilot import run as run_mod
 from cachepilot.controller.config import config_from_dict
 from cachepilot.models.mrc import MRC
 

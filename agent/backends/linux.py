@@ -27,12 +27,12 @@ from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
+from cachepilot.models.mrc import PAGE_SIZE
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 log = logging.getLogger("cachepilot.agent")
 
 BTF = Path("/sys/kernel/btf/vmlinux")
-PAGE = 4096
 
 
 def kernel_has_cache_ext(btf: Path = BTF) -> bool:
@@ -230,8 +230,9 @@ class LinuxBackend:
             if self.sampler is not None:
                 policies = spec.policies if spec is not None and spec.policies \
                     else self.policies
+                max_pages = (self.cfg.max_cache or self.memory_bytes) // PAGE_SIZE
                 builder = make_builder(policies, rate=self.cfg.sampling.rate,
-                                       max_pages=(self.cfg.max_cache or self.memory_bytes) // PAGE,
+                                       max_pages=max_pages,
                                        max_samples=self.cfg.sampling.max_samples)
             tp = None
             if spec is not None and spec.throughput.source == "prometheus":
@@ -253,6 +254,7 @@ class LinuxBackend:
                 except SamplerUnavailable as err:
                     self._lose_sampler(str(err))
             self.watched[tenant] = w
+            self._simulate_thread_rules(w)
             log.info("watching %s as tenant %s (cgroup id %d)", path, tenant, cgid)
 
     def _drop(self, tenant: str, why: str):
@@ -357,6 +359,7 @@ class LinuxBackend:
                 continue
             w.policy = running_policy(w.path, self.default_policy)
             self._follow_thread_rules(w)
+            self._simulate_thread_rules(w)
             reports.append(self._report(w, stats))
         return reports
 
@@ -386,6 +389,19 @@ class LinuxBackend:
         except PolicyError as err:
             log.warning("tenant %s: thread rules not applied: %s", w.tenant, err)
 
+    def _simulate_thread_rules(self, w: Watched) -> None:
+        """Once an interval: every application-informed policy the tenant's
+        curves simulate sees the threads its rules name now, as the kernel
+        policy would if it ran (its scan threads' pages go first, say)."""
+        if w.builder is None or w.spec is None:
+            return
+        for policy in w.spec.thread_rules():
+            if policy not in w.builder.policies:
+                continue
+            tids = self._rule_tids(w, policy)
+            w.builder.register_threads(
+                policy, sorted({t for ts in (tids or {}).values() for t in ts}))
+
     def _report(self, w: Watched, stats) -> TenantReport:
         now = time.monotonic()
         dt = max(now - w.last_time, 1e-6)
@@ -395,7 +411,7 @@ class LinuxBackend:
         curves = []
         if w.builder is not None and self.sampler is not None:
             # the limit must also hold what is not page cache (anon + kernel)
-            offset_pages = stats.nonfile_bytes // PAGE
+            offset_pages = stats.nonfile_bytes // PAGE_SIZE
             curves = [shift_by_anon(c, offset_pages) for c in w.builder.snapshot()]
             # the builder's counts age by control interval (sliding window)
             w.builder.end_window()

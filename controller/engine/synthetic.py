@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.agent.types import TenantReport
-from cachepilot.models.mrc import MRC
-
-PAGE = 4096
+from cachepilot.models.mrc import MRC, PAGE_SIZE
+from cachepilot.protocol.types import TenantReport
 
 
 def power_curve(policy: str, footprint_pages: float, alpha: float, floor: float,
@@ -43,7 +41,7 @@ class SynthTenant:
         return self.concurrency / (self.t_hit + miss_ratio * self.t_miss)
 
     def report(self, limit_bytes: int, policy: str, interval_s: float = 1.0) -> TenantReport:
-        m = float(self.curves[policy].at(limit_bytes / PAGE))
+        m = float(self.curves[policy].at(limit_bytes / PAGE_SIZE))
         thr = self.throughput(m)
         return TenantReport(
             tenant=self.name, cgroup=self.name, interval_s=interval_s,

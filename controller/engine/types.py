@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.agent.types import Directive
 from cachepilot.controller.engine.watchdog import Probation
+from cachepilot.protocol.types import Directive
 
 
 @dataclass

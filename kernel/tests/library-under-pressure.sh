@@ -5,8 +5,7 @@
 # pass over a file 4x the limit); the reclaim counters of memory.cache_ext say how many
 # candidates it proposed and how many the kernel rejected.
 #
-# The script of kernel/tests/NOTES-from-policies.md (policy engineers' copy),
-# run as `kernel/vm -t 1500 kernel/tests/library-under-pressure.sh`;
+# Run as `kernel/vm -t 1500 kernel/tests/library-under-pressure.sh`;
 # policy names as arguments (-a NAME) run only those.
 . /cachepilot/testlib.sh
 CG=/sys/fs/cgroup

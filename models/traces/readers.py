@@ -28,7 +28,7 @@ from typing import BinaryIO, Iterator
 import numpy as np
 import zstandard
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models import _mrc
 from cachepilot.models.traces import records
 

@@ -546,20 +546,25 @@ int cp_sd_feed(struct cp_stackdist *sd, const uint64_t *keys, size_t n)
 	return 0;
 }
 
+/* A new window: the histogram and the window's sketch start from zero. */
+static void cp_sd_clear_counts(struct cp_stackdist *sd)
+{
+	if (sd->nbins)
+		memset(sd->hist, 0, sd->nbins * sizeof(*sd->hist));
+	sd->cold = 0;
+	sd->gain = 1.0;
+	if (sd->hll)
+		memset(sd->hll, 0, (size_t)1 << sd->hll_bits);
+	sd->hll_nbatch = 0;
+}
+
 void cp_sd_hist(struct cp_stackdist *sd, double *out, int reset)
 {
 	out[0] = sd->cold * sd->gain;
 	for (size_t b = 1; b < sd->nbins; b++)
 		out[b] = sd->hist[b] * sd->gain;
-	if (reset) {
-		if (sd->nbins)
-			memset(sd->hist, 0, sd->nbins * sizeof(*sd->hist));
-		sd->cold = 0;
-		sd->gain = 1.0;
-		if (sd->hll)
-			memset(sd->hll, 0, (size_t)1 << sd->hll_bits);
-		sd->hll_nbatch = 0;
-	}
+	if (reset)
+		cp_sd_clear_counts(sd);
 }
 
 int cp_sd_init(struct cp_stackdist *sd, uint64_t threshold, int filter,
@@ -599,13 +604,7 @@ void cp_sd_clear_keys(struct cp_stackdist *sd)
 	sd->now = 0;
 	sd->live = 0;
 	sd->heap_len = 0;
-	if (sd->nbins)
-		memset(sd->hist, 0, sd->nbins * sizeof(*sd->hist));
-	sd->cold = 0;
-	sd->gain = 1.0;
-	if (sd->hll)
-		memset(sd->hll, 0, (size_t)1 << sd->hll_bits);
-	sd->hll_nbatch = 0;
+	cp_sd_clear_counts(sd);
 	cp_sd_slices_reset(sd);
 }
 

@@ -1,7 +1,8 @@
 """The sim backend: an emulated host on a virtual clock.
 
-Each tenant replays its workload (A's seeded generators, or a trace) through
-the policy runtime (B's `Cache`) at its memory limit.  One collect() is one
+Each tenant replays its workload (the seeded generators of models/generators.py,
+or a trace) through the policy runtime (models/runtime.py's `Cache`) at its
+memory limit.  One collect() is one
 control interval of virtual time: the tenant issues
 `accesses_per_interval` page accesses (a sample of its operation stream),
 the cache counts the misses, and the tenant's service model turns the miss
@@ -24,9 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import PAGE_SIZE
+from cachepilot.models.runtime import mark_registered
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 # Curve resolution: points per curve, spread evenly up to the node's memory.
 CURVE_POINTS = 24
@@ -43,6 +45,8 @@ class PhaseStream:
     def __init__(self, phase, seed: int, key_base: int):
         from cachepilot.models import generators as gen
         self.phase = phase
+        # policy -> the threads the application registers with it
+        self.registered: dict[str, np.ndarray] = {}
         pages = max(1, phase.footprint // PAGE_SIZE)
         self.key_base = key_base
         kind = phase.kind
@@ -58,6 +62,9 @@ class PhaseStream:
             self.gen = gen.get_scan(pages, phase.skew, scan_fraction=phase.scan_fraction,
                                     scan_pages=max(1, phase.scan_length // PAGE_SIZE),
                                     seed=seed)
+            # the key-value store tells get_scan its scan thread, as the
+            # cache_ext paper's modified RocksDB does
+            self.registered = {"get_scan": np.array([gen.SCAN_TID], np.uint32)}
         elif kind == "trace":
             self.gen = gen.trace_stream(phase.trace, phase.trace_format)
         else:
@@ -122,9 +129,16 @@ class SimTenant:
         if idx != self.phase_index:
             self.phase_index = idx
             self.stream = self.phase_stream(idx)
+            if self.builder is not None:
+                for policy in self.allowed:
+                    self.builder.register_threads(
+                        policy, self.stream.registered.get(policy, []))
         n = self.workload.accesses_per_interval
         keys, tids = self.stream.next(n)
-        misses = int(self.cache.access(keys, tids))
+        reg = self.stream.registered.get(self.policy)
+        misses = int(self.cache.access(
+            keys, mark_registered(tids, reg) if reg is not None and tids is not None
+            else tids))
         m = misses / max(1, len(keys))
         svc = self.workload.service
         throughput = svc.throughput(m)

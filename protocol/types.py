@@ -1,7 +1,7 @@
 """What crosses between a node backend, the node agent and the controller.
 
-These are plain dataclasses; controller/cachepilot.proto mirrors them on the
-wire and agent/wire.py converts.  Sizes in bytes unless the name says pages.
+These are plain dataclasses; protocol/cachepilot.proto mirrors them on the
+wire and protocol/wire.py converts.  Sizes in bytes unless the name says pages.
 """
 from __future__ import annotations
 

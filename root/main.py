@@ -8,7 +8,7 @@ import argparse
 import importlib
 import sys
 
-from cachepilot.errors import UserError
+from cachepilot.core.errors import UserError
 
 # module path -> registers these commands
 # Each component's command module and the commands it registers.
@@ -17,7 +17,8 @@ COMMAND_MODULES = {
     "cachepilot.models.policy_cli": ("policy",),
     "cachepilot.agent.cli": ("agent", "profile"),
     "cachepilot.agent.exporter": ("exporter",),
-    "cachepilot.controller.cli": ("controller", "run", "admin"),
+    "cachepilot.controller.cli": ("controller", "admin"),
+    "cachepilot.run": ("run",),
     "cachepilot.controller.plan_cli": ("plan",),
     "cachepilot.doctor": ("doctor",),
 }

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from cachepilot.controller import cachepilot_pb2 as cachepilot__pb2
+from cachepilot.protocol import cachepilot_pb2 as cachepilot__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

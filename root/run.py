@@ -18,10 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cachepilot.agent.backends.sim import SimBackend
 from cachepilot.agent.client import NodeClient
-from cachepilot.agent.types import Directive
-from cachepilot.errors import UserError
+from cachepilot.controller.config import load_config
+from cachepilot.controller.service import serve
+from cachepilot.core.errors import UserError
+from cachepilot.protocol.types import Directive
+from cachepilot.sim.backend import SimBackend
 
 log = logging.getLogger("cachepilot.run")
 
@@ -29,11 +31,44 @@ BASELINE_POLICY = "linux"
 DEFAULT_INTERVALS = 30
 
 
+# -- the command ----------------------------------------------------------------
+def register(subparsers):
+    p = subparsers.add_parser("run", help="controller + sim nodes in one process (the demo)")
+    p.add_argument("--config", required=True)
+    p.add_argument("--intervals", type=int, default=None,
+                   help="control intervals to run (default 30)")
+    p.add_argument("--json", dest="json_out", help="write the results as JSON here")
+    p.add_argument("--plots", default="out/run",
+                   help="write PNG plots into this folder (default out/run)")
+    p.add_argument("--no-plots", action="store_true", help="write no plots")
+    p.add_argument("--no-live", action="store_true", help="no live table (headless)")
+    p.add_argument("--seed", type=int, help="override the nodes' seeds")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+    if args.intervals is not None and args.intervals < 1:
+        raise UserError(f"--intervals {args.intervals}: expected at least 1")
+    cfg = load_config(args.config)
+    bad = [n.name for n in cfg.nodes if n.backend != "sim"]
+    if bad:
+        raise UserError(f"{args.config}: run embeds sim nodes only; node(s) "
+                        f"{', '.join(bad)} use another backend (start `cachepilot controller` "
+                        f"and agents instead)")
+    plots = None if args.no_plots else args.plots
+    if plots and Path(plots).exists() and not Path(plots).is_dir():
+        raise UserError(f"--plots {plots}: not a folder")
+    intervals = DEFAULT_INTERVALS if args.intervals is None else args.intervals
+    run_command(cfg, intervals=intervals, json_out=args.json_out,
+                plots=plots, live=not args.no_live, seed=args.seed)
+    return 0
+
+
 # -- the two runs ------------------------------------------------------------------
 def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None,
                   engine=None):
     """Controller + sim nodes over loopback gRPC.  Returns per-tenant history."""
-    from cachepilot.controller.service import serve
     run_cfg = cfg.model_copy(deep=True)
     spec = run_cfg.controller
     root = spec.client_root_cert()

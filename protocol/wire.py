@@ -1,4 +1,4 @@
-"""Conversion between agent/types.py dataclasses and their protobuf mirrors.
+"""Conversion between protocol/types.py dataclasses and their protobuf mirrors.
 
 Converting *from* the wire is also where untrusted input is checked: a curve
 that is not a valid MRC (sizes not strictly increasing, NaN, ratios outside
@@ -12,9 +12,9 @@ import math
 
 import numpy as np
 
-from cachepilot.agent.types import ApplyResult, Directive, NodeInfo, TenantReport
-from cachepilot.controller import cachepilot_pb2 as pb
 from cachepilot.models.mrc import MRC
+from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 
 class WireError(ValueError):

@@ -1,0 +1,367 @@
+"""The control round's steps, each a function over one Round.
+
+A Round holds one row per (live node, known tenant), in (node, name)
+order, and every number the round works with as an array over those rows:
+sizes in 4 KiB pages as floats, throughput in the tenant's own operations
+per second.  Each step reads the arrays the steps before it filled and
+fills its own, so the round reads top to bottom in decide() and every step
+can be tested on a Round built by hand.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cachepilot.controller.engine import allocate, model, watchdog
+from cachepilot.controller.engine.autopilot import PolicyChoice, choose_policy
+from cachepilot.controller.engine.curves import CurveBank
+from cachepilot.controller.engine.types import EngineState, Observations, TenantState
+from cachepilot.models.mrc import PAGE_SIZE
+from cachepilot.protocol.types import TenantReport
+
+FLAT = 0.01                # miss ratio within which a curve has stopped improving
+
+
+@dataclass
+class Round:
+    """One round's working set.  Per-node lists are indexed by node, the
+    arrays by row; `node_of` maps a row to its node."""
+    number: int
+    notes: list[str] = field(default_factory=list)
+    # gather_rows
+    nodes: list[str] = field(default_factory=list)
+    mem_pages: np.ndarray = None            # per node
+    advisory: list[bool] = field(default_factory=list)   # per node: cannot swap
+    node_policies: list = field(default_factory=list)    # per node: set or None
+    rows: list = field(default_factory=list)  # (node index, tenant spec, report)
+    node_of: np.ndarray = None
+    tstates: list[TenantState] = field(default_factory=list)
+    # fit_models: the throughput model's seconds per op at m = 0, and per unit m
+    a: np.ndarray = None
+    b: np.ndarray = None
+    # bank_curves: one bank row per (tenant, allowed policy with a curve)
+    bank: CurveBank = None
+    row_tenant: np.ndarray = None
+    row_policy: list[str] = field(default_factory=list)
+    row_of: list[dict[str, int]] = field(default_factory=list)  # policy -> bank row
+    allowed_of: list[list[str]] = field(default_factory=list)
+    run_row: np.ndarray = None       # bank row of the running policy, or -1
+    # size_bounds
+    limit_now: np.ndarray = None     # the limit in force (0: none)
+    equal: np.ndarray = None         # an equal share of the node
+    ref: np.ndarray = None           # the size policies are scored at
+    lb: np.ndarray = None            # floor, or anonymous memory + margin
+    ub: np.ndarray = None            # ceiling, at most the node
+    current: np.ndarray = None       # the limit in force, or all it may have
+    # choose_policies
+    score: np.ndarray = None         # per bank row: modelled throughput at ref
+    choices: list[PolicyChoice] = field(default_factory=list)
+    verdicts: list = field(default_factory=list)      # watchdog.Verdict or None
+    before_pol: list[str] = field(default_factory=list)  # the policy a switch leaves
+    alloc_row: np.ndarray = None     # bank row the allocation reads, or -1
+    has_curve: np.ndarray = None
+    # size_slos
+    slo: np.ndarray = None
+    has_slo: np.ndarray = None
+    need_rows: np.ndarray = None     # per bank row: least size meeting the SLO
+    feasible: np.ndarray = None
+    need: np.ndarray = None          # least size meeting the SLO within bounds
+    need_safe: np.ndarray = None     # ... with headroom
+    need_best: np.ndarray = None     # for an SLO no size meets: where it flattens
+    # allocate_memory
+    target: np.ndarray = None
+    x_lo: np.ndarray = None          # sizes after the SLO stage
+    granted: np.ndarray = None
+    # step_limits
+    new: np.ndarray = None
+    # predict
+    pred_target: np.ndarray = None
+    pred_new: np.ndarray = None
+    pred_old: np.ndarray = None
+
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    def column(self, get, dtype=np.float64) -> np.ndarray:
+        """An array of get(spec, report) over the rows."""
+        return np.fromiter((get(spec, r) for _, spec, r in self.rows), dtype=dtype,
+                           count=len(self.rows))
+
+
+def gather_rows(state: EngineState, reports, specs, node_specs, node_memory,
+                advisory_nodes) -> Round:
+    """The live nodes and their known tenants, in sorted order; what is
+    ignored (unknown nodes and tenants, a tenant reported twice) becomes a
+    note."""
+    R = Round(state.round)
+    memory = []
+    seen: set[str] = set()
+    for name in sorted(reports):
+        mem = (node_memory or {}).get(name) or \
+            (node_specs[name].memory_bytes if name in node_specs else None)
+        if not mem:
+            R.notes.append(f"node {name!r} is not in the config; its reports are ignored")
+            continue
+        ni = len(R.nodes)
+        R.nodes.append(name)
+        memory.append(mem / PAGE_SIZE)
+        for r in sorted(reports[name], key=lambda r: r.tenant):
+            spec = specs.get(r.tenant)
+            if spec is None:
+                R.notes.append(f"node {name!r} reported unknown tenant {r.tenant!r}; ignored")
+                continue
+            if r.tenant in seen:
+                R.notes.append(f"tenant {r.tenant!r} reported twice; the first report counts")
+                continue
+            seen.add(r.tenant)
+            R.rows.append((ni, spec, r))
+    R.mem_pages = np.asarray(memory, dtype=np.float64)
+    R.node_of = np.fromiter((ni for ni, _, _ in R.rows), dtype=np.int64, count=R.n)
+    R.advisory = [n in advisory_nodes for n in R.nodes]
+    R.node_policies = [set(node_specs[n].policies) if n in node_specs and
+                       node_specs[n].policies is not None else None for n in R.nodes]
+    return R
+
+
+def fit_models(state: EngineState, R: Round, ctl) -> None:
+    """Add this round's (miss ratio, seconds per op) observations and refit
+    every tenant's throughput model (engine/model.py)."""
+    if state.obs is None or state.obs.window != ctl.model_window:
+        state.obs = Observations(ctl.model_window)
+        for st in state.tenants.values():
+            st.slot = -1
+    obs = state.obs
+    priors = np.zeros((R.n, 2))
+    for i, (ni, spec, r) in enumerate(R.rows):
+        st = state.tenants.get(spec.name)
+        if st is None:
+            st = state.tenants[spec.name] = TenantState()
+        if st.slot < 0:
+            st.slot = obs.new_slot()
+        st.node = R.nodes[ni]
+        st.running = r.policy
+        st.rounds += 1
+        p = spec.model or ctl.prior
+        priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
+        R.tstates.append(st)
+    slots = np.fromiter((t.slot for t in R.tstates), dtype=np.int64, count=R.n)
+    thr_obs = R.column(lambda s, r: r.throughput)
+    m_obs = R.column(lambda s, r: r.miss_ratio)
+    acc = R.column(lambda s, r: r.accesses_per_s)
+    valid = (thr_obs > 0) & np.isfinite(thr_obs) & (m_obs >= 0) & (m_obs <= 1) & (acc > 0)
+    obs.add(slots[valid], m_obs[valid], 1.0 / thr_obs[valid])
+    R.a, R.b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
+                                 priors[:, 0], priors[:, 1],
+                                 ctl.model_min_points, ctl.model_min_spread)
+    for t, ai, bi, fi in zip(R.tstates, R.a.tolist(), R.b.tolist(), fitted.tolist()):
+        t.a, t.b, t.fitted = ai, bi, fi
+
+
+def bank_curves(R: Round, ctl) -> None:
+    """One bank row per (tenant, allowed policy the report has a curve
+    for), plus the running policy's curve when it is not allowed: it is
+    what the tenant gets until something else runs."""
+    curves, row_tenant = [], []
+    R.run_row = np.full(R.n, -1, dtype=np.int64)
+    for i, (ni, spec, r) in enumerate(R.rows):
+        by_policy = {c.policy: c for c in r.curves}
+        allowed = sorted(spec.policies if spec.policies is not None else by_policy)
+        if R.node_policies[ni] is not None:
+            allowed = [p for p in allowed if p in R.node_policies[ni]]
+        R.allowed_of.append(allowed)
+        mine = {}
+        for p in allowed:
+            c = by_policy.get(p)
+            if c is not None:
+                mine[p] = len(curves)
+                curves.append(c)
+                row_tenant.append(i)
+                R.row_policy.append(p)
+        R.row_of.append(mine)
+        if r.policy in mine:
+            R.run_row[i] = mine[r.policy]
+        elif r.policy in by_policy:
+            R.run_row[i] = len(curves)
+            curves.append(by_policy[r.policy])
+            row_tenant.append(i)
+            R.row_policy.append(r.policy)
+    R.bank = CurveBank(curves, ctl.curve_error_sigmas)
+    R.row_tenant = np.asarray(row_tenant, dtype=np.int64)
+
+
+def size_bounds(R: Round, ctl) -> None:
+    """Each row's limit in force, equal share, safety bounds and the size
+    its policies are scored at."""
+    node_of, mem = R.node_of, R.mem_pages
+    per_node = np.maximum(np.bincount(node_of, minlength=len(R.nodes)), 1)
+    R.limit_now = R.column(lambda s, r: r.limit_bytes) / PAGE_SIZE
+    prev_target = np.fromiter(((t.target_bytes or 0) for t in R.tstates),
+                              dtype=np.float64, count=R.n) / PAGE_SIZE
+    R.equal = mem[node_of] / per_node[node_of] if R.n else np.zeros(0)
+    R.ref = np.where(R.limit_now > 0, R.limit_now,
+                     np.where(prev_target > 0, prev_target, R.equal))
+    lb_bytes = R.column(lambda s, r: max(s.floor_bytes, r.usage_anon_bytes
+                                         + ctl.anon_margin_bytes))
+    R.lb = np.ceil(lb_bytes / PAGE_SIZE)
+    ub = R.column(lambda s, r: s.ceiling_bytes if s.ceiling_bytes is not None
+                  else math.inf) / PAGE_SIZE
+    ub = np.floor(np.minimum(ub, mem[node_of] if R.n else ub))
+    R.ub = np.maximum(ub, R.lb)          # safety wins over a ceiling
+    R.current = np.where(R.limit_now > 0, R.limit_now, R.ub)   # no limit: all it may have
+
+
+def choose_policies(R: Round, ctl) -> None:
+    """Score every allowed policy at the reference size, let the watchdog
+    and the autopilot choose, and pick the curve the allocation reads: the
+    policy that will be in force (the new one when switching, else the one
+    running; on an advisory node always the one running)."""
+    bank = R.bank
+    if bank.n:
+        at = np.minimum(R.ref, R.ub)[R.row_tenant]
+        R.score = model.throughput(R.a[R.row_tenant], R.b[R.row_tenant],
+                                   bank.miss_at(np.arange(bank.n), at))
+    else:
+        R.score = np.zeros(0)
+    R.alloc_row = np.full(R.n, -1, dtype=np.int64)
+    score_l, current_l = R.score.tolist(), R.current.tolist()
+    for i, (ni, spec, r) in enumerate(R.rows):
+        mine = R.row_of[i]
+        cur, ch, verdict = _choose(R.tstates[i], r, R.advisory[ni], R.allowed_of[i],
+                                   {p: score_l[k] for p, k in mine.items()},
+                                   current_l[i], ctl)
+        R.choices.append(ch)
+        R.verdicts.append(verdict)
+        R.before_pol.append(cur)
+        k_run = int(R.run_row[i])
+        if R.advisory[ni]:
+            R.alloc_row[i] = k_run
+        elif ch.switched or k_run < 0:
+            R.alloc_row[i] = mine.get(ch.policy, -1)
+        else:
+            R.alloc_row[i] = k_run
+    R.has_curve = R.alloc_row >= 0
+
+
+def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str],
+            scores: dict[str, float], limit_pages: float, ctl):
+    """One tenant's policy for this round: (the policy in force, the
+    choice, the watchdog's verdict or None).
+
+    In force is what the node reports running -- except on an advisory
+    node, where nothing we direct ever runs and the autopilot follows its
+    own last recommendation instead.  A switch the node carried out goes on
+    probation; a failed probation sends the tenant back to the old policy."""
+    if advisory:
+        cur = st.policy if st.policy is not None else r.policy
+        return cur, choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold,
+                                  ctl.autopilot_k), None
+    cur = r.policy
+    verdict = watchdog.check(st, r, limit_pages, ctl.watchdog_intervals,
+                             ctl.watchdog_margin, ctl.watchdog_cooldown)
+    if verdict is not None and verdict.old in allowed:
+        st.streak, st.streak_policy = 0, None
+        return cur, PolicyChoice(verdict.old, True, verdict.old, 0.0,
+                                 f"watchdog: back to {verdict.old}: {verdict.reason}"), verdict
+    ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
+                       watchdog.held_off(st))
+    if ch.switched and cur in allowed:
+        watchdog.start(st, ch.policy, cur)
+    return cur, ch, verdict
+
+
+def size_slos(R: Round, ctl) -> None:
+    """Read the allocation's curve backwards for the least size meeting
+    each SLO (and, for the record, every policy's curve); with headroom
+    where the SLO is feasible; for an SLO no size meets, the size where
+    the curve gets within FLAT of its lowest miss ratio."""
+    bank, a, b, lb, ub, alloc_row = R.bank, R.a, R.b, R.lb, R.ub, R.alloc_row
+    R.slo = R.column(lambda s, r: s.slo.min_throughput if s.slo is not None else 0.0)
+    R.has_slo = R.column(lambda s, r: s.slo is not None, dtype=bool)
+    slo, has_slo = R.slo, R.has_slo
+    if bank.n:
+        m_star = model.miss_ratio_for(a[R.row_tenant], b[R.row_tenant], slo[R.row_tenant])
+        R.need_rows = np.where(m_star < 0, np.inf, bank.size_for(np.arange(bank.n), m_star))
+        need = np.where(R.has_curve, R.need_rows[np.maximum(alloc_row, 0)], np.inf)
+    else:
+        R.need_rows = np.zeros(0)
+        need = np.full(R.n, np.inf)
+    need = np.where(has_slo & (slo <= 0), 0.0, need)
+    R.feasible = np.isfinite(need) & (np.maximum(need, lb) <= ub)
+    R.need = np.where(R.feasible, np.maximum(need, lb), np.inf)
+    R.need_safe = R.need.copy()
+    hr = np.flatnonzero(R.feasible & has_slo & (slo > 0))
+    if len(hr) and ctl.slo_headroom > 0:
+        m_safe = model.miss_ratio_for(a[hr], b[hr], slo[hr] * (1 + ctl.slo_headroom))
+        safe = bank.size_for(alloc_row[hr], m_safe)
+        safe = np.where(m_safe < 0, np.inf, safe)
+        R.need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, R.need[hr], ub[hr]),
+                                   R.need[hr])
+    R.need_best = np.full(R.n, np.inf)
+    hopeless = np.flatnonzero(has_slo & R.has_curve & (slo > 0) & ~R.feasible)
+    if len(hopeless):
+        rows_h = alloc_row[hopeless]
+        floor_m = bank.ys[bank.end(rows_h)]
+        R.need_best[hopeless] = np.clip(bank.size_for(rows_h, floor_m + FLAT),
+                                        lb[hopeless], ub[hopeless])
+
+
+def allocate_memory(R: Round, ctl) -> None:
+    """Targets: SLOs by priority, then the rest by marginal throughput on
+    the hulls (engine/allocate.py); a row without a curve keeps its limit."""
+    node_of, nn, has_curve, lb = R.node_of, len(R.nodes), R.has_curve, R.lb
+    R.target = np.clip(np.where(R.limit_now > 0, R.limit_now, R.equal), lb, R.ub)
+    fixed_use = np.bincount(node_of, weights=np.where(has_curve, 0.0, R.target),
+                            minlength=nn)
+    order = np.arange(R.n)            # rows are already in (node, name) order
+    R.x_lo, R.granted = allocate.serve_slos(
+        node_of, R.mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
+        R.need, R.has_slo & has_curve, R.column(lambda s, r: s.priority), order,
+        R.need_safe, R.need_best)
+    over = np.bincount(node_of, weights=lb, minlength=nn) > R.mem_pages
+    for ni in np.flatnonzero(over).tolist():
+        R.notes.append(f"node {R.nodes[ni]!r}: floors and anonymous memory (+ margin) add "
+                       f"up to more than the node; limits stay at those safety bounds")
+    cr = np.flatnonzero(has_curve)
+    if not len(cr):
+        return
+    budget = (R.mem_pages - fixed_use
+              - np.bincount(node_of[cr], weights=R.x_lo[cr], minlength=nn))
+    pxs, pys = R.bank.padded(R.alloc_row[cr])
+    a_w, b_w = R.a[cr], R.b[cr]
+    if ctl.objective == "relative":
+        # gains in units of the tenant's own throughput at an equal
+        # share: throughput(k a, k b, m) = throughput(a, b, m) / k
+        t_eq = model.throughput(a_w, b_w, R.bank.miss_at(R.alloc_row[cr], R.equal[cr]))
+        k = np.where(np.isfinite(t_eq) & (t_eq > 0), t_eq, 1.0)
+        a_w, b_w = a_w * k, b_w * k
+    R.target[cr] = allocate.distribute(node_of[cr], budget, R.x_lo[cr], R.ub[cr],
+                                       pxs, pys, a_w, b_w)
+
+
+def step_limits(R: Round, ctl) -> None:
+    """Move limits toward the targets under the step limit and hysteresis,
+    never below the safety bounds."""
+    new = allocate.step_limit(R.node_of, R.mem_pages, R.current, R.target, R.lb, R.ub,
+                              ctl.max_step_fraction, ctl.hysteresis)
+    R.new = np.maximum(new, R.lb)
+
+
+def predict(R: Round) -> None:
+    """Modelled throughput at the target and the new limit on the
+    allocation's curve, and before: the running policy at the limit in force."""
+    R.pred_target = np.full(R.n, np.nan)
+    R.pred_new = np.full(R.n, np.nan)
+    R.pred_old = np.full(R.n, np.nan)
+    a, b, bank = R.a, R.b, R.bank
+    cr = np.flatnonzero(R.has_curve)
+    if len(cr):
+        ar = R.alloc_row[cr]
+        R.pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.target[cr]))
+        R.pred_new[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.new[cr]))
+    orr = np.flatnonzero(R.run_row >= 0)
+    if len(orr):
+        R.pred_old[orr] = model.throughput(a[orr], b[orr],
+                                           bank.miss_at(R.run_row[orr], R.current[orr]))
