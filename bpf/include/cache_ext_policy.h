@@ -11,6 +11,11 @@
  *       (models/native/runtime), where one process runs many independent
  *       instances of the policy (one per miniature simulation / cgroup).
  *
+ * This comment is the contract.  The policy guide, docs/policies.md, says
+ * what each library policy does and the conventions they share, and how
+ * to check a new one (`cachepilot policy check`); the runnable example is
+ * bpf/policies/template/policy.bpf.c.
+ *
  * HOW TO WRITE A POLICY (see bpf/policies/fifo.bpf.c for the smallest one)
  *
  *   #include "cache_ext_policy.h"
