@@ -458,18 +458,18 @@ class LinuxBackend:
         if self.actuator is None or w.policy == self.default_policy:
             return ""
         st = self.actuator.stats(w.path)
-        if st is None or limit_bytes // PAGE <= st.capacity_pages:
+        if st is None or limit_bytes // PAGE_SIZE <= st.capacity_pages:
             return ""
         try:
             self.actuator.resize(w.path, w.policy, self._rule_tids(w, w.policy))
         except PolicyError as err:
             log.warning("tenant %s: policy %s not resized for %d pages: %s", w.tenant,
-                        w.policy, limit_bytes // PAGE, err)
+                        w.policy, limit_bytes // PAGE_SIZE, err)
             return f"policy {w.policy} keeps room for {st.capacity_pages} pages: {err}"
         w.tids = None
         w.overflow_seen = 0
         log.info("tenant %s: policy %s resized from %d to %d pages", w.tenant, w.policy,
-                 st.capacity_pages, limit_bytes // PAGE)
+                 st.capacity_pages, limit_bytes // PAGE_SIZE)
         return ""
 
 

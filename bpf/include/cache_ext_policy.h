@@ -137,6 +137,7 @@
  *   cp_first_access(&fresh)   the insertion's access (below)
  *   cp_page_add(map, folio, value)  a new page's entry; counts a full map
  *   cp_take            walk callback proposing every page it is shown
+ *   cp_propose(ectx, folio)  propose one folio outside a walk
  *   cp_sample_*()      random samples of the pages a policy holds
  *
  *   The read that brings a page in reaches the policy twice (folio_added,
@@ -768,6 +769,50 @@ static __always_inline int cp_page_add(void *map, struct folio *folio,
 		cp_count_overflow();
 	return err ? -1 : 0;
 }
+
+/*
+ * Propose one folio outside a list walk (a policy that draws its victims
+ * from a table, not a list): 0 when it went in, -1 when the context holds
+ * ctx->request candidates already.  The verifier refuses a store into the
+ * context at a variable offset, and the compiler turns a chain of stores
+ * at constant offsets back into one such store; so in the kernel each
+ * slot has its own store, written in assembly, and a test of the count.
+ */
+#ifdef __BPF__
+#define CP_CANDIDATE_SLOT(k)							if (n == (k)) {									asm volatile("*(u64 *)(%[c] + %[off]) = %[f]"					     : : [c] "r"(ectx), [f] "r"(folio),					       [off] "i"(__builtin_offsetof(						struct cache_ext_eviction_ctx,						candidates) + 8 * (k))						     : "memory");							goto stored;							}
+#define CP_CANDIDATE_SLOTS4(k)							CP_CANDIDATE_SLOT(k) CP_CANDIDATE_SLOT((k) + 1)				CP_CANDIDATE_SLOT((k) + 2) CP_CANDIDATE_SLOT((k) + 3)
+
+static __noinline __attribute__((unused)) int
+cp_propose(struct cache_ext_eviction_ctx *ectx, struct folio *folio)
+{
+	__u32 n = ectx->nr_candidates;
+
+	_Static_assert(CACHE_EXT_MAX_CANDIDATES == 32,
+		       "cp_propose writes 32 slots");
+	if (n >= ectx->request)
+		return -1;
+	CP_CANDIDATE_SLOTS4(0) CP_CANDIDATE_SLOTS4(4)
+	CP_CANDIDATE_SLOTS4(8) CP_CANDIDATE_SLOTS4(12)
+	CP_CANDIDATE_SLOTS4(16) CP_CANDIDATE_SLOTS4(20)
+	CP_CANDIDATE_SLOTS4(24) CP_CANDIDATE_SLOTS4(28)
+	return -1;
+stored:
+	ectx->nr_candidates = n + 1;
+	return 0;
+}
+#else
+static inline __attribute__((unused)) int
+cp_propose(struct cache_ext_eviction_ctx *ectx, struct folio *folio)
+{
+	__u32 n = ectx->nr_candidates;
+
+	if (n >= ectx->request || n >= CACHE_EXT_MAX_CANDIDATES)
+		return -1;
+	ectx->candidates[n] = folio;
+	ectx->nr_candidates = n + 1;
+	return 0;
+}
+#endif
 
 /*
  * A list walk's callback that proposes every page it is shown, in list

@@ -115,9 +115,8 @@ void BPF_STRUCT_OPS(hyperbolic_evict_folios,
 		if (!e)
 			break;
 		e->proposed_in = CP_STATE.round;
-		ectx->candidates[cp_mask(n, CACHE_EXT_MAX_CANDIDATES - 1)] =
-			cp_folio_of(e->id);
-		ectx->nr_candidates = n + 1;
+		if (cp_propose(ectx, cp_folio_of(e->id)))
+			break;
 	}
 }
 

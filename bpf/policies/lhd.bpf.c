@@ -493,9 +493,8 @@ void BPF_STRUCT_OPS(lhd_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		e = lhd_victim();
 		if (!e)
 			break;
-		ectx->candidates[cp_mask(n, CACHE_EXT_MAX_CANDIDATES - 1)] =
-			cp_folio_of(e->id);
-		ectx->nr_candidates = n + 1;
+		if (cp_propose(ectx, cp_folio_of(e->id)))
+			break;
 	}
 }
 
