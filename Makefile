@@ -11,7 +11,7 @@ APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-sourc
 APT_LEAN := prometheus
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps build bpf clean kernel kernel-test bench e2e
+.PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz sanitize image
 
 run: build
 	.venv/bin/cachepilot run --config configs/demo.yaml
@@ -56,6 +56,34 @@ bpf: deps
 
 bench: build
 	for b in experiments/bench_*.py; do $(PY) $$b || exit 1; done
+
+# Coverage-guided fuzzing of every trace reader and the record reader
+# (fuzz/run.py: atheris over the Python readers, libFuzzer with ASan and
+# UBSan over the native parser), FUZZ_RUNS executions a target; writes
+# experiments/results/fuzz.json.  Not part of make test.
+FUZZ_RUNS ?= 1000000
+FUZZ_JOBS ?= 1
+fuzz: build
+	$(PIP) install -q 'atheris>=2.3'
+	$(PY) -m fuzz.run --runs $(FUZZ_RUNS) --jobs $(FUZZ_JOBS)
+
+# The native core and the BPF loaders built with ASan and UBSan, run
+# through the native tests and a short fuzz, and the sampler loader under
+# valgrind for one agent interval (fuzz/sanitize.sh).  Not part of make test.
+sanitize: build
+	@dpkg -s valgrind >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq valgrind; }
+	fuzz/sanitize.sh
+
+# The agent+controller OCI image (deploy/container/Containerfile), built
+# without a container daemon: buildah with chroot isolation over a
+# debootstrap'd Debian 12 base; writes out/image/cachepilot-*.oci.tar.
+IMAGE_PKGS := buildah skopeo debootstrap
+image:
+	@missing=$$(for p in $(IMAGE_PKGS); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; fi
+	$(SUDO) deploy/container/build-image.sh
 
 kernel:
 	kernel/build

@@ -96,6 +96,10 @@ class Controller:
         self.latencies: deque[float] = deque(maxlen=10000)   # seconds per round
         for t in self.config.tenants:
             self._export_slo(t.name)
+            # a labelled counter is exported only once it has a child: start
+            # every tenant's at 0, or Prometheus first sees a revert as a
+            # series born at 1 and increase() never counts it
+            self.metrics.reverts.labels(t.name)
 
     # -- nodes ----------------------------------------------------------------
     def register(self, info: NodeInfo, peer: str = "") -> tuple[str, float]:

@@ -35,6 +35,11 @@ RESULTS = ROOT / "experiments" / "results"
 CLI = [sys.executable, "-m", "cachepilot"]
 MiB = 1 << 20
 CONTROLLED = ("limits_only", "autopilot")
+# SHARDS rate of the agent: a tenant as slow as kv (hundreds of page
+# accesses a second under TCG) gives a few samples a second at 0.01, too few
+# for a curve within a control interval; the kernel checks every access
+# either way, so a higher rate costs only the sampled ones' ring records
+SAMPLING_RATE = 0.05
 # the agent's log line for a directive it applied
 APPLIED = re.compile(r"tenant \S+: (limit \d+ -> \d+ bytes|policy )")
 
@@ -399,7 +404,7 @@ def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port:
     return {
         "node_id": "host", "roots": [str(cg.root)], "interval_s": interval,
         "memory": budget, "policies": curves,
-        "sampling": {"rate": 0.01, "slices": 4},
+        "sampling": {"rate": SAMPLING_RATE, "slices": 4},
         "safety": {"floor": budget // 16, "anon_margin": 16 * MiB, "max_step": budget // 4},
         "prometheus": {"port": 0},
         "tenants": [{"name": t.name, "cgroup": t.name,

@@ -71,8 +71,10 @@ CPU = {"kv": 0.5, "search": 0.4, "zipf": 0.5, "stream": 0.1}
 # how skewed kv's GETs are (db_bench's read_random_exp_range: key num * e^-r,
 # r uniform in [0, KV_SKEW], scattered over the key space)
 KV_SKEW = 5.0
-# the tenants whose GETs or reads have an SLO (derive_slos sets its level)
+# the tenants whose GETs or reads have an SLO (derive_slos sets its level:
+# SLO_GAIN times the equal split's, where the sweep found SLO_HEADROOM)
 SLO_TENANTS = ("kv", "zipf")
+SLO_GAIN, SLO_HEADROOM = 1.15, 1.3
 # the cache_ext paper's speedups over the kernel's default for the same
 # kind of workload (its sections 6.1-6.2)
 PAPER = {"kv": ("GET-SCAN, application-informed policy", 1.70),
@@ -416,18 +418,20 @@ def main(argv=None) -> int:
 
 
 def derive_slos(table, names) -> dict:
-    """An SLO for each of `names` (one-phase tenants) between what an equal
-    share under the kernel's policy gave it in the sweep and the best the
-    sweep found for it (their geometric mean): above the equal split, so
-    the controller has to act for it, and feasible, as the sweep showed.
-    A tenant no setting serves a sixth better than the equal split gets
-    none (an SLO within the noise would say nothing)."""
+    """An SLO for each of `names` (one-phase tenants): SLO_GAIN times what
+    an equal share under the kernel's policy gave it in the sweep, where
+    the sweep found a setting at least SLO_HEADROOM times that.  Above the
+    equal split, so the controller has to act for it; well below the best,
+    so it is feasible with memory left for the others (an SLO at the best
+    setting would take all of it).  A tenant no setting serves clearly
+    better than the equal split gets none (an SLO within the noise would
+    say nothing)."""
     slos = {}
     for n in names:
         row = table[n][0]
         base, best = row.get(("linux", 1.0)), max(row.values())
-        if base and best >= 1.15 * base:
-            slos[n] = math.sqrt(base * best)
+        if base and best >= SLO_HEADROOM * base:
+            slos[n] = SLO_GAIN * base
     return slos
 
 

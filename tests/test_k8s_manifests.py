@@ -63,3 +63,24 @@ def test_agent_has_capabilities_not_privilege_and_the_host_paths():
         == "spec.nodeName"
     dep = next(d for _, d in documents() if d["kind"] == "Deployment")
     assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+
+
+def test_the_manifests_run_the_image_the_containerfile_builds():
+    """Every container names cachepilot:VERSION (the package's version, the
+    tag deploy/container/build-image.sh gives), and its arguments are a
+    cachepilot command for the image's entrypoint."""
+    import tomllib
+    root = DEPLOY.parents[1]
+    version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    containerfile = (root / "deploy" / "container" / "Containerfile").read_text()
+    assert 'ENTRYPOINT ["cachepilot"]' in containerfile
+    assert f"cachepilot:{version}" in containerfile
+    script = (root / "deploy" / "container" / "build-image.sh").read_text()
+    assert 'NAME=cachepilot' in script and "pyproject.toml" in script
+    seen = set()
+    for _, doc in documents():
+        if doc["kind"] in ("DaemonSet", "Deployment"):
+            for c in doc["spec"]["template"]["spec"]["containers"]:
+                assert c["image"] == f"cachepilot:{version}", c["image"]
+                seen.add(c["args"][0])
+    assert seen == {"agent", "controller"}

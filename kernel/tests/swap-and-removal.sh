@@ -117,7 +117,7 @@ removed_case() {
 		fail "removed cgroup ($how)" "tracked=$tr, nodes_all_cgroups $n0 -> $n1 within 5 s of rmdir, reader rc=$rdrc"
 	# Nothing else holds the dead memcg once its page cache is gone, not
 	# even the pinned link.
-	drop_caches
+	release_percpu /data/hot
 	i=0
 	while [ "$(dying)" -gt "$dy0" ] && [ $i -lt 50 ]; do
 		sleep 0.1

@@ -18,6 +18,20 @@ drop_caches() {
 	echo 3 >/proc/sys/vm/drop_caches
 }
 
+# release_percpu FILE: each CPU in turn reads FILE (uncached) in a cgroup of
+# its own.  An idle CPU's per-CPU LRU batch still holds the last folios it
+# added and its memcg stock the last cgroup it charged; both pin a removed
+# cgroup until that CPU charges something else, which this forces.  On one
+# CPU the test's own commands did that; with two it is left to chance.
+release_percpu() {
+	mkdir -p /sys/fs/cgroup/percpu-flush
+	drop_caches
+	for cpu in $(seq 0 $(($(nproc) - 1))); do
+		taskset -c "$cpu" cxtest read "$1" /sys/fs/cgroup/percpu-flush
+		drop_caches
+	done
+}
+
 # summary NAME: the "NAME: X passed, Y failed" line; true when none failed
 summary() {
 	echo "$1: $passes passed, $fails failed"

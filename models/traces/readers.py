@@ -45,7 +45,8 @@ _TEXT_CODES = {"txt": _mrc.FMT_TXT, "lis": _mrc.FMT_LIS, "csv": _mrc.FMT_CSV}
 _EXTENSIONS = {".txt": "txt", ".csv": "csv", ".lis": "lis",
                ".oraclegeneral": "oracle", ".cpa": "cpaccess",
                ".cpaccess": "cpaccess"}
-TEXT_BLOCK = 8 << 20          # bytes of text parsed per native call
+TEXT_BLOCK = 8 << 20          # bytes of text read at a time
+CHUNK_KEYS = 1 << 22          # keys one native parse call may return (32 MiB)
 BINARY_CHUNK = 1 << 20        # records per chunk
 
 
@@ -202,8 +203,11 @@ class Trace:
         self.size_bytes = self.path.stat().st_size
         self._raw = []
         if self.format == "cpaccess":
-            with open_binary(self.path) as src:
-                self.threshold = self._cpaccess_header(src).threshold
+            try:
+                with open_binary(self.path) as src:
+                    self.threshold = self._cpaccess_header(src).threshold
+            except OSError as err:
+                raise TraceError(f"{self.path}: cannot read: {err.strerror or err}") from None
 
     @property
     def bytes_read(self) -> int:
@@ -266,14 +270,21 @@ class Trace:
                     if cut == 0:
                         carry = data
                         continue
-                raw, requests, lines, bad, err = _mrc.parse_text(
-                    memoryview(data)[:cut], code, line_base == 0)
-                if bad:
-                    self._bad_line(data[:cut], bad, line_base + bad, err)
-                self.requests += requests
-                line_base += lines
+                view = memoryview(data)
+                done = 0
+                while done < cut:
+                    # at most CHUNK_KEYS (+ one request's) keys a call: a
+                    # line may stand for 2^20 pages
+                    raw, requests, lines, bad, err, used = _mrc.parse_text(
+                        view[done:cut], code, line_base == 0, CHUNK_KEYS)
+                    if bad:
+                        self._bad_line(data[done:cut], bad, line_base + bad, err)
+                    self.requests += requests
+                    line_base += lines
+                    done += used
+                    yield np.frombuffer(raw, np.uint64), None
+                view.release()
                 carry = data[cut:]
-                yield np.frombuffer(raw, np.uint64), None
                 if not block:
                     return
 
@@ -306,6 +317,8 @@ class Trace:
             return records.read_header(src)
         except records.RecordFormatError as err:
             raise TraceError(f"{self.path}: {err}") from None
+        except zstandard.ZstdError as err:
+            raise TraceError(f"{self.path}: corrupt zstd data ({err})") from None
 
     def _cpaccess_chunks(self):
         with open_binary(self.path, self._raw) as src:

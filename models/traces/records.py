@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import BinaryIO, Iterator
 
 import numpy as np
+import zstandard
 
 MAGIC = b"CPACCESS"
 VERSION = 1
@@ -85,7 +86,13 @@ class RecordHeader:
             raise RecordFormatError(
                 f"access-record size {record_size} does not match version "
                 f"{VERSION}'s {RECORD_SIZE} bytes")
-        return cls(version, record_size, int(h["threshold"]), int(h["flags"]))
+        threshold = int(h["threshold"])
+        if threshold == 0:
+            # no key hashes below 0: such a file cannot hold a sample, and
+            # its rate (0) would scale every count by infinity
+            raise RecordFormatError("access-record threshold 0 keeps no key "
+                                    "(a sampling rate of 0)")
+        return cls(version, record_size, threshold, int(h["flags"]))
 
 
 def make_records(keys, *, time_ns=None, cgroup_id=0, tids=None,
@@ -154,11 +161,15 @@ def iter_records(src: BinaryIO, chunk_records: int = 1 << 18,
 
 
 def read_records(path) -> tuple[RecordHeader, np.ndarray]:
-    """Whole file into memory (small files and tests)."""
+    """Whole file into memory (small files and tests).  A zstd file that
+    does not decompress is a RecordFormatError too."""
     from cachepilot.models.traces.readers import open_binary
-    with open_binary(path) as src:
-        header = read_header(src)
-        parts = list(iter_records(src, name=str(path)))
+    try:
+        with open_binary(path) as src:
+            header = read_header(src)
+            parts = list(iter_records(src, name=str(path)))
+    except zstandard.ZstdError as err:
+        raise RecordFormatError(f"{path}: corrupt zstd data ({err})") from None
     recs = np.concatenate(parts) if parts else np.zeros(0, RECORD_DTYPE)
     return header, recs
 

@@ -220,12 +220,19 @@ static PyObject *py_parse_text(PyObject *self, PyObject *args)
 	struct cp_keybuf out = { 0 };
 	PyObject *keys, *ret;
 	Py_buffer view;
+	Py_ssize_t max_keys = 0;
 	int fmt, header_ok, rc;
 
-	if (!PyArg_ParseTuple(args, "y*ip", &view, &fmt, &header_ok))
+	if (!PyArg_ParseTuple(args, "y*ip|n", &view, &fmt, &header_ok, &max_keys))
 		return NULL;
+	if (max_keys < 0) {
+		PyBuffer_Release(&view);
+		PyErr_SetString(PyExc_ValueError, "max_keys must be >= 0");
+		return NULL;
+	}
 	Py_BEGIN_ALLOW_THREADS
-	rc = cp_parse_text(view.buf, view.len, fmt, header_ok, &out, &res);
+	rc = cp_parse_text(view.buf, view.len, fmt, header_ok, (size_t)max_keys,
+			   &out, &res);
 	Py_END_ALLOW_THREADS
 	PyBuffer_Release(&view);
 	if (rc == -2) {
@@ -237,9 +244,10 @@ static PyObject *py_parse_text(PyObject *self, PyObject *args)
 	free(out.keys);
 	if (!keys)
 		return NULL;
-	ret = Py_BuildValue("(NKKKs)", keys, (unsigned long long)res.requests,
+	ret = Py_BuildValue("(NKKKsn)", keys, (unsigned long long)res.requests,
 			    (unsigned long long)res.lines,
-			    (unsigned long long)res.bad_line, res.error);
+			    (unsigned long long)res.bad_line, res.error,
+			    (Py_ssize_t)res.consumed);
 	return ret;
 }
 
@@ -590,7 +598,8 @@ static PyMethodDef module_methods[] = {
 	{ "hll_add", py_hll_add, METH_VARARGS,
 	  "hll_add(keys, registers): count keys into a writable sketch of 2^bits bytes" },
 	{ "parse_text", py_parse_text, METH_VARARGS,
-	  "parse_text(buf, fmt, header_ok) -> (keys, requests, lines, bad_line, error)" },
+	  "parse_text(buf, fmt, header_ok, max_keys=0) -> (keys, requests, lines, bad_line, "
+	  "error, consumed): stops after the line that makes max_keys keys (0: no bound)" },
 	{ NULL }
 };
 

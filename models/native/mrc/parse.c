@@ -106,13 +106,13 @@ static const char *parse_csv(const char *s, const char *end, uint64_t *v)
 }
 
 int cp_parse_text(const char *buf, size_t len, enum cp_text_format fmt,
-		  int header_ok, struct cp_keybuf *out,
+		  int header_ok, size_t max_keys, struct cp_keybuf *out,
 		  struct cp_parse_result *res)
 {
 	const char *p = buf, *stop = buf + len;
 
 	memset(res, 0, sizeof(*res));
-	while (p < stop) {
+	while (p < stop && !(max_keys && out->len >= max_keys)) {
 		const char *nl = memchr(p, '\n', stop - p);
 		const char *end = nl ? nl : stop, *s = p;
 		const char *err = NULL;
@@ -147,7 +147,9 @@ int cp_parse_text(const char *buf, size_t len, enum cp_text_format fmt,
 			err = parse_csv(s, end, v);
 			if (!err && v[3] > (uint64_t)MAX_EXPAND * PAGE_SIZE)
 				err = "request size is larger than 4 GiB";
-			if (!err && v[4] > UINT64_MAX / SECTOR_SIZE - v[3])
+			/* the request's last byte, lbn * 512 + size - 1, must fit */
+			if (!err && (v[4] > UINT64_MAX / SECTOR_SIZE ||
+				     v[4] * SECTOR_SIZE > UINT64_MAX - v[3]))
 				err = "block address overflows 64 bits";
 			if (!err && v[3]) {
 				uint64_t lo = v[4] * SECTOR_SIZE;
@@ -169,5 +171,6 @@ int cp_parse_text(const char *buf, size_t len, enum cp_text_format fmt,
 			return -2;
 		res->requests++;
 	}
+	res->consumed = p - buf;
 	return 0;
 }
