@@ -838,7 +838,9 @@ int main(int argc, char **argv)
 			char *end;
 
 			capacity_override = strtoull(argv[i + 1], &end, 10);
-			if (*end || !capacity_override)
+			/* strtoull takes "-1" for 2^64 - 1: digits only */
+			if (*argv[i + 1] < '0' || *argv[i + 1] > '9' || *end ||
+			    !capacity_override)
 				fail("--capacity %s: not a number of pages",
 				     argv[i + 1]);
 		} else {

@@ -262,6 +262,24 @@ def test_policyctl_refuses_cgroups_outside_its_roots(tmp_path):
 
 
 @need_loader
+@pytest.mark.parametrize("pages", ["0", "-1", "12x", "", "1e6"])
+def test_policyctl_refuses_a_capacity_that_is_not_a_page_count(pages, tmp_path):
+    p = policyctl("--capacity", pages, "--pin-root", str(tmp_path), "attach",
+                  str(tmp_path), "lru")
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [f"policyctl: --capacity {pages}: "
+                                              "not a number of pages"]
+
+
+@need_loader
+def test_policyctl_stats_says_when_no_policy_of_ours_runs(tmp_path):
+    p = policyctl("--pin-root", str(tmp_path), "stats", str(tmp_path))
+    assert p.returncode == 1 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no policy statistics pinned" in lines[0]
+
+
+@need_loader
 def test_policyctl_loads_only_from_its_policy_directory(tmp_path):
     pdir = tmp_path / "policies"
     pdir.mkdir()
