@@ -7,12 +7,18 @@ under the roots touched, whatever a directive says.  A directive names a
 policy, never a path.
 
 policyctl pins each cgroup's struct_ops link in bpffs
-(<pin_root>/<cgroup id>/link, beside the policy's thread-id maps), so a
-policy outlives the agent: after a crash or restart the agent adopts the
+(<pin_root>/<cgroup id>/link, beside the policy's thread-id maps and its
+cp_stats), so a policy outlives the agent: after a crash or restart the agent adopts the
 pins whose cgroup it watches and drops those whose cgroup is gone.  What
 runs is read back from the kernel (the cgroup's memory.cache_ext, v1 and v2
 alike), never assumed from what was asked: a refused attach leaves the
 cgroup with the policy it had, and the report says so.
+
+A policy's per-page maps are sized when it loads, from the cgroup's memory
+limit (policyctl); `stats` reads back that capacity and how many pages the
+policy had no room for, and `resize` loads the running policy afresh for
+the limit in force (a swap to itself), which the agent does when it raises
+a limit past the capacity.
 """
 from __future__ import annotations
 
@@ -35,6 +41,12 @@ TIMEOUT_S = 60          # a verifier pass of a large policy under load
 
 class PolicyError(Exception):
     """policyctl refused or failed; the message is its one line."""
+
+
+@dataclass
+class PolicyStats:
+    capacity_pages: int     # what the policy's maps were sized for
+    overflow_pages: int     # pages added that found them full
 
 
 @dataclass
@@ -140,6 +152,28 @@ class PolicyActuator:
         if after != policy:
             raise PolicyError(f"policyctl {verb} said ok but {cgroup} runs {after}")
         return done
+
+    def stats(self, cgroup: str) -> PolicyStats | None:
+        """The running policy's capacity and overflow, or None where no
+        policy of ours runs (or one loaded before policies counted)."""
+        try:
+            out = self._run("stats", cgroup)
+        except PolicyError:
+            return None
+        values = dict(line.split(None, 1) for line in out.splitlines() if " " in line)
+        try:
+            return PolicyStats(int(values["capacity"]), int(values["overflow"]))
+        except (KeyError, ValueError):
+            return None
+
+    def resize(self, cgroup: str, policy: str,
+               tids: dict[str, list[int]] | None = None) -> str:
+        """Load `policy`, which runs on the cgroup, afresh for its limit in
+        force: a live swap to itself.  Raises PolicyError; on refusal the
+        old instance keeps running."""
+        config = [f"{m}={','.join(str(t) for t in ts)}"
+                  for m, ts in (tids or {}).items() if ts]
+        return self._run("swap", cgroup, policy, *config)
 
     def set_tids(self, cgroup: str, tids: dict[str, list[int]]) -> None:
         """Replace the thread ids in the pinned tid maps of the cgroup's policy."""

@@ -18,6 +18,8 @@ _REPORT_FIELDS = {
     "usage_anon_bytes": "anonymous memory charged to the cgroup",
     "throughput": "throughput from the tenant's throughput source",
     "miss_ratio": "insertions over accesses in the last interval",
+    "policy_capacity_pages": "pages the cgroup's cache_ext policy was sized for",
+    "policy_overflow_pages": "pages the cgroup's cache_ext policy had no room for",
 }
 MAX_CURVE_POINTS = 32       # per curve, to bound the label cardinality
 

@@ -9,12 +9,15 @@
  *   policyctl [OPTIONS] tids   CGROUP MAP [TID...]
  *   policyctl [OPTIONS] drop   CGROUP_ID
  *   policyctl [OPTIONS] list
+ *   policyctl [OPTIONS] stats  CGROUP
  *
  *   --policy-dir DIR   where POLICY.bpf.o is looked for (default: policies/
  *                      beside this program); POLICY is a bare name, never a
  *                      path, so nothing outside DIR can be loaded
  *   --pin-root DIR     bpffs folder of the pins (/sys/fs/bpf/cachepilot)
  *   --root DIR         refuse cgroups outside DIR (repeatable)
+ *   --capacity PAGES   size the policy for this many pages instead of the
+ *                      cgroup's memory limit
  *
  * A policy is attached with a struct_ops link whose target is the cgroup
  * and the link is pinned at PIN_ROOT/<cgroup id>/link, so the policy stays
@@ -28,6 +31,20 @@
  * kernel detached its policy when the cgroup went).  `list` prints one
  * line per pinned cgroup: its id and the name of its link's struct_ops map.
  *
+ * Capacity: a policy's per-page maps (CP_PAGE_MAP, CP_GHOST_MAP,
+ * CP_PAGE_ARRAY in bpf/include/cache_ext_policy.h) are sized before the
+ * policy loads, from the number of 4 KiB pages the cgroup may hold: its
+ * memory limit, or the nearest ancestor's, or the host's memory where no
+ * limit is set (or --capacity).  Each such map has a read-only marker
+ * cp_per_page__<map> in the object (entries per page); the capacity
+ * itself goes into the policy's cp_capacity and its cp_stats map, which
+ * is pinned beside the link as PIN_ROOT/<cgroup id>/cp_stats.  A swap
+ * sizes the new policy for the limit at that time, so after raising a
+ * limit a swap to the same policy resizes it.  `stats` prints the
+ * capacity and how many pages the policy had no room for (a per-page map
+ * was full: the cgroup held more pages than the capacity), as
+ * "capacity N" and "overflow N" lines.
+ *
  * Success prints one line starting with "ok" on stdout; failure prints one
  * line on stderr saying what was refused and why (the verifier's last
  * words when it refused a program), and exits 1 (2 for a usage error).
@@ -39,6 +56,7 @@
 #include <libgen.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,9 +64,14 @@
 #include <unistd.h>
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <bpf/libbpf.h>
 
 #define DEFAULT_PIN_ROOT "/sys/fs/bpf/cachepilot"
+#define STATS_MAP "cp_stats"
+#define PER_PAGE_PREFIX "cp_per_page__"
+#define PAGE_BYTES 4096ULL
+#define MIN_LRU_ENTRIES 1024	/* the kernel's LRU lists want some room */
 #define MAX_ROOTS 16
 #define MAX_TIDS 4096
 #define LOG_LINES 8
@@ -57,6 +80,7 @@ static const char *pin_root = DEFAULT_PIN_ROOT;
 static char policy_dir[PATH_MAX];
 static const char *roots[MAX_ROOTS];
 static int nr_roots;
+static unsigned long long capacity_override;
 
 /* The last lines libbpf printed, to explain a refusal in one line. */
 static char log_ring[LOG_LINES][256];
@@ -141,13 +165,15 @@ static void fail(const char *fmt, ...)
 
 static void usage(void)
 {
-	fputs("usage: policyctl [--policy-dir DIR] [--pin-root DIR] [--root DIR]... COMMAND\n"
+	fputs("usage: policyctl [--policy-dir DIR] [--pin-root DIR] [--root DIR]...\n"
+	      "                 [--capacity PAGES] COMMAND\n"
 	      "  attach CGROUP POLICY [MAP=TID,...]...\n"
 	      "  swap   CGROUP POLICY [MAP=TID,...]...\n"
 	      "  detach CGROUP\n"
 	      "  tids   CGROUP MAP [TID...]\n"
 	      "  drop   CGROUP_ID\n"
-	      "  list\n", stderr);
+	      "  list\n"
+	      "  stats  CGROUP\n", stderr);
 	exit(2);
 }
 
@@ -322,16 +348,172 @@ static void set_tids(int fd, const char *what, const unsigned int *tids, int n)
 			     strerror(errno));
 }
 
+/* -- capacity ---------------------------------------------------------------- */
+
+/* A cgroup memory file holding bytes; 0 when absent or unlimited. */
+static unsigned long long limit_file(const char *dir, const char *name)
+{
+	char path[PATH_MAX + 64], buf[64];
+	unsigned long long v;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	if (!fgets(buf, sizeof(buf), f) || !strncmp(buf, "max", 3)) {
+		fclose(f);
+		return 0;
+	}
+	fclose(f);
+	v = strtoull(buf, NULL, 10);
+	/* cgroup v1 says "no limit" with a number near 2^63 */
+	return v >= (1ULL << 62) ? 0 : v;
+}
+
+/*
+ * Pages the cgroup may hold: the smallest memory limit on the way up from
+ * it (cgroup v2 memory.max, v1 memory.limit_in_bytes), at most the
+ * host's memory.
+ */
+static unsigned long long cgroup_capacity(const char *cgroup)
+{
+	unsigned long long bytes, limit;
+	char dir[PATH_MAX], probe[PATH_MAX + 16];
+	char *slash;
+
+	if (capacity_override)
+		return capacity_override;
+	bytes = (unsigned long long)sysconf(_SC_PHYS_PAGES) *
+		(unsigned long long)sysconf(_SC_PAGESIZE);
+	if (realpath(cgroup, dir)) {
+		for (;;) {
+			limit = limit_file(dir, "memory.max");
+			if (!limit)
+				limit = limit_file(dir, "memory.limit_in_bytes");
+			if (limit && limit < bytes)
+				bytes = limit;
+			/* up to the parent, while it is a cgroup too */
+			slash = strrchr(dir, '/');
+			if (!slash || slash == dir)
+				break;
+			*slash = '\0';
+			snprintf(probe, sizeof(probe), "%s/cgroup.procs", dir);
+			if (access(probe, F_OK))
+				break;
+		}
+	}
+	return bytes / PAGE_BYTES ? bytes / PAGE_BYTES : 1;
+}
+
+/* Where var `name` sits in the object's .rodata, or -1. */
+static long rodata_offset(struct bpf_object *obj, const char *name)
+{
+	const struct btf *btf = bpf_object__btf(obj);
+	const struct btf_var_secinfo *vs;
+	const struct btf_type *sec;
+	int id, i;
+
+	if (!btf)
+		return -1;
+	id = btf__find_by_name_kind(btf, ".rodata", BTF_KIND_DATASEC);
+	if (id < 0)
+		return -1;
+	sec = btf__type_by_id(btf, id);
+	vs = btf_var_secinfos(sec);
+	for (i = 0; i < btf_vlen(sec); i++, vs++) {
+		const struct btf_type *var = btf__type_by_id(btf, vs->type);
+
+		if (!strcmp(btf__name_by_offset(btf, var->name_off), name))
+			return vs->offset;
+	}
+	return -1;
+}
+
+static struct bpf_map *rodata_map(struct bpf_object *obj)
+{
+	struct bpf_map *map;
+
+	bpf_object__for_each_map(map, obj) {
+		const char *n = bpf_map__name(map);
+		size_t len = strlen(n);
+
+		if (bpf_map__is_internal(map) && len >= 7 &&
+		    !strcmp(n + len - 7, ".rodata"))
+			return map;
+	}
+	return NULL;
+}
+
+/*
+ * Size every map that has a cp_per_page__<map> marker to its entries per
+ * page times the capacity, and tell the policy its capacity.
+ */
+static void size_maps(struct bpf_object *obj, const char *policy,
+		      unsigned long long pages)
+{
+	struct bpf_map *rodata = rodata_map(obj), *map;
+	char var[128];
+	size_t size = 0;
+	char *data;
+	long off;
+
+	if (!rodata)
+		return;
+	data = bpf_map__initial_value(rodata, &size);
+	if (!data)
+		return;
+	bpf_object__for_each_map(map, obj) {
+		unsigned long long per_page, entries;
+		__u32 v;
+
+		snprintf(var, sizeof(var), PER_PAGE_PREFIX "%s",
+			 bpf_map__name(map));
+		off = rodata_offset(obj, var);
+		if (off < 0 || (size_t)off + sizeof(v) > size)
+			continue;
+		memcpy(&v, data + off, sizeof(v));
+		per_page = v ? v : 1;
+		entries = per_page * pages;
+		if (bpf_map__type(map) == BPF_MAP_TYPE_LRU_HASH &&
+		    entries < MIN_LRU_ENTRIES)
+			entries = MIN_LRU_ENTRIES;
+		if (entries > UINT32_MAX)
+			entries = UINT32_MAX;
+		if (bpf_map__set_max_entries(map, (__u32)entries))
+			fail("%s: cannot size map %s to %llu entries", policy,
+			     bpf_map__name(map), entries);
+	}
+	off = rodata_offset(obj, "cp_capacity");
+	if (off >= 0 && (size_t)off + sizeof(__u64) <= size) {
+		__u64 c = pages;
+
+		memcpy(data + off, &c, sizeof(c));
+	}
+}
+
+/* After load: the stats map starts with the capacity, nothing counted. */
+static void init_stats(struct bpf_object *obj, unsigned long long pages)
+{
+	struct bpf_map *map = bpf_object__find_map_by_name(obj, STATS_MAP);
+	__u64 value[2] = { pages, 0 };
+	__u32 zero = 0;
+
+	if (map && bpf_map__value_size(map) >= sizeof(value))
+		bpf_map_update_elem(bpf_map__fd(map), &zero, value, BPF_ANY);
+}
+
 /* -- loading ---------------------------------------------------------------- */
 
 struct loaded {
 	struct bpf_object *obj;
 	struct bpf_map *ops;
 	char name[64];
+	unsigned long long capacity;	/* pages the maps were sized for */
 };
 
-static void load_policy(const char *policy, int argc, char **argv,
-			struct loaded *out)
+static void load_policy(const char *policy, const char *cgroup, int argc,
+			char **argv, struct loaded *out)
 {
 	static unsigned int tids[MAX_TIDS];
 	char path[PATH_MAX];
@@ -350,10 +532,13 @@ static void load_policy(const char *policy, int argc, char **argv,
 		fail("%s: %s has no struct_ops map (not a cache_ext policy)",
 		     policy, path);
 	snprintf(out->name, sizeof(out->name), "%s", bpf_map__name(out->ops));
+	out->capacity = cgroup_capacity(cgroup);
+	size_maps(out->obj, policy, out->capacity);
 	err = bpf_object__load(out->obj);
 	if (err)
 		fail("%s: the kernel refused to load it: %s", policy,
 		     strerror(-err));
+	init_stats(out->obj, out->capacity);
 	/* MAP=TID,... configures the instance before it runs */
 	for (i = 0; i < argc; i++) {
 		char *eq = strchr(argv[i], '=');
@@ -372,14 +557,15 @@ static void load_policy(const char *policy, int argc, char **argv,
 	}
 }
 
-/* Pin the instance's thread-id maps beside its link, replacing old pins. */
+/* Pin the instance's thread-id maps and its cp_stats beside its link,
+ * replacing old pins. */
 static void pin_tid_maps(struct loaded *l, unsigned long long id)
 {
 	char path[PATH_MAX];
 	struct bpf_map *map;
 
 	bpf_object__for_each_map(map, l->obj) {
-		if (!is_tid_map(map))
+		if (!is_tid_map(map) && strcmp(bpf_map__name(map), STATS_MAP))
 			continue;
 		pin_path(path, id, bpf_map__name(map));
 		unlink(path);
@@ -458,7 +644,7 @@ static int cmd_attach(const char *cgroup, const char *policy, int argc,
 	int cgfd;
 
 	cgfd = open_cgroup(cgroup, &id);
-	load_policy(policy, argc, argv, &l);
+	load_policy(policy, cgroup, argc, argv, &l);
 	link = link_to_cgroup(l.ops, cgfd);
 	if (!link)
 		fail("%s on %s: not attached: %s", policy, cgroup,
@@ -475,8 +661,8 @@ static int cmd_attach(const char *cgroup, const char *policy, int argc,
 	}
 	pin_tid_maps(&l, id);
 	unpin_foreign_maps(&l, id);
-	printf("ok attached %s to %s (cgroup id %llu, pinned at %s)\n", policy,
-	       cgroup, id, path);
+	printf("ok attached %s to %s (cgroup id %llu, pinned at %s, "
+	       "capacity %llu pages)\n", policy, cgroup, id, path, l.capacity);
 	return 0;
 }
 
@@ -497,14 +683,15 @@ static int cmd_swap(const char *cgroup, const char *policy, int argc,
 		return cmd_attach(cgroup, policy, argc, argv);
 	}
 	close(cgfd);
-	load_policy(policy, argc, argv, &l);
+	load_policy(policy, cgroup, argc, argv, &l);
 	err = bpf_link__update_map(link, l.ops);
 	if (err)
 		fail("%s on %s: not swapped, the previous policy stays: %s",
 		     policy, cgroup, strerror(-err));
 	pin_tid_maps(&l, id);
 	unpin_foreign_maps(&l, id);
-	printf("ok swapped %s in on %s (cgroup id %llu)\n", policy, cgroup, id);
+	printf("ok swapped %s in on %s (cgroup id %llu, capacity %llu pages)\n",
+	       policy, cgroup, id, l.capacity);
 	return 0;
 }
 
@@ -603,6 +790,28 @@ static int cmd_list(void)
 	return 0;
 }
 
+static int cmd_stats(const char *cgroup)
+{
+	unsigned long long id;
+	char path[PATH_MAX];
+	__u64 value[2] = { 0, 0 };
+	__u32 zero = 0;
+	int cgfd, fd;
+
+	cgfd = open_cgroup(cgroup, &id);
+	close(cgfd);
+	pin_path(path, id, STATS_MAP);
+	fd = bpf_obj_get(path);
+	if (fd < 0)
+		fail("%s: no policy statistics pinned at %s", cgroup, path);
+	if (bpf_map_lookup_elem(fd, &zero, value))
+		fail("%s: cannot read %s: %s", cgroup, path, strerror(errno));
+	close(fd);
+	printf("capacity %llu\noverflow %llu\n", (unsigned long long)value[0],
+	       (unsigned long long)value[1]);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	char exe[PATH_MAX];
@@ -625,6 +834,15 @@ int main(int argc, char **argv)
 			pin_root = argv[i + 1];
 		} else if (!strcmp(argv[i], "--root") && nr_roots < MAX_ROOTS) {
 			roots[nr_roots++] = argv[i + 1];
+		} else if (!strcmp(argv[i], "--capacity")) {
+			char *end;
+
+			capacity_override = strtoull(argv[i + 1], &end, 10);
+			/* strtoull takes "-1" for 2^64 - 1: digits only */
+			if (*argv[i + 1] < '0' || *argv[i + 1] > '9' || *end ||
+			    !capacity_override)
+				fail("--capacity %s: not a number of pages",
+				     argv[i + 1]);
 		} else {
 			usage();
 		}
@@ -645,6 +863,8 @@ int main(int argc, char **argv)
 		return cmd_drop(argv[1]);
 	if (!strcmp(argv[0], "list") && argc == 1)
 		return cmd_list();
+	if (!strcmp(argv[0], "stats") && argc == 2)
+		return cmd_stats(argv[1]);
 	usage();
 	return 2;
 }

@@ -124,6 +124,9 @@ def _print_admin(action, reply):
                 print(f"{'':16} node REFUSED: {t.applied_message}")
             elif t.applied_message:
                 print(f"{'':16} node: {t.applied_message}")
+            if t.policy_overflow_pages:
+                print(f"{'':16} policy had no room for {t.policy_overflow_pages:,} pages "
+                      f"(sized for {t.policy_capacity_pages:,})")
     elif action in ("set-slo", "clear-slo"):
         before = f"{reply.previous:g}" if reply.had_slo else "none"
         after = f"{reply.current:g}" if reply.has_slo else "none"

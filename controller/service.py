@@ -258,7 +258,9 @@ class Controller:
                     running_policy=r.policy if r else "", advisory=rec.advisory,
                     applied="" if a is None else "ok" if a.ok and a.policy_ok else "refused",
                     applied_message="; ".join(m for m in (a.message, a.policy_message) if m)
-                    if a else ""))
+                    if a else "",
+                    policy_capacity_pages=r.policy_capacity_pages if r else 0,
+                    policy_overflow_pages=r.policy_overflow_pages if r else 0))
             return pb.TenantsReply(tenants=out)
 
     def set_slo(self, tenant: str, min_throughput: float) -> pb.SLOReply:

@@ -15,6 +15,8 @@ name.  The same seed gives the same stream.
                               zipf GETs from one thread mixed with sequential
                               scan runs from another; tids mark which is which
     phases([(stream, n), ...])  stream 1 for n keys, then stream 2, ...
+    mix([(stream, weight), ...])  each key from stream i with probability
+                              weight_i / sum of weights, interleaved
     trace_stream(path)        a trace file replayed (looping) as a stream
 """
 from __future__ import annotations
@@ -195,6 +197,35 @@ class Phases(KeyStream):
         return k, (np.concatenate(tids) if tids else np.zeros(0, np.uint32))
 
 
+class Mix(KeyStream):
+    """Streams interleaved at random: each key comes from stream i with
+    probability weight_i / the sum of the weights, and each stream goes on
+    where it left off.  Tids as in Phases."""
+
+    def __init__(self, parts, seed: int = 0):
+        self.streams = [s for s, _ in parts]
+        weights = np.array([float(w) for _, w in parts], dtype=np.float64)
+        if not len(weights) or (weights < 0).any() or weights.sum() <= 0:
+            raise ValueError("mix needs (stream, weight) pairs with positive total weight")
+        self.cdf = np.cumsum(weights) / weights.sum()
+        self.with_tids = any(s.with_tids for s in self.streams)
+        self.rng = np.random.default_rng([seed, 2])
+
+    def _next(self, n):
+        which = np.searchsorted(self.cdf, self.rng.random(n), side="right")
+        which = np.minimum(which, len(self.streams) - 1)
+        keys = np.empty(n, dtype=np.uint64)
+        tids = np.zeros(n, dtype=np.uint32)
+        for i, stream in enumerate(self.streams):
+            at = which == i
+            out = stream.next(int(at.sum()))
+            if isinstance(out, tuple):
+                keys[at], tids[at] = out
+            else:
+                keys[at] = out
+        return (keys, tids) if self.with_tids else keys
+
+
 class TraceStream(KeyStream):
     """A trace replayed as a stream (from the start again when it ends)."""
 
@@ -256,6 +287,10 @@ def get_scan(n_keys: int, skew: float = 1.0, scan_fraction: float = 0.3,
 
 def phases(parts) -> Phases:
     return Phases(parts)
+
+
+def mix(parts, seed: int = 0) -> Mix:
+    return Mix(parts, seed)
 
 
 def trace_stream(path, format: str | None = None, loop: bool = True) -> TraceStream:

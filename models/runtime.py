@@ -52,7 +52,7 @@ POLICY_CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter",
 STAT_NAMES = ("accesses", "hits", "misses", "inserts", "evictions",
               "admit_bypassed", "proposed", "accepted", "rejected_not_cached",
               "rejected_duplicate", "rejected_excess", "fallback_evictions",
-              "requests")
+              "requests", "policy_capacity", "policy_overflow")
 
 
 def available_policies(include_loaded: bool = False) -> list[str]:
@@ -139,17 +139,24 @@ class Cache:
     """One simulated memory cgroup of `capacity_pages` pages whose eviction
     is driven by one instance of `policy`."""
 
-    def __init__(self, policy: str, capacity_pages: int, scale: float = 1.0):
+    def __init__(self, policy: str, capacity_pages: int, scale: float = 1.0,
+                 policy_capacity: int | None = None):
         """`scale`: full-scale pages per page of this cache -- 1/R for a
         miniature simulation at rate R -- for policies whose rules depend on
-        absolute sizes (cp_full_pages() in the policy header)."""
+        absolute sizes (cp_full_pages() in the policy header).
+        `policy_capacity`: size the policy's per-page maps for this many
+        pages for good, as a loader does for a cgroup whose limit is raised
+        later; by default they follow the cache's capacity."""
         capacity = int(capacity_pages)
         if capacity < 0:
             raise UserError("capacity must not be negative")
         if not float(scale) > 0:
             raise UserError("scale must be positive")
+        fixed = 0 if policy_capacity is None else int(policy_capacity)
+        if fixed < 0 or (policy_capacity is not None and fixed == 0):
+            raise UserError("policy_capacity must be a positive number of pages")
         try:
-            self._c = _runtime.Cache(_check_policy(policy), capacity, float(scale))
+            self._c = _runtime.Cache(_check_policy(policy), capacity, float(scale), fixed)
         except ValueError as err:
             raise UserError(str(err)) from None
 
@@ -204,7 +211,10 @@ class Cache:
 
     @property
     def stats(self) -> dict:
-        """Counters since creation (see STAT_NAMES) plus `cached`."""
+        """Counters since creation (see STAT_NAMES) plus `cached`.
+        policy_capacity is the pages the policy's per-page maps are sized
+        for (the cache's capacity, which they follow) and policy_overflow
+        the pages it had no room for (cp_stats in the policy header)."""
         return self._c.stats()
 
     def cached_keys(self) -> np.ndarray:

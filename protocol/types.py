@@ -39,6 +39,9 @@ class TenantReport:
     # curves are against the limit an operator would set: the agent has
     # already shifted them by the anonymous memory the cgroup holds (meta
     # key "anon_offset_pages"), so size == limit.
+    policy_capacity_pages: int = 0    # pages our cache_ext policy was sized
+                                      # for (0: none of ours runs)
+    policy_overflow_pages: int = 0    # pages it had no room for since loaded
 
 
 @dataclass

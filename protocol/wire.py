@@ -97,7 +97,9 @@ def node_info_from_pb(msg: pb.NodeInfo) -> NodeInfo:
 # -- reports -----------------------------------------------------------------
 _RATE_FIELDS = ("interval_s", "accesses_per_s", "inserts_per_s", "removals_per_s",
                 "refaults_per_s", "throughput", "miss_ratio")
-_BYTE_FIELDS = ("limit_bytes", "usage_file_bytes", "usage_anon_bytes")
+# non-negative integers: bytes, and pages where the name says so
+_COUNT_FIELDS = ("limit_bytes", "usage_file_bytes", "usage_anon_bytes",
+                 "policy_capacity_pages", "policy_overflow_pages")
 
 
 def report_to_pb(report: TenantReport) -> pb.TenantReport:
@@ -105,7 +107,7 @@ def report_to_pb(report: TenantReport) -> pb.TenantReport:
                           curves=[curve_to_pb(c) for c in report.curves])
     for name in _RATE_FIELDS:
         setattr(msg, name, float(getattr(report, name)))
-    for name in _BYTE_FIELDS:
+    for name in _COUNT_FIELDS:
         setattr(msg, name, int(getattr(report, name)))
     return msg
 
@@ -122,7 +124,7 @@ def report_from_pb(msg: pb.TenantReport) -> TenantReport:
         values[name] = float(v)
     if values["miss_ratio"] > 1.0 + 1e-9:
         raise WireError(f"{where}: miss_ratio {values['miss_ratio']} is above 1")
-    for name in _BYTE_FIELDS:
+    for name in _COUNT_FIELDS:
         v = getattr(msg, name)
         if v < 0:
             raise WireError(f"{where}: {name} must be non-negative")

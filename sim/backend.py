@@ -155,7 +155,9 @@ class SimTenant:
             removals_per_s=throughput * m if resident >= self.limit_bytes else 0.0,
             refaults_per_s=0.0, limit_bytes=self.limit_bytes,
             usage_file_bytes=resident, usage_anon_bytes=0, policy=self.policy,
-            throughput=throughput, miss_ratio=m, curves=curves)
+            throughput=throughput, miss_ratio=m, curves=curves,
+            policy_capacity_pages=int(self.cache.stats["policy_capacity"]),
+            policy_overflow_pages=int(self.cache.stats["policy_overflow"]))
         self.history.append({"interval": self.interval, "phase": idx, "limit_bytes":
                              self.limit_bytes, "policy": self.policy, "miss_ratio": m,
                              "throughput": throughput})

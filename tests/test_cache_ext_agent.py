@@ -41,9 +41,23 @@ if cmd in ("attach", "swap"):
     os.makedirs(os.path.join(pins, cgid(cg)), exist_ok=True)
     open(os.path.join(pins, cgid(cg), "link"), "w").close()
     say(cg, pol)
+    # sized for the cgroup's limit as it is now (the host's 8 GiB without one)
+    limit = open(os.path.join(cg, "memory.max")).read().strip()
+    pages = int(opts.get("--capacity", [0])[0]) or (int(limit) if limit.isdigit() else 8 << 30) // 4096
+    open(os.path.join(pins, cgid(cg), "cp_stats"), "w").write(f"capacity {{pages}}\noverflow 0\n")
+elif cmd == "stats":
+    f = os.path.join(pins, cgid(args[1]), "cp_stats")
+    if not os.path.exists(f):
+        sys.stderr.write("policyctl: no policy of ours runs there\n")
+        sys.exit(1)
+    sys.stdout.write(open(f).read())
+    sys.exit(0)
 elif cmd == "detach":
     cg = args[1]
-    os.unlink(os.path.join(pins, cgid(cg), "link")); os.rmdir(os.path.join(pins, cgid(cg)))
+    for f in ("link", "cp_stats"):
+        if os.path.exists(os.path.join(pins, cgid(cg), f)):
+            os.unlink(os.path.join(pins, cgid(cg), f))
+    os.rmdir(os.path.join(pins, cgid(cg)))
     say(cg, "none")
 elif cmd == "list":
     for d in sorted(os.listdir(pins)):
@@ -184,6 +198,39 @@ def test_backend_drops_the_pins_of_a_deleted_cgroup_once(fake, caplog):
     assert len([r for r in caplog.records if "pins removed" in r.getMessage()]) == 1
 
 
+def test_backend_resizes_a_policy_for_a_raised_limit_and_reports_its_room(fake, caplog):
+    """A policy is sized for the limit it was loaded under; raising the
+    limit past that loads it afresh (a swap to itself) for the new limit,
+    and the report carries the capacity and the pages it had no room for,
+    with one warning per growth of that count."""
+    act, root, pins = fake
+    db = root / "db"
+    (db / "memory.max").write_text(f"{100 * MiB}\n")
+    b = backend(root, act)
+    (res,) = b.apply([Directive("db", 100 * MiB, "mru")])
+    assert res.ok and res.policy_ok
+    stats = pins / str(os.stat(db).st_ino) / "cp_stats"
+    assert act.stats(str(db)).capacity_pages == 100 * MiB // 4096
+    (res,) = b.apply([Directive("db", 200 * MiB, "mru")])
+    assert res.ok and res.policy_ok and res.applied_limit_bytes == 200 * MiB
+    assert f"swap {db} mru" in calls(pins)
+    reports = {r.tenant: r for r in b.collect()}
+    assert (reports["db"].policy_capacity_pages, reports["db"].policy_overflow_pages) == \
+        (200 * MiB // 4096, 0)
+    assert (reports["web"].policy_capacity_pages, reports["web"].policy_overflow_pages) == (0, 0)
+    # a lower limit needs no new instance
+    swaps = len([c for c in calls(pins) if c.startswith("swap")])
+    b.apply([Directive("db", 150 * MiB, "mru")])
+    assert len([c for c in calls(pins) if c.startswith("swap")]) == swaps
+    # pages the policy had no room for: reported, warned about once
+    stats.write_text(f"capacity {200 * MiB // 4096}\noverflow 7\n")
+    for _ in range(2):
+        reports = {r.tenant: r for r in b.collect()}
+        assert reports["db"].policy_overflow_pages == 7
+    warned = [r for r in caplog.records if "had no room for 7 pages" in r.getMessage()]
+    assert len(warned) == 1
+
+
 # -- the real loader's refusals (no cache_ext kernel needed) -------------------
 
 need_loader = pytest.mark.skipif(not POLICYCTL.exists(),
@@ -212,6 +259,24 @@ def test_policyctl_refuses_cgroups_outside_its_roots(tmp_path):
     assert p.returncode == 1
     assert p.stderr.strip().count("\n") == 0
     assert "outside the configured roots" in p.stderr
+
+
+@need_loader
+@pytest.mark.parametrize("pages", ["0", "-1", "12x", "", "1e6"])
+def test_policyctl_refuses_a_capacity_that_is_not_a_page_count(pages, tmp_path):
+    p = policyctl("--capacity", pages, "--pin-root", str(tmp_path), "attach",
+                  str(tmp_path), "lru")
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [f"policyctl: --capacity {pages}: "
+                                              "not a number of pages"]
+
+
+@need_loader
+def test_policyctl_stats_says_when_no_policy_of_ours_runs(tmp_path):
+    p = policyctl("--pin-root", str(tmp_path), "stats", str(tmp_path))
+    assert p.returncode == 1 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no policy statistics pinned" in lines[0]
 
 
 @need_loader

@@ -313,3 +313,60 @@ def test_doctor_attaches_every_library_policy(env):
     assert library and policies == "load: " + ", ".join(library)
     assert not list(found[0].glob("cachepilot-doctor-*"))
     assert not list(Path("/sys/fs/bpf").glob("cachepilot-doctor-*"))
+
+
+# policies that keep state for every page they hold (mru keeps it only for
+# pages not read yet)
+PER_PAGE_STATE = ("lfu", "s3fifo", "lhd", "hyperbolic", "linux", "mglru", "get_scan")
+SMALL_CAPACITY = 512          # pages: a scaled-down compile-time bound
+
+
+def policyctl(*args) -> str:
+    return subprocess.run([str(POLICYCTL), "--pin-root", str(PINS), *map(str, args)],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def test_policies_are_sized_to_their_cgroup_and_count_what_they_cannot_track(env):
+    """Loaded for a cgroup, a policy's per-page maps hold its limit's worth
+    of pages (8 MiB: 2048), and a pass over a file four times larger leaves
+    nothing untracked.  Loaded with a capacity smaller than what the cgroup
+    holds (512 pages, as a compile-time bound of 2^22 pages would be for a
+    cgroup over 16 GiB), the policy keeps the cgroup within its limit and
+    counts every page it had no room for; the agent reports the count, and
+    raising the limit past the capacity loads the policy afresh for it."""
+    a = ROOT / "a"
+    limit_pages = LIMIT // 4096
+    act = PolicyActuator([str(ROOT)], "linux", pin_root=PINS)
+    for p in PER_PAGE_STATE:
+        out = policyctl("attach", a, p)
+        assert f"capacity {limit_pages} pages" in out, out
+        cx("dontneed", env)
+        cx("read", env, a)
+        st, held = act.stats(str(a)), int(cache_ext(a)["tracked"])
+        print(f"{p} sized for the limit: {st}, cgroup holds {held} pages")
+        assert st.capacity_pages == limit_pages and st.overflow_pages == 0
+        assert held > SMALL_CAPACITY
+        policyctl("detach", a)
+
+        policyctl("--capacity", SMALL_CAPACITY, "attach", a, p)
+        cx("dontneed", env)
+        cx("read", env, a)
+        st, held = act.stats(str(a)), int(cache_ext(a)["tracked"])
+        print(f"{p} with {SMALL_CAPACITY} pages of room: {st}, cgroup holds {held} pages")
+        assert st.capacity_pages == SMALL_CAPACITY
+        # every page held beyond the room was counted when it came in, and
+        # no more pages than the pass brought in
+        assert held - SMALL_CAPACITY <= st.overflow_pages <= FILE_MIB * 256
+        assert int((a / "memory.current").read_text()) <= LIMIT
+        if p != PER_PAGE_STATE[-1]:
+            policyctl("detach", a)
+
+    b = backend()
+    (report,) = [r for r in b.collect() if r.tenant == "a"]
+    assert (report.policy_capacity_pages, report.policy_overflow_pages) == \
+        (st.capacity_pages, st.overflow_pages)
+    res = apply(b, "a", PER_PAGE_STATE[-1], 2 * LIMIT)
+    assert res.ok and res.policy_ok, res
+    assert act.stats(str(a)).capacity_pages == 2 * limit_pages
+    assert act.stats(str(a)).overflow_pages == 0
+    assert apply(b, "a", "linux", LIMIT).policy_ok

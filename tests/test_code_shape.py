@@ -8,6 +8,7 @@
   mallopt() call did.
 """
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,34 @@ def test_the_checks_catch_a_long_function_and_a_call_on_import(tmp_path):
 @pytest.mark.parametrize("folder", PACKAGES)
 def test_every_package_folder_exists(folder):
     assert (ROOT / folder / "__init__.py").is_file()
+
+
+# -- the policy library's shared code -------------------------------------------
+
+POLICY_SOURCES = ROOT / "bpf" / "policies"
+# the fresh bit tested or cleared by hand: `if (page->fresh)`, `p.fresh = 0`
+HAND_FRESH = re.compile(r"if\s*\(\s*!?\s*[\w>.-]+(?:->|\.)fresh\s*\)|(?:->|\.)fresh\s*=\s*0\b")
+
+
+def hand_written_fresh(path: Path) -> list[str]:
+    return [f"{path.relative_to(path.parents[1])}:{i} {line.strip()}"
+            for i, line in enumerate(path.read_text().splitlines(), 1)
+            if HAND_FRESH.search(line)]
+
+
+def test_policies_use_the_headers_first_access_helper():
+    """The read that brings a page in is not a reuse: every policy says so
+    through cp_first_access() in the policy header, none by hand."""
+    found = [h for p in sorted(POLICY_SOURCES.rglob("*.bpf.c")) for h in hand_written_fresh(p)]
+    assert not found, "\n".join(found)
+    users = [p.name for p in POLICY_SOURCES.rglob("*.bpf.c") if "cp_first_access(" in p.read_text()]
+    assert len(users) >= 6, users
+
+
+def test_the_fresh_check_sees_a_hand_written_copy(tmp_path):
+    src = tmp_path / "policies" / "x.bpf.c"
+    src.parent.mkdir()
+    src.write_text("if (page->fresh) {\n\tpage->fresh = 0;\n\treturn;\n}\n"
+                   "struct p page = { .fresh = 1 };\nif (cp_first_access(&page->fresh))\n")
+    assert [h.split(" ", 1)[0] for h in hand_written_fresh(src)] == ["policies/x.bpf.c:1",
+                                                                    "policies/x.bpf.c:2"]

@@ -65,6 +65,18 @@ def test_phases_with_tids_fill_zero_for_tidless_streams():
     assert tids[:3].tolist() == [0, 0, 0] and (tids[3:] > 0).all()
 
 
+def test_mix_interleaves_by_weight_and_streams_go_on():
+    stream = gen.mix([(gen.loop(1000), 3), (gen.scan(10, base=10**6), 1)], seed=4)
+    keys = np.concatenate([stream.next(5000), stream.next(3000)])
+    from_scan = keys >= 10**6
+    assert abs(from_scan.mean() - 0.25) < 0.02
+    # each stream continues where it left off, across calls
+    assert np.array_equal(keys[from_scan], 10**6 + np.arange(from_scan.sum()))
+    assert np.array_equal(keys[~from_scan], np.arange((~from_scan).sum()) % 1000)
+    again = gen.mix([(gen.loop(1000), 3), (gen.scan(10, base=10**6), 1)], seed=4)
+    assert np.array_equal(again.next(8000), keys)
+
+
 def test_chunks_cover_the_total():
     sizes = [len(c) for c in gen.uniform(10).chunks(2500, chunk=1000)]
     assert sizes == [1000, 1000, 500]
@@ -86,3 +98,5 @@ def test_bad_parameters_are_refused():
         gen.zipf(10, -1)
     with pytest.raises(ValueError):
         gen.get_scan(10, scan_fraction=1.5)
+    with pytest.raises(ValueError):
+        gen.mix([(gen.loop(3), 0)])

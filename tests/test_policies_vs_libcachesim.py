@@ -1,32 +1,23 @@
-"""Full simulations of the library's kernel-style policies against
-libCacheSim's algorithms of the same name, on both shared traces
-(../shared/traces: the CloudPhysics sample and the ARC paper's OLTP), at
-12 cache sizes from 1 % to 100 % of each trace's distinct pages: the whole
-range a cgroup's limit can take, where a policy's warm-up, its split of the
-cache and its sampling all show.  Where our version differs by design, the
-policy file's header comment says how; the curves must still agree within
-0.03 miss ratio at every size."""
+"""Full simulations of the library's policies against libCacheSim's
+algorithms of the same name (models/policy_fidelity.py): on both shared
+traces (../shared/traces: the CloudPhysics sample and the ARC paper's OLTP)
+at 12 cache sizes from 1 % to 100 % of each trace's distinct pages, and on
+generated workloads no policy was tuned on (zipf, scans over a hot set,
+loops, phase changes, GETs beside scans) at 6 sizes over the same range.
+The curves must agree within 0.03 miss ratio at every size.  Where our
+version differs by design, the policy file's header comment says how."""
 import numpy as np
 import pytest
 
 libcachesim = pytest.importorskip("libcachesim")
 
+from cachepilot.models import policy_fidelity as fid  # noqa: E402
 from cachepilot.models import runtime  # noqa: E402
-from cachepilot.models.libcachesim_oracle import miss_ratios  # noqa: E402
 from cachepilot.models.traces.readers import read_keys  # noqa: E402
 
-FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.85, 1.0)
-TOLERANCE = 0.03
-# ours -> libCacheSim's class
-PAIRS = {"s3fifo": "S3FIFO", "lfu": "LFU", "lhd": "LHD",
-         "hyperbolic": "Hyperbolic"}
-# libCacheSim's LHD and Hyperbolic evict the worst of 64 objects drawn at
-# random from the whole cache; a cache_ext policy can only score a window
-# of its lists.  Where ours part from them by more than the tolerance
-# somewhere in the middle of the curve, the gap is known and open (strict:
-# the marker fails once they agree).
-SAMPLED = {"lhd", "hyperbolic"}
-OPEN_GAPS = {("lhd", "cloudphysics"), ("hyperbolic", "cloudphysics"), ("lhd", "oltp")}
+POLICIES = sorted(set(fid.TWINS) - {"lru"})
+GENERATED_FRACTIONS = (0.01, 0.05, 0.1, 0.3, 0.6, 1.0)
+LONG_FRACTIONS = (0.05, 0.2, 0.5)
 
 
 @pytest.fixture(scope="module", params=["cloudphysics", "oltp"])
@@ -34,41 +25,49 @@ def trace(request):
     path = request.getfixturevalue(
         "cloudphysics_txt" if request.param == "cloudphysics" else "oltp_lis")
     keys = read_keys(path)
-    distinct = len(np.unique(keys))
-    return request.param, keys, [max(1, round(f * distinct)) for f in FRACTIONS]
+    return request.param, keys, fid.sizes_for(keys)
 
 
-_ORACLE = {}
+@pytest.fixture(scope="module")
+def generated():
+    return fid.generated_workloads()
 
 
-def oracle(name: str, algorithm: str, keys, sizes) -> np.ndarray:
-    if (name, algorithm) not in _ORACLE:
-        _ORACLE[name, algorithm] = miss_ratios(keys, algorithm, sizes)
-    return _ORACLE[name, algorithm]
+_COMPARED = {}
 
 
-def compare(ours: str, trace) -> tuple[float, str]:
-    name, keys, sizes = trace
-    curve = runtime.full_mrc(keys, ours, sizes).miss_ratio
-    theirs = oracle(name, PAIRS[ours], keys, sizes)
-    table = ", ".join(f"{s}: {a:.4f} vs {b:.4f}" for s, a, b in zip(sizes, curve, theirs))
-    return float(np.abs(curve - theirs).max()), f"{ours} vs {PAIRS[ours]} on {name}: {table}"
+def compared(name: str, keys, policy: str, sizes) -> dict:
+    if (name, policy) not in _COMPARED:
+        _COMPARED[name, policy] = fid.compare(keys, policy, sizes)
+    return _COMPARED[name, policy]
 
 
-@pytest.mark.parametrize("ours", sorted(set(PAIRS) - SAMPLED))
+def check(name: str, keys, policy: str, sizes):
+    c = compared(name, keys, policy, sizes)
+    table = ", ".join(f"{s}: {a:.4f} vs {b:.4f}"
+                      for s, a, b in zip(c["sizes"], c["ours"], c["libcachesim"]))
+    assert c["max_abs_diff"] <= fid.TOLERANCE, \
+        f"{policy} vs {fid.TWINS[policy]} on {name}: {table}"
+
+
+@pytest.mark.parametrize("ours", POLICIES)
 def test_full_simulation_matches_libcachesim_at_every_size(ours, trace):
-    worst, table = compare(ours, trace)
-    assert worst <= TOLERANCE, table
+    name, keys, sizes = trace
+    check(name, keys, ours, sizes)
 
 
-@pytest.mark.parametrize("ours", sorted(SAMPLED))
-def test_sampled_policies_match_libcachesim_at_every_size(ours, trace, request):
-    if (ours, trace[0]) in OPEN_GAPS:
-        request.applymarker(pytest.mark.xfail(
-            strict=True, reason="a list window is not 64 objects drawn from the "
-                                "whole cache (open)"))
-    worst, table = compare(ours, trace)
-    assert worst <= TOLERANCE, table
+@pytest.mark.parametrize("workload", sorted(fid.generated_workloads(10)))
+@pytest.mark.parametrize("ours", POLICIES)
+def test_generated_workloads_match_libcachesim(ours, workload, generated):
+    keys = generated[workload]
+    check(workload, keys, ours, fid.sizes_for(keys, GENERATED_FRACTIONS))
+
+
+def test_lhd_matches_libcachesim_once_its_model_is_learnt():
+    """3.2 M accesses: three reconfigurations of LHD's model (one per 2^20
+    accesses), which the shared traces never reach."""
+    keys = fid.long_workload()
+    check("long zipf+scan", keys, "lhd", fid.sizes_for(keys, LONG_FRACTIONS))
 
 
 def test_the_comparison_can_tell_policies_apart(trace):
@@ -76,4 +75,5 @@ def test_the_comparison_can_tell_policies_apart(trace):
     than 0.03 from libCacheSim's S3FIFO somewhere on each trace."""
     name, keys, sizes = trace
     lru = runtime.full_mrc(keys, "lru", sizes).miss_ratio
-    assert np.abs(lru - oracle(name, "S3FIFO", keys, sizes)).max() > TOLERANCE
+    s3fifo = np.array(compared(name, keys, "s3fifo", sizes)["libcachesim"])
+    assert np.abs(lru - s3fifo).max() > fid.TOLERANCE

@@ -145,19 +145,18 @@ def test_admission_and_tids():
 # -- misbehaving policies --------------------------------------------------
 
 def test_policy_proposing_duplicates():
-    cache, keys, misses, st = run_test_policy("bad_dup", 7, 64)
+    cache, keys, misses, st = run_test_policy("bad_claims", 7, 64)
     # the first copy is accepted, the others ignored and counted; with one
     # page needed per miss the duplicates never show, so lower the limit
     assert st["rejected_duplicate"] == 0
-    # every call fills all 32 slots with its first candidate: a request
-    # for one page sees 31 of them as beyond its request
-    assert st["rejected_excess"] == 31 * st["requests"]
+    # every call claims 1000 candidates: a request for one page sees 999
+    # of them as beyond its request
     excess = st["rejected_excess"]
+    assert excess == 999 * st["requests"]
     cache.capacity_pages = 10          # one reclaim of 54 pages: 32 + 22
     st = cache.stats
     assert st["cached"] == 10
     assert st["rejected_duplicate"] == 31 + 21
-    assert st["rejected_excess"] - excess == 10     # the second call's
     assert st["fallback_evictions"] == 31 + 21
     assert st["requests"] == (misses - 64) + 2
     # it evicts in FIFO order through the fallback too, so the survivors
@@ -166,6 +165,8 @@ def test_policy_proposing_duplicates():
     ref.access(keys)
     ref.capacity_pages = 10
     assert np.array_equal(np.sort(cache.cached_keys()), np.sort(ref.cached_keys()))
+    # the claims beyond each request (1000 - 32, 1000 - 22) are counted apart
+    assert st["rejected_excess"] - excess == 968 + 978
 
 
 def test_policy_proposing_pages_not_cached():
@@ -189,7 +190,7 @@ def test_policy_proposing_nothing():
 
 
 def test_policy_proposing_too_many():
-    cache, keys, misses, st = run_test_policy("bad_many", 10, 30)
+    cache, keys, misses, st = run_test_policy("bad_claims", 10, 30)
     assert st["requests"] == misses - 30
     # each request wants 1, gets a claim of 1000: 999 ignored
     assert st["rejected_excess"] == 999 * st["requests"]
@@ -459,3 +460,48 @@ def test_kernel_style_reclaim_batch():
     assert cache.nr_cached == 100 and cache.stats["requests"] == 1
     with pytest.raises(UserError):
         cache.reclaim_batch = 0
+
+
+# -- capacity ----------------------------------------------------------------
+
+# policies that keep an entry for every page they hold (mru keeps one only
+# for pages not read yet)
+PER_PAGE_STATE = ["get_scan", "hyperbolic", "lfu", "lhd", "linux", "mglru", "s3fifo"]
+
+
+@pytest.mark.parametrize("policy", PER_PAGE_STATE + ["mru"])
+def test_policy_maps_follow_the_cache_size(policy):
+    cache = rt.Cache(policy, 300)
+    cache.access(stream(seed=21, universe=2000))
+    assert cache.stats["policy_capacity"] == 300
+    cache.capacity_pages = 900
+    cache.access(stream(seed=22, universe=2000))
+    st = cache.stats
+    assert st["policy_capacity"] == 900 and st["cached"] == 900
+    assert st["policy_overflow"] == 0 and st["fallback_evictions"] == 0
+    cache.capacity_pages = 100
+    assert cache.stats["policy_capacity"] == 100
+
+
+@pytest.mark.parametrize("policy", PER_PAGE_STATE)
+def test_a_policy_without_room_for_every_page_counts_them_and_keeps_going(policy):
+    """Maps sized for 250 pages in a cache of 1000 (a loader's capacity,
+    then the limit raised): every page beyond the room is counted when it
+    comes in, reclaim still goes through the policy, which evicts those
+    pages where it looks first, and the cache keeps its size."""
+    keys = stream(n=60000, universe=5000, seed=23)
+    cramped = rt.Cache(policy, 1000, policy_capacity=250)
+    misses = cramped.access(keys)
+    st = cramped.stats
+    assert st["policy_capacity"] == 250 and st["cached"] == 1000
+    assert 1000 - 250 <= st["policy_overflow"] <= st["inserts"]
+    assert st["fallback_evictions"] == 0
+    assert st["accepted"] == st["evictions"] == misses - 1000
+    roomy = rt.Cache(policy, 1000)
+    roomy.access(keys)
+    assert roomy.stats["policy_overflow"] == 0
+
+
+def test_policy_capacity_must_be_positive():
+    with pytest.raises(UserError, match="policy_capacity"):
+        rt.Cache("lfu", 10, policy_capacity=0)

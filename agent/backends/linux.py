@@ -90,6 +90,7 @@ class Watched:
     policy: str = "linux"                # running, as the kernel last said
     last_tick_ns: int | None = None      # monotonic ns of the last counters read
     tids: dict | None = None             # tid maps last written, from thread rules
+    overflow_seen: int = 0               # the policy's overflow last reported
 
 
 class LinuxBackend:
@@ -424,6 +425,7 @@ class LinuxBackend:
         if w.throughput is not None:
             throughput = w.throughput.read(now)
         w.last_time, w.last_stats = now, stats
+        capacity, overflow = self._policy_room(w)
         return TenantReport(
             tenant=w.tenant, cgroup=w.path, interval_s=dt,
             accesses_per_s=accesses / dt, inserts_per_s=inserts / dt,
@@ -432,7 +434,44 @@ class LinuxBackend:
             usage_file_bytes=stats.file_bytes, usage_anon_bytes=stats.anon_bytes,
             policy=w.policy, throughput=throughput,
             miss_ratio=min(1.0, inserts / accesses) if accesses else 0.0,
-            curves=curves)
+            curves=curves, policy_capacity_pages=capacity,
+            policy_overflow_pages=overflow)
+
+    def _policy_room(self, w: Watched) -> tuple[int, int]:
+        """(capacity, overflow) of the cgroup's cache_ext policy, (0, 0)
+        when none of ours runs.  A policy that finds no room for pages is
+        a warning once per growth of the count."""
+        if self.actuator is None or w.policy == self.default_policy:
+            return 0, 0
+        st = self.actuator.stats(w.path)
+        if st is None:
+            return 0, 0
+        if st.overflow_pages > w.overflow_seen:
+            log.warning("tenant %s: policy %s had no room for %d pages (capacity %d pages)",
+                        w.tenant, w.policy, st.overflow_pages, st.capacity_pages)
+        w.overflow_seen = st.overflow_pages
+        return st.capacity_pages, st.overflow_pages
+
+    def _resize_policy(self, w: Watched, limit_bytes: int) -> str:
+        """After a limit rises past the capacity the policy was sized for,
+        load it afresh for the new limit; returns a note, or ""."""
+        if self.actuator is None or w.policy == self.default_policy:
+            return ""
+        st = self.actuator.stats(w.path)
+        if st is None or limit_bytes // PAGE_SIZE <= st.capacity_pages:
+            return ""
+        try:
+            self.actuator.resize(w.path, w.policy, self._rule_tids(w, w.policy))
+        except PolicyError as err:
+            log.warning("tenant %s: policy %s not resized for %d pages: %s", w.tenant,
+                        w.policy, limit_bytes // PAGE_SIZE, err)
+            return f"policy {w.policy} keeps room for {st.capacity_pages} pages: {err}"
+        w.tids = None
+        w.overflow_seen = 0
+        log.info("tenant %s: policy %s resized from %d to %d pages", w.tenant, w.policy,
+                 st.capacity_pages, limit_bytes // PAGE_SIZE)
+        return ""
+
 
     def apply(self, directives: list[Directive]) -> list[ApplyResult]:
         return [self._apply_one(d) for d in directives]
@@ -467,6 +506,10 @@ class LinuxBackend:
                                f"limit not changed: {err}", policy_ok, policy_msg)
         log.info("tenant %s: limit %d -> %d bytes%s", d.tenant, stats.effective_limit_bytes,
                  applied, f" ({'; '.join(notes)})" if notes else "")
+        if policy_ok and applied > stats.effective_limit_bytes:
+            note = self._resize_policy(w, applied)
+            if note:
+                notes.append(note)
         return ApplyResult(d.tenant, applied, applied_policy, True, "; ".join(notes),
                            policy_ok, policy_msg)
 

@@ -11,6 +11,11 @@
  *       (models/native/runtime), where one process runs many independent
  *       instances of the policy (one per miniature simulation / cgroup).
  *
+ * This comment is the contract.  The policy guide, docs/policies.md, says
+ * what each library policy does and the conventions they share, and how
+ * to check a new one (`cachepilot policy check`); the runnable example is
+ * bpf/policies/template/policy.bpf.c.
+ *
  * HOW TO WRITE A POLICY (see bpf/policies/fifo.bpf.c for the smallest one)
  *
  *   #include "cache_ext_policy.h"
@@ -25,12 +30,20 @@
  *   //    per-instance maps behind bpf_map_lookup_elem/update_elem/delete_elem
  *   //    (same flags and return values: BPF_ANY/BPF_NOEXIST/BPF_EXIST,
  *   //    -ENOENT, -EEXIST, -E2BIG when max_entries is reached).
- *   CP_HASH_MAP(meta, __u64, struct my_meta, 1 << 20);  // key: cp_folio_id()
- *   CP_ARRAY_MAP(hist, __u32, __u64, 64);               // zero-filled
- *   CP_LRU_HASH_MAP(ghosts, __u64, __u64, 1 << 18);     // full: drops the
- *                                                       // least recently used
+ *   //    Maps that grow with the cgroup are sized when the policy is
+ *   //    loaded, from its capacity in pages (see CAPACITY below):
+ *   CP_PAGE_MAP(meta, struct my_meta);        // key: cp_folio_id(), one
+ *                                             // entry per page of capacity
+ *   CP_GHOST_MAP(ghosts, __u64, 1);           // key: cp_folio_key(); LRU,
+ *                                             // 1 entry per page of capacity
+ *   CP_PAGE_ARRAY(table, struct my_entry);    // one slot per page of capacity
+ *   //    and maps of a fixed size, given in entries:
+ *   CP_HASH_MAP(tids, __u32, __u8, 4096);
+ *   CP_ARRAY_MAP(hist, __u32, __u64, 64);     // zero-filled
+ *   CP_LRU_HASH_MAP(lru, __u64, __u64, 1 << 16);  // full: drops the least
+ *                                                 // recently used
  *   // (ghost / shadow entries: key them with cp_folio_key(), which survives
- *   // eviction; cp_folio_id() does not in the kernel.)
+ *   // eviction; cp_folio_id() does not: it is the folio's address.)
  *
  *   // 3. Callbacks.  Name them <policy>_<op> so names stay unique when all
  *   //    policies link into one simulator; make helpers `static`.
@@ -85,9 +98,26 @@
  *     that is on no list onto one; add on a listed folio is -EEXIST; a
  *     folio the host does not track is -ENOENT; a bad list id -EINVAL.
  *
- * ACCESSORS (use these, never folio fields)
+ * CAPACITY
  *
- *   cp_folio_id(f)     stable 64-bit id while cached: key your maps with it
+ *   A policy's capacity is the number of pages its cgroup can hold: in the
+ *   kernel the loader (bpf/policyctl) takes it from the cgroup's memory
+ *   limit, or the host's memory when there is none, and sizes every
+ *   CP_PAGE_MAP, CP_GHOST_MAP and CP_PAGE_ARRAY from it before loading; a
+ *   loader that does not size them gets CP_DEFAULT_PAGES.  In the
+ *   simulator it is the cache's size (scaled, in a miniature simulation).
+ *   A page the policy has no room for (its per-page map is full: the
+ *   cgroup holds more pages than the capacity, after a limit was raised)
+ *   is a defined case: cp_page_add() counts it in the policy's cp_stats
+ *   map, which the loader reads back (policyctl stats) and the simulator
+ *   reports, and the policy puts the page where its reclaim looks first.
+ *
+ * ACCESSORS AND HELPERS (use these, never folio fields)
+ *
+ *   cp_folio_id(f)     64-bit id while cached (the folio's address, in both
+ *                      builds): key your per-page maps with it
+ *   cp_folio_of(id)    the folio of an id, to propose as a candidate (the
+ *                      host checks every candidate, so a stale id is safe)
  *   cp_folio_ino(f)    inode number      (simulator: 0)
  *   cp_folio_index(f)  page index        (simulator: the trace key)
  *   cp_folio_key(f)    the page key of cachepilot_hash.h: stays the same
@@ -99,7 +129,21 @@
  *                      the kernel; n / R in a miniature simulation at rate
  *                      R.  Use it where a policy compares against absolute
  *                      sizes (e.g. linux's "1 GiB" balance rule).
+ *   cp_capacity_pages()  the policy's capacity (above)
  *   cache_ext_node_folio(node)   folio of an eviction-list node
+ *   bpf_get_prandom_u32()  random numbers (simulator: a seeded generator
+ *                      per instance, so simulations repeat exactly)
+ *   bpf_loop(n, cb, data, 0)   n calls of cb(i, data), until it returns 1
+ *   cp_first_access(&fresh)   the insertion's access (below)
+ *   cp_page_add(map, folio, value)  a new page's entry; counts a full map
+ *   cp_take            walk callback proposing every page it is shown
+ *   cp_propose(ectx, folio)  propose one folio outside a walk
+ *   cp_sample_*()      random samples of the pages a policy holds
+ *
+ *   The read that brings a page in reaches the policy twice (folio_added,
+ *   then folio_accessed: see the host, above).  A policy that counts reuse
+ *   keeps a `__u8 fresh` in its per-page value, sets it in folio_added and
+ *   begins folio_accessed with `if (cp_first_access(&page->fresh)) return;`.
  *
  * Only the native build runs in the simulator: keep the policy's logic
  * inside the verifier's rules (bounded loops, no pointers kept in maps).
@@ -113,6 +157,11 @@
 /* Upper bounds on the nodes one iterate / score call visits. */
 #define CACHE_EXT_ITER_MAX_NODES 65536
 #define CACHE_EXT_SCORE_MAX_NODES 16384
+
+/* Capacity of a policy whose loader does not size its maps: 1 GiB. */
+#ifndef CP_DEFAULT_PAGES
+#define CP_DEFAULT_PAGES (1 << 18)
+#endif
 
 /*
  * v & mask, with the mask kept even where the compiler can prove it
@@ -138,6 +187,9 @@
 
 #ifndef CACHE_EXT_MAX_CANDIDATES
 #define CACHE_EXT_MAX_CANDIDATES 32
+#endif
+#ifndef E2BIG
+#define E2BIG 7		/* vmlinux.h has no errno values */
 #endif
 
 __u64 cache_ext_list_create(struct mem_cgroup *memcg) __ksym;
@@ -203,6 +255,26 @@ struct cp_btf_anchor cp_btf_anchor
 		__type(value, vtype);				\
 	} name SEC(".maps")
 
+/*
+ * Maps sized from the capacity.  Each carries a read-only marker,
+ * cp_per_page__<map> = entries per page of capacity, which the loader
+ * finds in the object's BTF and scales the map's max_entries by; the
+ * compiled-in size is what a loader that does not know the convention
+ * gets.  cp_capacity is set by the same loader.
+ */
+#define CP_PER_PAGE(name, n) const volatile __u32 cp_per_page__##name = (n)
+#define CP_PAGE_MAP(name, vtype)					\
+	CP_HASH_MAP(name, __u64, vtype, CP_DEFAULT_PAGES);		\
+	CP_PER_PAGE(name, 1)
+#define CP_GHOST_MAP(name, vtype, per_page)				\
+	CP_LRU_HASH_MAP(name, __u64, vtype, (per_page) * CP_DEFAULT_PAGES); \
+	CP_PER_PAGE(name, per_page)
+#define CP_PAGE_ARRAY(name, vtype)					\
+	CP_ARRAY_MAP(name, __u32, vtype, CP_DEFAULT_PAGES);		\
+	CP_PER_PAGE(name, 1)
+
+const volatile __u64 cp_capacity = CP_DEFAULT_PAGES;
+
 #define CP_POLICY(pname, ...)					\
 	char _license[] SEC("license") = "GPL";			\
 	SEC(".struct_ops.link")					\
@@ -214,6 +286,11 @@ struct cp_btf_anchor cp_btf_anchor
 static __always_inline __u64 cp_folio_id(struct folio *folio)
 {
 	return (__u64)folio;
+}
+
+static __always_inline struct folio *cp_folio_of(__u64 id)
+{
+	return (struct folio *)id;
 }
 
 static __always_inline __u64 cp_folio_ino(struct folio *folio)
@@ -246,6 +323,16 @@ static __always_inline __u32 cp_current_tid(void)
 static __always_inline __u64 cp_full_pages(__u64 pages)
 {
 	return pages;
+}
+
+static __always_inline __u64 cp_capacity_pages(void)
+{
+	return cp_capacity;
+}
+
+/* See the native build's; the kernel has nothing to do. */
+static __always_inline void cp_prefetch(void *map, const void *key)
+{
 }
 
 #else /* !__BPF__ */
@@ -295,6 +382,7 @@ struct folio {
 	struct cache_ext_list_node node;	/* policy eviction list */
 	struct folio *older, *newer;	/* host registry, insertion order */
 	struct folio *hnext;		/* freelist link */
+	__u64 slot;		/* index in the instance's folio pool */
 	__u32 cached;		/* 1 while in the cache */
 	__u32 batch;		/* reclaim batch that last proposed it */
 	void *owner;		/* instance the folio belongs to */
@@ -304,18 +392,37 @@ struct mem_cgroup;	/* the runtime's instance; opaque to policies */
 
 #include "cache_ext_types.h"
 
-enum cp_map_type { CP_MAP_HASH = 1, CP_MAP_ARRAY = 2, CP_MAP_LRU_HASH = 9 };
+/*
+ * Map types: the BPF ones, and CP_MAP_PAGE, the simulator's form of a
+ * CP_PAGE_MAP: a hash map keyed by folio id whose values live beside the
+ * folios, so a lookup is an index, not a probe.
+ */
+enum cp_map_type {
+	CP_MAP_HASH = 1, CP_MAP_ARRAY = 2, CP_MAP_LRU_HASH = 9,
+	CP_MAP_PAGE = 100,
+};
 
 /* A map declaration; the runtime creates one map per instance from it. */
 struct cp_map_def {
 	enum cp_map_type type;
 	__u32 key_size, value_size, max_entries;
+	__u32 per_page;		/* >0: max_entries = per_page x capacity */
 	int slot;		/* index into the instance's map table */
 	const char *name;
 	struct cp_map_def *next;
 };
 
 struct cp_map;
+
+/*
+ * How every native map begins: what the inline lookup below reads, so an
+ * array lookup is an index and a bound check, as the BPF JIT makes it.
+ */
+struct cp_map_head {
+	enum cp_map_type type;
+	__u32 value_size, max_entries;
+	char *array;		/* CP_MAP_ARRAY: the elements */
+};
 
 /* What the runtime offers policies (the "kfuncs" and map helpers). */
 struct cp_runtime_api {
@@ -336,6 +443,7 @@ struct cp_runtime_api {
 	__u64 (*clock)(void);
 	__u32 (*current_tid)(void);
 	__u64 (*full_pages)(__u64 pages);
+	__u64 (*capacity)(void);
 };
 
 /* Everything the runtime needs to know about one policy file. */
@@ -345,8 +453,9 @@ struct cp_policy_file {
 	struct cp_map_def *maps;
 	int nr_maps;
 	const struct cp_runtime_api **api;	/* runtime fills *api */
-	/* make `state` and `maps` current for this thread's callbacks */
-	void (*enter)(void *state, struct cp_map **maps);
+	/* make `state`, `maps` and the random generator's state current for
+	 * this thread's callbacks */
+	void (*enter)(void *state, struct cp_map **maps, __u64 *rng);
 	struct cp_policy_file *next;
 };
 
@@ -366,11 +475,13 @@ static const struct cp_runtime_api *cp_api;
 static __thread void *cp_cur_state __attribute__((tls_model("initial-exec")));
 static __thread struct cp_map **cp_cur_maps
 	__attribute__((tls_model("initial-exec")));
+static __thread __u64 *cp_cur_rng __attribute__((tls_model("initial-exec")));
 
-static void cp_enter(void *state, struct cp_map **maps)
+static void cp_enter(void *state, struct cp_map **maps, __u64 *rng)
 {
 	cp_cur_state = state;
 	cp_cur_maps = maps;
+	cp_cur_rng = rng;
 }
 
 static struct cp_policy_file cp_this_file = {
@@ -386,11 +497,11 @@ static struct cp_policy_file cp_this_file = {
 
 /* Maps register themselves with this file's record before main/dlopen
  * returns; priority 101 runs before the policy's own constructor. */
-#define CP_DECLARE_MAP(mname, mtype, ktype, vtype, max)		\
+#define CP_DECLARE_MAP(mname, mtype, ktype, vtype, max, per)		\
 	static struct cp_map_def mname = {				\
 		.type = mtype, .key_size = sizeof(ktype),		\
 		.value_size = sizeof(vtype), .max_entries = (max),	\
-		.name = #mname,						\
+		.per_page = (per), .name = #mname,			\
 	};								\
 	__attribute__((constructor(101))) static void			\
 	cp_add_map_##mname(void)					\
@@ -400,11 +511,17 @@ static struct cp_policy_file cp_this_file = {
 		cp_this_file.maps = &mname;				\
 	}
 #define CP_HASH_MAP(name, ktype, vtype, max) \
-	CP_DECLARE_MAP(name, CP_MAP_HASH, ktype, vtype, max)
+	CP_DECLARE_MAP(name, CP_MAP_HASH, ktype, vtype, max, 0)
 #define CP_ARRAY_MAP(name, ktype, vtype, max) \
-	CP_DECLARE_MAP(name, CP_MAP_ARRAY, ktype, vtype, max)
+	CP_DECLARE_MAP(name, CP_MAP_ARRAY, ktype, vtype, max, 0)
 #define CP_LRU_HASH_MAP(name, ktype, vtype, max) \
-	CP_DECLARE_MAP(name, CP_MAP_LRU_HASH, ktype, vtype, max)
+	CP_DECLARE_MAP(name, CP_MAP_LRU_HASH, ktype, vtype, max, 0)
+#define CP_PAGE_MAP(name, vtype) \
+	CP_DECLARE_MAP(name, CP_MAP_PAGE, __u64, vtype, 0, 1)
+#define CP_GHOST_MAP(name, vtype, per_page) \
+	CP_DECLARE_MAP(name, CP_MAP_LRU_HASH, __u64, vtype, 0, per_page)
+#define CP_PAGE_ARRAY(name, vtype) \
+	CP_DECLARE_MAP(name, CP_MAP_ARRAY, __u32, vtype, 0, 1)
 
 /*
  * Registration.  Linked into the runtime, the policy calls
@@ -477,10 +594,18 @@ cache_ext_list_score(struct mem_cgroup *memcg, __u64 list,
 	return cp_api->list_score(memcg, list, score, ctx, nr_score);
 }
 
-static inline void *bpf_map_lookup_elem(void *map, const void *key)
+static __always_inline void *bpf_map_lookup_elem(void *map, const void *key)
 {
-	return cp_api->map_lookup(cp_cur_maps[((struct cp_map_def *)map)->slot],
-				  key);
+	struct cp_map *m = cp_cur_maps[((struct cp_map_def *)map)->slot];
+	const struct cp_map_head *h = (const struct cp_map_head *)m;
+
+	if (h->type == CP_MAP_ARRAY) {
+		__u32 i = *(const __u32 *)key;
+
+		return i < h->max_entries ?
+		       h->array + (size_t)i * h->value_size : NULL;
+	}
+	return cp_api->map_lookup(m, key);
 }
 
 static inline long bpf_map_update_elem(void *map, const void *key,
@@ -505,7 +630,12 @@ static inline __u64 bpf_get_current_pid_tgid(void)
 
 static inline __u64 cp_folio_id(struct folio *folio)
 {
-	return folio->key;
+	return (__u64)(uintptr_t)folio;
+}
+
+static inline struct folio *cp_folio_of(__u64 id)
+{
+	return (struct folio *)(uintptr_t)id;
 }
 
 static inline __u64 cp_folio_ino(struct folio *folio)
@@ -538,10 +668,152 @@ static inline __u64 cp_full_pages(__u64 pages)
 	return cp_api->full_pages(pages);
 }
 
+static inline __u64 cp_capacity_pages(void)
+{
+	return cp_api->capacity();
+}
+
+/*
+ * Start fetching an array map's element that will be read soon: a batch of
+ * random draws followed by their reads then overlaps their cache misses
+ * (the simulator's tables are far larger than its caches).
+ */
+static __always_inline void cp_prefetch(void *map, const void *key)
+{
+	const struct cp_map_head *h = (const struct cp_map_head *)
+		cp_cur_maps[((struct cp_map_def *)map)->slot];
+	__u32 i = *(const __u32 *)key;
+
+	if (h->type == CP_MAP_ARRAY && i < h->max_entries)
+		__builtin_prefetch(h->array + (size_t)i * h->value_size);
+}
+
+/* xorshift64*, one state per instance: the same run, the same draws */
+static __always_inline __u32 bpf_get_prandom_u32(void)
+{
+	__u64 x = *cp_cur_rng;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	*cp_cur_rng = x;
+	return (__u32)((x * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+static __always_inline long bpf_loop(__u32 nr, void *callback, void *data,
+				      __u64 flags)
+{
+	long (*cb)(__u32, void *) = (long (*)(__u32, void *))callback;
+	__u32 i;
+
+	for (i = 0; i < nr; i++)
+		if (cb(i, data))
+			return i + 1;
+	return nr;
+}
+
 #endif /* !CP_RUNTIME_INTERNAL */
 #endif /* __BPF__ */
 
+/*
+ * Pages a policy had no room for: every policy object has a one-entry map
+ * cp_stats of this; cp_page_add() counts, the loader writes the capacity
+ * and pins the map beside the policy's link (policyctl stats reads it),
+ * the simulator reports it with a cache's counters.
+ */
+struct cp_policy_stats {
+	__u64 capacity;		/* pages, as the maps were sized */
+	__u64 overflow;		/* pages added that found a per-page map full */
+};
+
 #if defined(__BPF__) || !defined(CP_RUNTIME_INTERNAL)
+/* ------------------------------------------------------------------------
+ * Both builds: what every policy shares.
+ */
+CP_ARRAY_MAP(cp_stats, __u32, struct cp_policy_stats, 1);
+
+/*
+ * The read that brings a page in reaches the policy twice (folio_added,
+ * then folio_accessed): true, once, for that second call of a page whose
+ * `fresh` byte folio_added set, so that reuse counts from the second read.
+ */
+static __always_inline bool cp_first_access(__u8 *fresh)
+{
+	if (!*fresh)
+		return false;
+	*fresh = 0;
+	return true;
+}
+
+static __always_inline void cp_count_overflow(void)
+{
+	__u32 zero = 0;
+	struct cp_policy_stats *st = bpf_map_lookup_elem(&cp_stats, &zero);
+
+	if (st)
+		st->overflow++;
+}
+
+/*
+ * A new page's entry in a per-page map (CP_PAGE_MAP): 0 when it got one.
+ * When the map is full the page is counted as overflow, and the caller
+ * puts it where its reclaim looks first (each policy says where).
+ */
+static __always_inline int cp_page_add(void *map, struct folio *folio,
+				       const void *value)
+{
+	__u64 id = cp_folio_id(folio);
+	long err = bpf_map_update_elem(map, &id, value, BPF_ANY);
+
+	if (err == -E2BIG)
+		cp_count_overflow();
+	return err ? -1 : 0;
+}
+
+/*
+ * Propose one folio outside a list walk (a policy that draws its victims
+ * from a table, not a list): 0 when it went in, -1 when the context holds
+ * ctx->request candidates already.  The verifier refuses a store into the
+ * context at a variable offset, and the compiler turns a chain of stores
+ * at constant offsets back into one such store; so in the kernel each
+ * slot has its own store, written in assembly, and a test of the count.
+ */
+#ifdef __BPF__
+#define CP_CANDIDATE_SLOT(k)							if (n == (k)) {									asm volatile("*(u64 *)(%[c] + %[off]) = %[f]"					     : : [c] "r"(ectx), [f] "r"(folio),					       [off] "i"(__builtin_offsetof(						struct cache_ext_eviction_ctx,						candidates) + 8 * (k))						     : "memory");							goto stored;							}
+#define CP_CANDIDATE_SLOTS4(k)							CP_CANDIDATE_SLOT(k) CP_CANDIDATE_SLOT((k) + 1)				CP_CANDIDATE_SLOT((k) + 2) CP_CANDIDATE_SLOT((k) + 3)
+
+static __noinline __attribute__((unused)) int
+cp_propose(struct cache_ext_eviction_ctx *ectx, struct folio *folio)
+{
+	__u32 n = ectx->nr_candidates;
+
+	_Static_assert(CACHE_EXT_MAX_CANDIDATES == 32,
+		       "cp_propose writes 32 slots");
+	if (n >= ectx->request)
+		return -1;
+	CP_CANDIDATE_SLOTS4(0) CP_CANDIDATE_SLOTS4(4)
+	CP_CANDIDATE_SLOTS4(8) CP_CANDIDATE_SLOTS4(12)
+	CP_CANDIDATE_SLOTS4(16) CP_CANDIDATE_SLOTS4(20)
+	CP_CANDIDATE_SLOTS4(24) CP_CANDIDATE_SLOTS4(28)
+	return -1;
+stored:
+	ectx->nr_candidates = n + 1;
+	return 0;
+}
+#else
+static inline __attribute__((unused)) int
+cp_propose(struct cache_ext_eviction_ctx *ectx, struct folio *folio)
+{
+	__u32 n = ectx->nr_candidates;
+
+	if (n >= ectx->request || n >= CACHE_EXT_MAX_CANDIDATES)
+		return -1;
+	ectx->candidates[n] = folio;
+	ectx->nr_candidates = n + 1;
+	return 0;
+}
+#endif
+
 /*
  * A list walk's callback that proposes every page it is shown, in list
  * order: cache_ext_list_iterate(memcg, list, cp_take, ectx) evicts from
@@ -550,6 +822,92 @@ static inline __u64 cp_full_pages(__u64 pages)
 static int __attribute__((unused)) cp_take(int idx, struct cache_ext_list_node *node)
 {
 	return CACHE_EXT_ITER_EVICT;
+}
+
+/*
+ * Random samples of the pages a policy holds, as libCacheSim's sampled
+ * policies (LHD, Hyperbolic) draw them from their hash table: a list can
+ * only be walked from its head, so the pages also sit in a dense table,
+ * a CP_PAGE_ARRAY of the policy's entries (each beginning with the page's
+ * __u64 id), with a CP_PAGE_MAP of __u32 from page to slot.  A page
+ * leaving moves the last entry into its slot.  `count` is the policy's
+ * (in CP_STATE): the pages in the table.
+ */
+static __always_inline void *cp_sample_entry(void *slots, void *table,
+					     struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+	__u32 *slot = bpf_map_lookup_elem(slots, &id);
+	__u64 *entry;
+
+	if (!slot)
+		return NULL;
+	entry = bpf_map_lookup_elem(table, slot);
+	return entry && *entry == id ? entry : NULL;
+}
+
+/* Add a page whose entry (its id first) is *entry; 0 on success. */
+static __always_inline int cp_sample_add(void *slots, void *table,
+					 __u32 *count, struct folio *folio,
+					 void *entry)
+{
+	__u32 slot = *count;
+
+	*(__u64 *)entry = cp_folio_id(folio);
+	if (cp_page_add(slots, folio, &slot))
+		return -1;
+	if (bpf_map_update_elem(table, &slot, entry, BPF_ANY)) {
+		/* no slot that far: the table is full like the map */
+		__u64 id = cp_folio_id(folio);
+
+		bpf_map_delete_elem(slots, &id);
+		cp_count_overflow();
+		return -1;
+	}
+	*count = slot + 1;
+	return 0;
+}
+
+/* Remove a page; -1 when it was not in the table. */
+static __always_inline int cp_sample_remove(void *slots, void *table,
+					    __u32 *count, struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+	__u32 *slot = bpf_map_lookup_elem(slots, &id);
+	__u32 hole, last;
+	__u64 *moved, moved_id;
+
+	if (!slot || !*count)
+		return -1;
+	hole = *slot;
+	last = *count - 1;
+	bpf_map_delete_elem(slots, &id);
+	*count = last;
+	if (hole == last)
+		return 0;
+	moved = bpf_map_lookup_elem(table, &last);
+	if (!moved)
+		return 0;
+	moved_id = *moved;
+	if (bpf_map_update_elem(table, &hole, moved, BPF_ANY))
+		return 0;
+	bpf_map_update_elem(slots, &moved_id, &hole, BPF_EXIST);
+	return 0;
+}
+
+/*
+ * A slot drawn uniformly at random (with replacement) from a table of
+ * count > 0 entries.  Draw a batch of them first and read their entries
+ * after (cp_prefetch has started fetching each): a policy's sampling loop
+ * then waits for memory once, not once per sample.
+ */
+static __always_inline __u32 cp_sample_pick(void *table, __u32 count)
+{
+	/* r * count / 2^32: the modulo's spread without its division */
+	__u32 slot = ((__u64)bpf_get_prandom_u32() * count) >> 32;
+
+	cp_prefetch(table, &slot);
+	return slot;
 }
 #endif
 

@@ -24,6 +24,9 @@
  *
  * Difference from the paper: the paper's list choice is made only at
  * insertion; promotion of re-read scan pages to the GET list is ours.
+ *
+ * A page that finds the per-page map full (more pages than the capacity)
+ * joins the scan side's count-0 list and stays there: it goes first.
  */
 #include "cache_ext_policy.h"
 
@@ -31,7 +34,6 @@
 #define GS_SCAN_CLASSES 4	/* scan pages: counts 0..2, and 3 or more */
 #define GS_GET_CLASSES 12	/* GET pages: counts 0..10, and 11 or more */
 #define GS_LISTS 16		/* the scan side's lists, then the GET side's */
-#define GS_MAX_PAGES (1 << 22)
 #define GS_MAX_TIDS 4096
 #define CP_TID_REGISTERED (1U << 31)
 #define GS_TIME_BITS 40
@@ -50,7 +52,7 @@ struct get_scan_state {
 };
 CP_STATE_DECL(struct get_scan_state);
 
-CP_HASH_MAP(gs_pages, __u64, struct gs_page, GS_MAX_PAGES);
+CP_PAGE_MAP(gs_pages, struct gs_page);
 /* tid of a registered scan thread -> 1 */
 CP_HASH_MAP(gs_tids, __u32, __u8, GS_MAX_TIDS);
 
@@ -127,8 +129,10 @@ void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
 	__u64 id = cp_folio_id(folio);
 
 	page.scan = gs_scan_thread();
-	if (bpf_map_update_elem(&gs_pages, &id, &page, BPF_ANY))
+	if (cp_page_add(&gs_pages, folio, &page)) {
+		cache_ext_list_add_tail(gs_list(true, 0), folio);
 		return;
+	}
 	if (cache_ext_list_add_tail(gs_list(page.scan, 0), folio))
 		bpf_map_delete_elem(&gs_pages, &id);
 }
@@ -142,10 +146,8 @@ void BPF_STRUCT_OPS(get_scan_folio_accessed, struct folio *folio)
 	if (!page)
 		return;
 	page->stamp = CP_STATE.now;
-	if (page->fresh) {
-		page->fresh = 0;
+	if (cp_first_access(&page->fresh))
 		return;
-	}
 	if (page->freq < GS_MAX_FREQ)
 		page->freq++;
 	/* read by a GET: a GET page from now on */

@@ -7,114 +7,141 @@
  * read often keeps its priority as it ages.
  *
  * Time is the policy's access count (cp_clock() runs in nanoseconds in the
- * kernel; counting accesses keeps the two builds alike).  Eviction scores
- * HYP_NR_SCORE pages at the head of a list kept in insertion order and
- * proposes the lowest; the window's survivors are rotated to the tail at
- * the start of the next round, so successive rounds sweep the cache like a
- * clock hand.  The priority is fixed point (hits << 24) / age.
+ * kernel; counting accesses keeps the two builds alike).  Each page to
+ * evict is the lowest of HYP_SAMPLES pages drawn at random from every page
+ * the policy holds, as the paper's sampled eviction (and libCacheSim's
+ * Hyperbolic) does: the pages sit in a dense table besides the eviction
+ * lists (cp_sample_* in the policy header), so any of them can be drawn,
+ * not only those at a list's head.  Priorities are compared as fractions,
+ * hits x age' < hits' x age, with no division.  A page proposed in a
+ * reclaim round is not drawn again in that round.
  *
- * Differences from libCacheSim's Hyperbolic: libCacheSim samples 64 random
- * objects per eviction; here the sample is the next HYP_NR_SCORE pages of
- * the sweep, and hit counts saturate at 2^32 - 1.
+ * A page that finds the policy's maps full (more pages than the capacity)
+ * joins the overflow list, which reclaim empties first, oldest first.
+ *
+ * Difference from libCacheSim's Hyperbolic: hit counts saturate at
+ * HYP_MAX_HITS and ages at HYP_MAX_AGE, so that the products fit in 64 bits.
  */
 #include "cache_ext_policy.h"
 
-#define HYP_NR_SCORE 64
-#define HYP_SHIFT 24
-#define HYP_MAX_PAGES (1 << 22)
+#define HYP_SAMPLES 64
+#define HYP_MAX_HITS ((1U << 24) - 1)
+#define HYP_MAX_AGE (1ULL << 39)
 
-struct hyp_page {
+struct hyp_entry {
+	__u64 id;		/* first, for cp_sample_* */
 	__u64 born;		/* access count when the page came in */
 	__u32 hits;
+	__u32 proposed_in;	/* reclaim round that last proposed it */
 	__u8 fresh;		/* the access that inserted it is pending */
 };
 
 struct hyperbolic_state {
-	__u64 list;
+	__u64 overflow;		/* list: pages with no room in the table */
 	__u64 now;
-	__u32 to_rotate;
-	__u32 rotated;
+	__u32 count;		/* pages in the table */
+	__u32 round;
 };
 CP_STATE_DECL(struct hyperbolic_state);
 
-CP_HASH_MAP(hyp_pages, __u64, struct hyp_page, HYP_MAX_PAGES);
+CP_PAGE_MAP(hyp_slots, __u32);
+CP_PAGE_ARRAY(hyp_table, struct hyp_entry);
+
+/* One draw of HYP_SAMPLES pages: their slots, then the lowest priority
+ * among them. */
+struct hyp_draw {
+	__u32 slots[HYP_SAMPLES];
+	__u64 hits, age;
+	__u32 slot;
+	bool found;
+};
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(hyperbolic_init, struct mem_cgroup *memcg)
 {
-	CP_STATE.list = cache_ext_list_create(memcg);
-	return CP_STATE.list ? 0 : -1;
+	CP_STATE.overflow = cache_ext_list_create(memcg);
+	return CP_STATE.overflow ? 0 : -1;
 }
 
-static __s64 hyperbolic_score(int idx, struct cache_ext_list_node *node)
+static long hyperbolic_pick(__u32 i, void *data)
 {
-	__u64 id = cp_folio_id(cache_ext_node_folio(node));
-	struct hyp_page *page = bpf_map_lookup_elem(&hyp_pages, &id);
+	struct hyp_draw *draw = data;
+
+	draw->slots[i & (HYP_SAMPLES - 1)] = cp_sample_pick(&hyp_table,
+							    CP_STATE.count);
+	return 0;
+}
+
+static long hyperbolic_sample(__u32 i, void *data)
+{
+	struct hyp_draw *draw = data;
+	__u32 slot = draw->slots[i & (HYP_SAMPLES - 1)];
+	struct hyp_entry *e = bpf_map_lookup_elem(&hyp_table, &slot);
 	__u64 age;
 
-	if (!page)
-		return -1;
-	age = CP_STATE.now - page->born + 1;
-	return (__s64)(((__u64)page->hits << HYP_SHIFT) / age);
-}
-
-static int hyperbolic_rotate(int idx, struct cache_ext_list_node *node)
-{
-	if (CP_STATE.rotated >= CP_STATE.to_rotate)
-		return CACHE_EXT_ITER_STOP;
-	CP_STATE.rotated++;
-	cache_ext_list_move(CP_STATE.list, cache_ext_node_folio(node), true);
-	return CACHE_EXT_ITER_CONTINUE;
+	if (!e || e->proposed_in == CP_STATE.round)
+		return 0;
+	age = CP_STATE.now - e->born + 1;
+	if (age > HYP_MAX_AGE)
+		age = HYP_MAX_AGE;
+	if (!draw->found || (__u64)e->hits * draw->age < draw->hits * age) {
+		draw->hits = e->hits;
+		draw->age = age;
+		draw->slot = slot;
+		draw->found = true;
+	}
+	return 0;
 }
 
 void BPF_STRUCT_OPS(hyperbolic_evict_folios,
 		    struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	int scored;
+	__u32 i;
 
-	if (CP_STATE.to_rotate) {
-		CP_STATE.rotated = 0;
-		cache_ext_list_iterate(memcg, CP_STATE.list, hyperbolic_rotate,
-				       ectx);
+	CP_STATE.round++;
+	cache_ext_list_iterate(memcg, CP_STATE.overflow, cp_take, ectx);
+	for (i = 0; i < CACHE_EXT_MAX_CANDIDATES; i++) {
+		__u32 n = ectx->nr_candidates;
+		struct hyp_draw draw = {};
+		struct hyp_entry *e;
+
+		if (n >= ectx->request || n >= CACHE_EXT_MAX_CANDIDATES ||
+		    !CP_STATE.count)
+			break;
+		bpf_loop(HYP_SAMPLES, hyperbolic_pick, &draw, 0);
+		bpf_loop(HYP_SAMPLES, hyperbolic_sample, &draw, 0);
+		e = draw.found ? bpf_map_lookup_elem(&hyp_table, &draw.slot) :
+				 NULL;
+		if (!e)
+			break;
+		e->proposed_in = CP_STATE.round;
+		if (cp_propose(ectx, cp_folio_of(e->id)))
+			break;
 	}
-	scored = cache_ext_list_score(memcg, CP_STATE.list, hyperbolic_score,
-				      ectx, HYP_NR_SCORE);
-	CP_STATE.to_rotate = scored > (int)ectx->nr_candidates ?
-			     scored - ectx->nr_candidates : 0;
 }
 
 void BPF_STRUCT_OPS(hyperbolic_folio_added, struct folio *folio)
 {
-	struct hyp_page page = { .born = CP_STATE.now, .hits = 1, .fresh = 1 };
-	__u64 id = cp_folio_id(folio);
+	struct hyp_entry e = { .born = CP_STATE.now, .hits = 1, .fresh = 1 };
 
-	if (bpf_map_update_elem(&hyp_pages, &id, &page, BPF_ANY))
-		return;
-	if (cache_ext_list_add_tail(CP_STATE.list, folio))
-		bpf_map_delete_elem(&hyp_pages, &id);
+	if (cp_sample_add(&hyp_slots, &hyp_table, &CP_STATE.count, folio, &e))
+		cache_ext_list_add_tail(CP_STATE.overflow, folio);
 }
 
 void BPF_STRUCT_OPS(hyperbolic_folio_accessed, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-	struct hyp_page *page = bpf_map_lookup_elem(&hyp_pages, &id);
+	struct hyp_entry *e = cp_sample_entry(&hyp_slots, &hyp_table, folio);
 
 	CP_STATE.now++;
-	if (!page)
+	if (!e || cp_first_access(&e->fresh))
 		return;
-	if (page->fresh) {
-		page->fresh = 0;
-		return;
-	}
-	if (page->hits != (__u32)-1)
-		page->hits++;
+	if (e->hits < HYP_MAX_HITS)
+		e->hits++;
 }
 
 void BPF_STRUCT_OPS(hyperbolic_folio_evicted, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-
-	bpf_map_delete_elem(&hyp_pages, &id);
+	cp_sample_remove(&hyp_slots, &hyp_table, &CP_STATE.count, folio);
 }
 
 CP_POLICY(hyperbolic,

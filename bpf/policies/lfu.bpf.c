@@ -17,13 +17,16 @@
  *
  * libCacheSim's LFU makes the same choice (its ties go in the order pages
  * reached their count); counts are dropped on eviction in both.
+ *
+ * A page that finds the per-page map full (more pages than the capacity)
+ * joins the count-0 list and never leaves it: the least used pages go
+ * first, and it is among them.
  */
 #include "cache_ext_policy.h"
 
 #define LFU_CLASSES 16		/* lists: counts 0..14, and 15 or more */
 #define LFU_TOP (LFU_CLASSES - 1)
 #define LFU_NR_SCORE 512	/* window scored in the last list */
-#define LFU_MAX_PAGES (1 << 22)
 #define LFU_TIME_BITS 40
 #define LFU_MAX_FREQ ((1U << 23) - 1)
 
@@ -39,7 +42,7 @@ struct lfu_state {
 };
 CP_STATE_DECL(struct lfu_state);
 
-CP_HASH_MAP(lfu_pages, __u64, struct lfu_page, LFU_MAX_PAGES);
+CP_PAGE_MAP(lfu_pages, struct lfu_page);
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(lfu_init, struct mem_cgroup *memcg)
 {
@@ -89,10 +92,9 @@ void BPF_STRUCT_OPS(lfu_folio_added, struct folio *folio)
 {
 	struct lfu_page page = { .stamp = CP_STATE.now, .fresh = 1 };
 	__u64 id = cp_folio_id(folio);
+	bool tracked = !cp_page_add(&lfu_pages, folio, &page);
 
-	if (bpf_map_update_elem(&lfu_pages, &id, &page, BPF_ANY))
-		return;
-	if (cache_ext_list_add_tail(CP_STATE.lists[0], folio))
+	if (cache_ext_list_add_tail(CP_STATE.lists[0], folio) && tracked)
 		bpf_map_delete_elem(&lfu_pages, &id);
 }
 
@@ -105,11 +107,8 @@ void BPF_STRUCT_OPS(lfu_folio_accessed, struct folio *folio)
 	if (!page)
 		return;
 	page->stamp = CP_STATE.now;
-	if (page->fresh) {
-		/* the read that brought the page in is not a reuse */
-		page->fresh = 0;
+	if (cp_first_access(&page->fresh))
 		return;
-	}
 	if (page->freq < LFU_MAX_FREQ)
 		page->freq++;
 	cache_ext_list_move(lfu_list(page->freq), folio, true);

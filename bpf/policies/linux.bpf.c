@@ -28,8 +28,13 @@
  * Simplifications: deactivation moves exactly enough pages to restore the
  * balance (plus the refault share) instead of scanning SWAP_CLUSTER_MAX
  * batches at falling priorities; there are no mapped, dirty or executable
- * pages; shadows live in an LRU map, pruned once older than twice the
- * cache in evictions, instead of the xarray with its shadow shrinker.
+ * pages; shadows live in an LRU map of as many entries as the capacity has
+ * pages instead of the xarray with its shadow shrinker.  It keeps the
+ * shadows of the last `capacity` evictions: an older one has a refault
+ * distance beyond any active list, so none that could activate is lost.
+ *
+ * A page that finds the per-page map full (more pages than the capacity)
+ * joins the overflow list, which reclaim empties first, oldest first.
  *
  * List heads are the cold ends (kernel list tails): evict from the head,
  * add and activate at the tail.
@@ -38,10 +43,9 @@
 
 struct linux_state {
 	__u64 inactive, active;		/* list ids */
+	__u64 overflow;			/* list: pages with no room */
 	__u64 nr_inactive, nr_active;
 	__u64 nonresident_age;
-	__u64 nr_evicted;		/* eviction sequence number */
-	__u64 prune_next;		/* oldest eviction not yet pruned */
 	__u64 refault_activations;	/* WORKINGSET_ACTIVATE_FILE */
 	__u64 refaults_snapshot;	/* ... at the last reclaim */
 	__u64 to_deactivate;		/* budget of the current walk */
@@ -54,22 +58,9 @@ struct linux_folio {
 };
 
 /* per cached folio */
-CP_HASH_MAP(linux_folios, __u64, struct linux_folio, 1 << 24);
+CP_PAGE_MAP(linux_folios, struct linux_folio);
 /* shadow entries of evicted pages: page key -> age at eviction */
-CP_LRU_HASH_MAP(linux_shadows, __u64, __u64, 1 << 18);
-
-/*
- * Shadows are pruned once they can no longer activate anything, which
- * keeps their number proportional to the cache, as the kernel's shadow
- * shrinker does: a page evicted more than twice the cache's size of
- * evictions ago has a refault distance beyond any active list it could
- * meet.  The eviction ring finds those entries: sequence -> shadow.
- */
-struct linux_evicted {
-	__u64 key;
-	__u64 age;
-};
-CP_HASH_MAP(linux_ring, __u64, struct linux_evicted, 1 << 19);
+CP_GHOST_MAP(linux_shadows, __u64, 1);
 
 /* 1 if a < b, else 0, without a branch; exact while a, b < 2^63 */
 static __always_inline __u64 linux_below(__u64 a, __u64 b)
@@ -125,7 +116,9 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(linux_init, struct mem_cgroup *memcg)
 {
 	CP_STATE.inactive = cache_ext_list_create(memcg);
 	CP_STATE.active = cache_ext_list_create(memcg);
-	return CP_STATE.inactive && CP_STATE.active ? 0 : -1;
+	CP_STATE.overflow = cache_ext_list_create(memcg);
+	return CP_STATE.inactive && CP_STATE.active && CP_STATE.overflow ?
+	       0 : -1;
 }
 
 /* Move pages from the cold end of the active list to the inactive one:
@@ -151,11 +144,6 @@ static int linux_deactivate(int idx, struct cache_ext_list_node *node)
 	return CACHE_EXT_ITER_CONTINUE;
 }
 
-static int linux_reclaim(int idx, struct cache_ext_list_node *node)
-{
-	return CACHE_EXT_ITER_EVICT;
-}
-
 void BPF_STRUCT_OPS(linux_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
@@ -174,22 +162,22 @@ void BPF_STRUCT_OPS(linux_evict_folios, struct cache_ext_eviction_ctx *ectx,
 			(ectx->request * active + inactive - 1) / inactive :
 			ectx->request;
 	CP_STATE.refaults_snapshot = CP_STATE.refault_activations;
+	cache_ext_list_iterate(memcg, CP_STATE.overflow, cp_take, ectx);
 	if (CP_STATE.to_deactivate || linux_inactive_is_low())
 		cache_ext_list_iterate(memcg, CP_STATE.active, linux_deactivate,
 				       ectx);
 	CP_STATE.to_deactivate = 0;
-	cache_ext_list_iterate(memcg, CP_STATE.inactive, linux_reclaim, ectx);
+	cache_ext_list_iterate(memcg, CP_STATE.inactive, cp_take, ectx);
 	/* An inactive list shorter than the request: the kernel would
 	 * deactivate more and reclaim those, i.e. the coldest active pages. */
 	if (ectx->nr_candidates < ectx->request)
-		cache_ext_list_iterate(memcg, CP_STATE.active, linux_reclaim,
-				       ectx);
+		cache_ext_list_iterate(memcg, CP_STATE.active, cp_take, ectx);
 }
 
 void BPF_STRUCT_OPS(linux_folio_added, struct folio *folio)
 {
 	struct linux_folio lf = {};
-	__u64 key = cp_folio_key(folio), id = cp_folio_id(folio);
+	__u64 key = cp_folio_key(folio);
 	__u64 *evicted_at = bpf_map_lookup_elem(&linux_shadows, &key);
 
 	if (evicted_at) {
@@ -202,8 +190,10 @@ void BPF_STRUCT_OPS(linux_folio_added, struct folio *folio)
 			CP_STATE.refault_activations++;
 		}
 	}
-	if (bpf_map_update_elem(&linux_folios, &id, &lf, BPF_ANY))
+	if (cp_page_add(&linux_folios, folio, &lf)) {
+		cache_ext_list_add_tail(CP_STATE.overflow, folio);
 		return;
+	}
 	if (lf.active) {
 		cache_ext_list_add_tail(CP_STATE.active, folio);
 		CP_STATE.nr_active++;
@@ -233,28 +223,10 @@ void BPF_STRUCT_OPS(linux_folio_accessed, struct folio *folio)
 	}
 }
 
-/* Drop the shadow of eviction `seq` unless it has been used (refault) or
- * replaced by a newer eviction of the same page. */
-static void linux_prune_shadow(__u64 seq)
-{
-	struct linux_evicted *old = bpf_map_lookup_elem(&linux_ring, &seq);
-	__u64 *age;
-
-	if (!old)
-		return;
-	age = bpf_map_lookup_elem(&linux_shadows, &old->key);
-	if (age && *age == old->age)
-		bpf_map_delete_elem(&linux_shadows, &old->key);
-	bpf_map_delete_elem(&linux_ring, &seq);
-}
-
 void BPF_STRUCT_OPS(linux_folio_evicted, struct folio *folio)
 {
 	__u64 key = cp_folio_key(folio), id = cp_folio_id(folio);
 	struct linux_folio *lf = bpf_map_lookup_elem(&linux_folios, &id);
-	struct linux_evicted ev = { key, CP_STATE.nonresident_age };
-	__u64 seq = CP_STATE.nr_evicted++, window;
-	int i;
 
 	if (!lf)
 		return;
@@ -263,14 +235,9 @@ void BPF_STRUCT_OPS(linux_folio_evicted, struct folio *folio)
 	else
 		CP_STATE.nr_inactive--;
 	bpf_map_delete_elem(&linux_folios, &id);
-	bpf_map_update_elem(&linux_shadows, &key, &ev.age, BPF_ANY);
-	bpf_map_update_elem(&linux_ring, &seq, &ev, BPF_ANY);
+	bpf_map_update_elem(&linux_shadows, &key, &CP_STATE.nonresident_age,
+			    BPF_ANY);
 	CP_STATE.nonresident_age++;
-	/* up to 4 per eviction: enough to keep up while the cache shrinks
-	 * (the window then narrows by 2 per eviction) */
-	window = 2 * (CP_STATE.nr_active + CP_STATE.nr_inactive) + 64;
-	for (i = 0; i < 4 && CP_STATE.prune_next + window <= seq; i++)
-		linux_prune_shadow(CP_STATE.prune_next++);
 }
 
 CP_POLICY(linux,

@@ -31,8 +31,11 @@
  * (mapped accesses are out of scope for the page cache), one history
  * window instead of two, MG_MIN_BATCH refaults before a tier's rate counts
  * (the kernel's 64 would never be reached by small simulated caches), and
- * the ghost set is an LRU hash of MG_GHOST_MAX entries instead of shadow
- * entries in the page-cache xarray.
+ * the ghost set is an LRU hash of as many entries as the capacity has
+ * pages instead of shadow entries in the page-cache xarray.
+ *
+ * A page that finds the per-page map full (more pages than the capacity)
+ * joins the overflow list, which reclaim empties first, oldest first.
  */
 #include "cache_ext_policy.h"
 
@@ -42,8 +45,6 @@
 #define MG_MAX_REFS 7
 #define MG_MIN_BATCH 16
 #define MG_ROUNDS 8
-#define MG_MAX_PAGES (1 << 22)
-#define MG_GHOST_MAX (1 << 18)
 
 struct mg_page {
 	__u64 seq;		/* generation */
@@ -58,6 +59,7 @@ struct mg_ghost {
 
 struct mglru_state {
 	__u64 lists[MG_NR_GENS];
+	__u64 overflow;			/* list: pages with no room */
 	__s64 nr_pages[MG_NR_GENS];
 	__s64 pending[MG_NR_GENS];	/* proposed this round */
 	__u64 min_seq, max_seq;
@@ -69,8 +71,8 @@ struct mglru_state {
 };
 CP_STATE_DECL(struct mglru_state);
 
-CP_HASH_MAP(mg_pages, __u64, struct mg_page, MG_MAX_PAGES);
-CP_LRU_HASH_MAP(mg_ghosts, __u64, struct mg_ghost, MG_GHOST_MAX);
+CP_PAGE_MAP(mg_pages, struct mg_page);
+CP_GHOST_MAP(mg_ghosts, struct mg_ghost, 1);
 
 static __u32 mg_tier(__u32 refs)
 {
@@ -101,7 +103,8 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(mglru_init, struct mem_cgroup *memcg)
 	CP_STATE.min_seq = 0;
 	CP_STATE.max_seq = MG_MIN_GENS + 1;
 	CP_STATE.tier_idx = MG_NR_TIERS - 1;
-	return 0;
+	CP_STATE.overflow = cache_ext_list_create(memcg);
+	return CP_STATE.overflow ? 0 : -1;
 }
 
 /* true: the tier refaults no more than tier 0 would allow, evict it */
@@ -180,6 +183,7 @@ void BPF_STRUCT_OPS(mglru_evict_folios, struct cache_ext_eviction_ctx *ectx,
 {
 	int round, i;
 
+	cache_ext_list_iterate(memcg, CP_STATE.overflow, cp_take, ectx);
 	for (i = 0; i < MG_NR_GENS; i++)
 		CP_STATE.pending[i] = 0;
 	CP_STATE.tier_idx = mg_tier_idx();
@@ -220,8 +224,10 @@ void BPF_STRUCT_OPS(mglru_folio_added, struct folio *folio)
 	page.seq = CP_STATE.max_seq - gens_back;
 	if (page.seq < CP_STATE.min_seq)
 		page.seq = CP_STATE.min_seq;
-	if (bpf_map_update_elem(&mg_pages, &id, &page, BPF_ANY))
+	if (cp_page_add(&mg_pages, folio, &page)) {
+		cache_ext_list_add_tail(CP_STATE.overflow, folio);
 		return;
+	}
 	if (cache_ext_list_add_tail(mg_list(page.seq), folio)) {
 		bpf_map_delete_elem(&mg_pages, &id);
 		return;
@@ -234,12 +240,8 @@ void BPF_STRUCT_OPS(mglru_folio_accessed, struct folio *folio)
 	__u64 id = cp_folio_id(folio);
 	struct mg_page *page = bpf_map_lookup_elem(&mg_pages, &id);
 
-	if (!page)
+	if (!page || cp_first_access(&page->fresh))
 		return;
-	if (page->fresh) {
-		page->fresh = 0;
-		return;
-	}
 	if (page->refs < MG_MAX_REFS)
 		page->refs++;
 }

@@ -17,10 +17,12 @@
  * prefetch, and goes first.  A read that misses inserts and then
  * accesses its page, so a trace-driven simulation never sees a fresh
  * page at reclaim and is exact MRU.
+ *
+ * A fresh page that finds the map full (more pages than the capacity) is
+ * counted and taken for stale: it goes first unless read.
  */
 #include "cache_ext_policy.h"
 
-#define MRU_MAX_FRESH (1 << 20)
 #define MRU_MIN_WINDOW 64	/* pages inserted before an unread one is stale */
 
 struct mru_state {
@@ -33,7 +35,7 @@ struct mru_state {
 CP_STATE_DECL(struct mru_state);
 
 /* fresh page -> CP_STATE.inserted when it came in */
-CP_HASH_MAP(mru_fresh, __u64, __u64, MRU_MAX_FRESH);
+CP_PAGE_MAP(mru_fresh, __u64);
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(mru_init, struct mem_cgroup *memcg)
 {
@@ -84,11 +86,10 @@ void BPF_STRUCT_OPS(mru_evict_folios, struct cache_ext_eviction_ctx *ectx,
 
 void BPF_STRUCT_OPS(mru_folio_added, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
 	__u64 seq = ++CP_STATE.inserted;
 
 	CP_STATE.nr_cached++;
-	bpf_map_update_elem(&mru_fresh, &id, &seq, BPF_ANY);
+	cp_page_add(&mru_fresh, folio, &seq);
 	cache_ext_list_add_tail(CP_STATE.fresh, folio);
 }
 

@@ -37,12 +37,13 @@
  * size are taken from the number of pages the policy holds (equal to the
  * limit once the cgroup is full); a page proposed by reclaim but refused
  * by the kernel stays at the head of its list and is proposed again next
- * round; the ghost set is bounded by S3_GHOST_MAX entries.
+ * round; the ghost map holds as many entries as the capacity has pages.
+ *
+ * A page that finds the per-page map full (more pages than the capacity)
+ * joins the overflow list, which reclaim empties first, oldest first.
  */
 #include "cache_ext_policy.h"
 
-#define S3_MAX_PAGES (1 << 22)
-#define S3_GHOST_MAX (1 << 18)
 #define S3_MOVE_TO_MAIN 2	/* accesses in small that earn main */
 #define S3_MAX_FREQ 3
 #define S3_WALKS 40		/* list walks per reclaim round (<= 32
@@ -65,6 +66,7 @@ struct s3_page {
 
 struct s3fifo_state {
 	__u64 small, main;
+	__u64 overflow;			/* list: pages with no room */
 	__s64 nr_small, nr_main;	/* pages held, by list */
 	__s64 pend_small, pend_main;	/* proposed this round, not yet gone */
 	__u32 walk_proposed;		/* proposed by the current walk */
@@ -76,15 +78,16 @@ struct s3fifo_state {
 };
 CP_STATE_DECL(struct s3fifo_state);
 
-CP_HASH_MAP(s3_pages, __u64, struct s3_page, S3_MAX_PAGES);
+CP_PAGE_MAP(s3_pages, struct s3_page);
 /* page key -> ghost_seq when it left small */
-CP_LRU_HASH_MAP(s3_ghost, __u64, __u64, S3_GHOST_MAX);
+CP_GHOST_MAP(s3_ghost, __u64, 1);
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(s3fifo_init, struct mem_cgroup *memcg)
 {
 	CP_STATE.small = cache_ext_list_create(memcg);
 	CP_STATE.main = cache_ext_list_create(memcg);
-	return CP_STATE.small && CP_STATE.main ? 0 : -1;
+	CP_STATE.overflow = cache_ext_list_create(memcg);
+	return CP_STATE.small && CP_STATE.main && CP_STATE.overflow ? 0 : -1;
 }
 
 static struct s3_page *s3_page_of(struct folio *folio)
@@ -211,6 +214,7 @@ void BPF_STRUCT_OPS(s3fifo_evict_folios, struct cache_ext_eviction_ctx *ectx,
 {
 	int walk;
 
+	cache_ext_list_iterate(memcg, CP_STATE.overflow, cp_take, ectx);
 	if (!CP_STATE.split)
 		s3_split(memcg, ectx);
 	CP_STATE.pend_small = 0;
@@ -242,8 +246,10 @@ void BPF_STRUCT_OPS(s3fifo_folio_added, struct folio *folio)
 		page.side = S3_MAIN;
 	if (left_at)
 		bpf_map_delete_elem(&s3_ghost, &key);
-	if (bpf_map_update_elem(&s3_pages, &id, &page, BPF_ANY))
+	if (cp_page_add(&s3_pages, folio, &page)) {
+		cache_ext_list_add_tail(CP_STATE.overflow, folio);
 		return;
+	}
 	if (cache_ext_list_add_tail(page.side == S3_MAIN ? CP_STATE.main :
 				    CP_STATE.small, folio)) {
 		bpf_map_delete_elem(&s3_pages, &id);
@@ -259,12 +265,8 @@ void BPF_STRUCT_OPS(s3fifo_folio_accessed, struct folio *folio)
 {
 	struct s3_page *page = s3_page_of(folio);
 
-	if (!page)
+	if (!page || cp_first_access(&page->fresh))
 		return;
-	if (page->fresh) {
-		page->fresh = 0;
-		return;
-	}
 	if (page->freq < S3_MAX_FREQ)
 		page->freq++;
 }

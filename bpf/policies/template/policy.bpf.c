@@ -22,20 +22,23 @@
  *     accessors (cp_folio_id, cp_folio_key, cp_folio_ino, cp_folio_index);
  *   - all global state in ONE struct declared with CP_STATE_DECL and used
  *     as CP_STATE.field: every simulated cache gets its own copy;
- *   - maps with CP_HASH_MAP / CP_LRU_HASH_MAP / CP_ARRAY_MAP, used through
- *     bpf_map_lookup_elem / update / delete as in any BPF program;
+ *   - per-page metadata in a CP_PAGE_MAP (the loader sizes it to the
+ *     cgroup); other maps with CP_HASH_MAP / CP_LRU_HASH_MAP /
+ *     CP_ARRAY_MAP; all used through bpf_map_lookup_elem / update /
+ *     delete as in any BPF program;
  *   - stay within the verifier's rules: bounded loops, no signed division,
  *     no pointers stored in maps, no recursion;
  *   - never name a callback parameter `ctx` (BPF_PROG uses that name);
  *   - the read that brings a page in calls folio_added then
- *     folio_accessed, so count reuse from the second access on;
+ *     folio_accessed, so count reuse from the second access on
+ *     (cp_first_access);
+ *   - a page whose entry finds the map full (cp_page_add fails) still
+ *     needs a place: put it where reclaim looks first;
  *   - evict from the head: iterate/score start there; propose at most
  *     ectx->request pages; the host evicts them, calls folio_evicted and
  *     unlinks them from your list.
  */
 #include "cache_ext_policy.h"
-
-#define CLOCK_MAX_PAGES (1 << 22)
 
 /* 1. global state: one struct, per instance */
 struct clock_state {
@@ -43,12 +46,12 @@ struct clock_state {
 };
 CP_STATE_DECL(struct clock_state);
 
-/* 2. per-page metadata, keyed by the folio's id */
+/* 2. per-page metadata, keyed by the folio's id, one entry per page */
 struct clock_page {
 	__u8 referenced;
 	__u8 fresh;		/* the access that inserted it is pending */
 };
-CP_HASH_MAP(clock_pages, __u64, struct clock_page, CLOCK_MAX_PAGES);
+CP_PAGE_MAP(clock_pages, struct clock_page);
 
 /* 3. callbacks */
 s32 BPF_STRUCT_OPS_SLEEPABLE(clock_init, struct mem_cgroup *memcg)
@@ -82,10 +85,10 @@ void BPF_STRUCT_OPS(clock_folio_added, struct folio *folio)
 {
 	struct clock_page page = { .fresh = 1 };
 	__u64 id = cp_folio_id(folio);
+	/* no room: the page joins unreferenced, so the hand takes it */
+	bool tracked = !cp_page_add(&clock_pages, folio, &page);
 
-	if (bpf_map_update_elem(&clock_pages, &id, &page, BPF_ANY))
-		return;
-	if (cache_ext_list_add_tail(CP_STATE.list, folio))
+	if (cache_ext_list_add_tail(CP_STATE.list, folio) && tracked)
 		bpf_map_delete_elem(&clock_pages, &id);
 }
 
@@ -94,11 +97,7 @@ void BPF_STRUCT_OPS(clock_folio_accessed, struct folio *folio)
 	__u64 id = cp_folio_id(folio);
 	struct clock_page *page = bpf_map_lookup_elem(&clock_pages, &id);
 
-	if (!page)
-		return;
-	if (page->fresh)
-		page->fresh = 0;
-	else
+	if (page && !cp_first_access(&page->fresh))
 		page->referenced = 1;
 }
 

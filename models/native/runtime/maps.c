@@ -11,11 +11,23 @@
  * LRU hash maps (BPF_MAP_TYPE_LRU_HASH) make room for a new element when
  * full by dropping the least recently used one; lookups and updates count
  * as uses.  The kernel's LRU is approximate; this one is exact.
+ *
+ * Page maps (CP_PAGE_MAP) are hash maps keyed by folio id, which is the
+ * folio's address; their values sit in an array beside the instance's
+ * folio pool, one slot per folio, so a lookup is a bounds check and an
+ * index instead of a probe through a table much larger than the caches.
+ * Folios never move and pool slots are only added, between callbacks, so
+ * value pointers stay valid for a callback's duration as BPF promises.
+ * Keys that are no folio of the instance are refused, never followed.
+ *
+ * Maps declared per page of capacity (per_page > 0) take their
+ * max_entries from the cache's capacity and follow it when it changes.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "maps.h"
+#include "runtime.h"
 
 /* Every element: LRU links (used by LRU hash maps; the freelist reuses
  * `older`), then the key bytes, then the value bytes. */
@@ -30,9 +42,18 @@ struct cp_slot {
 	struct cp_elem *elem;	/* NULL = empty */
 };
 
+/* Begins as struct cp_map_head, which the policy header reads inline. */
 struct cp_map {
 	enum cp_map_type type;
-	__u32 key_size, value_size, max_entries;
+	__u32 value_size, max_entries;
+	char *array;		/* array: the elements */
+	__u32 key_size;
+	__u32 per_page;
+	struct cp_instance *inst;
+	/* page map: values and presence by folio pool slot */
+	char *values;
+	__u8 *present;
+	__u64 nslots;
 	/* hash */
 	struct cp_slot *slots;
 	__u64 mask;		/* slots - 1 */
@@ -42,9 +63,16 @@ struct cp_map {
 	char **slabs;
 	int nr_slabs;
 	__u32 elem_size;
-	/* array */
-	char *array;
+	__u64 array_entries;	/* array: elements allocated */
 };
+
+_Static_assert(offsetof(struct cp_map, type) == offsetof(struct cp_map_head, type) &&
+	       offsetof(struct cp_map, value_size) ==
+	       offsetof(struct cp_map_head, value_size) &&
+	       offsetof(struct cp_map, max_entries) ==
+	       offsetof(struct cp_map_head, max_entries) &&
+	       offsetof(struct cp_map, array) == offsetof(struct cp_map_head, array),
+	       "struct cp_map must begin as struct cp_map_head");
 
 #define SLAB_BLOCKS 4096
 
@@ -69,7 +97,39 @@ static __u64 key_hash(const void *key, __u32 size)
 	return cp_hash64(h ^ word);
 }
 
-struct cp_map *cp_map_new(const struct cp_map_def *def)
+static __u64 scaled_entries(__u32 per_page, __u64 capacity)
+{
+	__u64 n = per_page * capacity;
+
+	return n < UINT32_MAX ? n : UINT32_MAX;
+}
+
+/* Arrays grow with the capacity (calloc'd memory is only committed when
+ * touched, so a large table that is never filled costs little). */
+static int array_reserve(struct cp_map *m, __u64 entries)
+{
+	size_t vsize = m->value_size ? m->value_size : 1;
+	char *a;
+
+	if (entries <= m->array_entries && m->array)
+		return 0;
+	if (!m->array) {
+		a = calloc(entries ? entries : 1, vsize);
+	} else {
+		a = realloc(m->array, entries * vsize);
+		if (a)
+			memset(a + m->array_entries * vsize, 0,
+			       (entries - m->array_entries) * vsize);
+	}
+	if (!a)
+		return -ENOMEM;
+	m->array = a;
+	m->array_entries = entries ? entries : 1;
+	return 0;
+}
+
+struct cp_map *cp_map_new(const struct cp_map_def *def,
+			  struct cp_instance *inst, __u64 capacity)
 {
 	struct cp_map *m = calloc(1, sizeof(*m));
 
@@ -78,11 +138,20 @@ struct cp_map *cp_map_new(const struct cp_map_def *def)
 	m->type = def->type;
 	m->key_size = def->key_size;
 	m->value_size = def->value_size;
-	m->max_entries = def->max_entries;
+	m->per_page = def->per_page;
+	m->inst = inst;
+	m->max_entries = def->per_page ?
+			 scaled_entries(def->per_page, capacity) :
+			 def->max_entries;
 	if (m->type == CP_MAP_ARRAY) {
-		m->array = calloc(def->max_entries ? def->max_entries : 1,
-				  def->value_size ? def->value_size : 1);
-		if (!m->array) {
+		if (array_reserve(m, m->max_entries)) {
+			free(m);
+			return NULL;
+		}
+		return m;
+	}
+	if (m->type == CP_MAP_PAGE) {
+		if (cp_map_pool_resize(m, inst->pool_size)) {
 			free(m);
 			return NULL;
 		}
@@ -111,7 +180,52 @@ void cp_map_free(struct cp_map *m)
 	free(m->slabs);
 	free(m->slots);
 	free(m->array);
+	free(m->values);
+	free(m->present);
 	free(m);
+}
+
+int cp_map_pool_resize(struct cp_map *m, __u64 nslots)
+{
+	char *values;
+	__u8 *present;
+
+	if (m->type != CP_MAP_PAGE || nslots <= m->nslots)
+		return 0;
+	values = realloc(m->values, nslots * m->value_size + 1);
+	if (!values)
+		return -ENOMEM;
+	m->values = values;
+	present = realloc(m->present, nslots);
+	if (!present)
+		return -ENOMEM;
+	memset(present + m->nslots, 0, nslots - m->nslots);
+	m->present = present;
+	m->nslots = nslots;
+	return 0;
+}
+
+static void lru_drop_oldest(struct cp_map *m);
+
+int cp_map_set_capacity(struct cp_map *m, __u64 capacity)
+{
+	if (!m->per_page)
+		return 0;
+	m->max_entries = scaled_entries(m->per_page, capacity);
+	if (m->type == CP_MAP_ARRAY)
+		return array_reserve(m, m->max_entries);
+	while (m->type == CP_MAP_LRU_HASH && m->count > m->max_entries)
+		lru_drop_oldest(m);
+	return 0;
+}
+
+/* The pool slot of the folio whose id is *key, or -1. */
+static long page_slot(struct cp_map *m, const void *key)
+{
+	__u64 id;
+
+	memcpy(&id, key, sizeof(id));
+	return cp_instance_folio_slot(m->inst, (struct folio *)(uintptr_t)id);
 }
 
 static struct cp_elem *elem_alloc(struct cp_map *m)
@@ -247,6 +361,13 @@ void *cp_map_lookup(struct cp_map *m, const void *key)
 			return NULL;
 		return m->array + (size_t)idx * m->value_size;
 	}
+	if (m->type == CP_MAP_PAGE) {
+		long slot = page_slot(m, key);
+
+		if (slot < 0 || (__u64)slot >= m->nslots || !m->present[slot])
+			return NULL;
+		return m->values + (size_t)slot * m->value_size;
+	}
 	s = find_slot(m, key, key_hash(key, m->key_size));
 	if (!s->elem)
 		return NULL;
@@ -270,8 +391,28 @@ long cp_map_update(struct cp_map *m, const void *key, const void *value,
 			return -E2BIG;
 		if (flags == BPF_NOEXIST)
 			return -EEXIST;
-		memcpy(m->array + (size_t)idx * m->value_size, value,
-		       m->value_size);
+		memmove(m->array + (size_t)idx * m->value_size, value,
+			m->value_size);
+		return 0;
+	}
+	if (m->type == CP_MAP_PAGE) {
+		long slot = page_slot(m, key);
+
+		if (slot < 0 || (__u64)slot >= m->nslots)
+			return -EINVAL;
+		if (m->present[slot]) {
+			if (flags == BPF_NOEXIST)
+				return -EEXIST;
+		} else {
+			if (flags == BPF_EXIST)
+				return -ENOENT;
+			if (m->count >= m->max_entries)
+				return -E2BIG;
+			m->present[slot] = 1;
+			m->count++;
+		}
+		memmove(m->values + (size_t)slot * m->value_size, value,
+			m->value_size);
 		return 0;
 	}
 	h = key_hash(key, m->key_size);
@@ -279,7 +420,7 @@ long cp_map_update(struct cp_map *m, const void *key, const void *value,
 	if (s->elem) {
 		if (flags == BPF_NOEXIST)
 			return -EEXIST;
-		memcpy(ELEM_KEY(s->elem) + m->key_size, value, m->value_size);
+		memmove(ELEM_KEY(s->elem) + m->key_size, value, m->value_size);
 		lru_touch(m, s->elem);
 		return 0;
 	}
@@ -288,7 +429,10 @@ long cp_map_update(struct cp_map *m, const void *key, const void *value,
 	if (m->count >= m->max_entries) {
 		if (m->type != CP_MAP_LRU_HASH || !m->oldest)
 			return -E2BIG;
-		cp_map_delete(m, ELEM_KEY(m->oldest));
+		while (m->count >= m->max_entries && m->oldest)
+			lru_drop_oldest(m);
+		if (m->count >= m->max_entries)
+			return -E2BIG;
 		s = find_slot(m, key, h);
 	}
 	if ((m->count + 1) * 2 > m->mask + 1) {
@@ -317,6 +461,15 @@ long cp_map_delete(struct cp_map *m, const void *key)
 		return -EINVAL;
 	if (m->type == CP_MAP_ARRAY)
 		return -EINVAL;
+	if (m->type == CP_MAP_PAGE) {
+		long slot = page_slot(m, key);
+
+		if (slot < 0 || (__u64)slot >= m->nslots || !m->present[slot])
+			return -ENOENT;
+		m->present[slot] = 0;
+		m->count--;
+		return 0;
+	}
 	s = find_slot(m, key, key_hash(key, m->key_size));
 	if (!s->elem)
 		return -ENOENT;
@@ -342,4 +495,9 @@ long cp_map_delete(struct cp_map *m, const void *key)
 	}
 	m->slots[i].elem = NULL;
 	return 0;
+}
+
+static void lru_drop_oldest(struct cp_map *m)
+{
+	cp_map_delete(m, ELEM_KEY(m->oldest));
 }

@@ -30,13 +30,14 @@ static int get_u64_buffer(PyObject *obj, Py_buffer *view, const char *what,
 
 static int cache_init(CacheObject *self, PyObject *args, PyObject *kwds)
 {
-	static char *kwlist[] = { "policy", "capacity", "scale", NULL };
+	static char *kwlist[] = { "policy", "capacity", "scale",
+				  "policy_capacity", NULL };
 	const char *policy, *err = "error";
-	unsigned long long capacity;
+	unsigned long long capacity, policy_capacity = 0;
 	double scale = 1.0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sK|d", kwlist, &policy,
-					 &capacity, &scale))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "sK|dK", kwlist, &policy,
+					 &capacity, &scale, &policy_capacity))
 		return -1;
 	if (!(scale > 0)) {
 		PyErr_SetString(PyExc_ValueError, "scale must be positive");
@@ -46,7 +47,8 @@ static int cache_init(CacheObject *self, PyObject *args, PyObject *kwds)
 		cp_instance_free(self->inst);
 		self->inst = NULL;
 	}
-	self->inst = cp_instance_new(policy, capacity, scale, &err);
+	self->inst = cp_instance_new(policy, capacity, scale, policy_capacity,
+				     &err);
 	if (!self->inst) {
 		PyErr_Format(PyExc_ValueError, "policy %s: %s", policy, err);
 		return -1;
@@ -135,13 +137,15 @@ static PyObject *cache_swap_policy(CacheObject *self, PyObject *args)
 static PyObject *cache_stats(CacheObject *self, PyObject *unused)
 {
 	struct cp_instance *inst = usable(self);
+	const struct cp_policy_stats *ps;
 	const struct cp_stats *s;
 
 	if (!inst)
 		return NULL;
 	s = &inst->stats;
+	ps = cp_instance_policy_stats(inst);
 	return Py_BuildValue(
-		"{sKsKsKsKsKsKsKsKsKsKsKsKsKsK}",
+		"{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsK}",
 		"accesses", s->accesses, "hits", s->hits, "misses", s->misses,
 		"inserts", s->inserts, "evictions", s->evictions,
 		"admit_bypassed", s->admit_bypassed, "requests", s->requests,
@@ -150,7 +154,9 @@ static PyObject *cache_stats(CacheObject *self, PyObject *unused)
 		"rejected_duplicate", s->rejected_duplicate,
 		"rejected_excess", s->rejected_excess,
 		"fallback_evictions", s->fallback_evictions,
-		"cached", (unsigned long long)inst->nr_cached);
+		"cached", (unsigned long long)inst->nr_cached,
+		"policy_capacity", ps ? (unsigned long long)ps->capacity : 0ULL,
+		"policy_overflow", ps ? (unsigned long long)ps->overflow : 0ULL);
 }
 
 static PyObject *cache_cached_keys(CacheObject *self, PyObject *unused)

@@ -22,6 +22,7 @@ struct cp_list {
 struct cp_chunk {
 	struct folio *base;
 	__u64 count;
+	__u64 first;		/* pool slot of base[0] */
 };
 
 /* The instance whose policy callbacks run on this thread right now. */
@@ -340,6 +341,17 @@ static __u64 k_full_pages(__u64 pages)
 	return cur ? (__u64)((double)pages * cur->scale + 0.5) : pages;
 }
 
+/* What the policy's per-page maps are sized for. */
+static __u64 map_capacity(const struct cp_instance *inst)
+{
+	return inst->policy_capacity ? inst->policy_capacity : inst->capacity;
+}
+
+static __u64 k_capacity(void)
+{
+	return cur ? map_capacity(cur) : 0;
+}
+
 const struct cp_runtime_api cp_runtime_api = {
 	.list_create = k_list_create,
 	.list_add = k_list_add,
@@ -353,6 +365,7 @@ const struct cp_runtime_api cp_runtime_api = {
 	.clock = k_clock,
 	.current_tid = k_current_tid,
 	.full_pages = k_full_pages,
+	.capacity = k_capacity,
 };
 
 /* ---- the folio pool and the key table ----------------------------------- */
@@ -360,7 +373,7 @@ const struct cp_runtime_api cp_runtime_api = {
 static void enter(struct cp_instance *inst)
 {
 	cur = inst;
-	inst->file->enter(inst->state, inst->maps);
+	inst->file->enter(inst->state, inst->maps, &inst->rng);
 }
 
 /*
@@ -415,34 +428,54 @@ static int pool_grow(struct cp_instance *inst)
 		inst->chunks[i] = inst->chunks[i - 1];
 	inst->chunks[i].base = base;
 	inst->chunks[i].count = count;
+	inst->chunks[i].first = inst->pool_size;
 	inst->nr_chunks++;
-	inst->pool_size += count;
-	for (i = 0; (__u64)i < count; i++)
+	for (i = 0; (__u64)i < count; i++) {
+		base[i].slot = inst->pool_size + i;
 		free_push(inst, &base[i]);
+	}
+	inst->pool_size += count;
+	/* page maps keep a value slot per folio */
+	if (inst->maps && inst->file)
+		for (i = 0; i < inst->file->nr_maps; i++)
+			if (cp_map_pool_resize(inst->maps[i], inst->pool_size))
+				return -ENOMEM;
 	return 0;
 }
 
-/* Is p one of this instance's folios, and cached?  Safe for any pointer. */
-static int folio_cached_here(struct cp_instance *inst, struct folio *p)
+static const struct cp_chunk *chunk_of(const struct cp_instance *inst,
+				       const struct folio *p)
 {
 	int lo = 0, hi = inst->nr_chunks - 1;
 	uintptr_t a = (uintptr_t)p;
 
 	while (lo <= hi) {
 		int mid = (lo + hi) / 2;
-		uintptr_t b = (uintptr_t)inst->chunks[mid].base;
-		uintptr_t e = b + inst->chunks[mid].count * sizeof(struct folio);
+		const struct cp_chunk *c = &inst->chunks[mid];
+		uintptr_t b = (uintptr_t)c->base;
 
-		if (a < b) {
+		if (a < b)
 			hi = mid - 1;
-		} else if (a >= e) {
+		else if (a >= b + c->count * sizeof(struct folio))
 			lo = mid + 1;
-		} else {
-			return (a - b) % sizeof(struct folio) == 0 &&
-			       p->cached && p->owner == inst;
-		}
+		else
+			return (a - b) % sizeof(struct folio) ? NULL : c;
 	}
-	return 0;
+	return NULL;
+}
+
+long cp_instance_folio_slot(const struct cp_instance *inst,
+			    const struct folio *folio)
+{
+	const struct cp_chunk *c = inst ? chunk_of(inst, folio) : NULL;
+
+	return c ? (long)(c->first + (__u64)(folio - c->base)) : -1;
+}
+
+/* Is p one of this instance's folios, and cached?  Safe for any pointer. */
+static int folio_cached_here(struct cp_instance *inst, struct folio *p)
+{
+	return chunk_of(inst, p) && p->cached && p->owner == inst;
 }
 
 static struct folio *table_find(struct cp_instance *inst, __u64 key)
@@ -590,11 +623,14 @@ static int insert(struct cp_instance *inst, __u64 key)
 {
 	const struct cache_ext_ops *ops = inst->file->ops;
 	struct folio *f;
+	__u64 slot;
 
 	if (!inst->freelist && pool_grow(inst))
 		return -ENOMEM;
 	f = free_pop(inst);
+	slot = f->slot;
 	memset(f, 0, sizeof(*f));
+	f->slot = slot;
 	f->key = key;
 	if (table_insert(inst, f)) {
 		free_push(inst, f);
@@ -677,14 +713,50 @@ __u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
 	return misses;
 }
 
+/* Maps sized per page of capacity follow it (between callbacks). */
+static void maps_follow_capacity(struct cp_instance *inst)
+{
+	struct cp_policy_stats *st;
+	int i;
+
+	if (!inst->maps)
+		return;
+	for (i = 0; i < inst->file->nr_maps; i++)
+		cp_map_set_capacity(inst->maps[i], map_capacity(inst));
+	st = (struct cp_policy_stats *)cp_instance_policy_stats(inst);
+	if (st)
+		st->capacity = map_capacity(inst);
+}
+
 void cp_instance_set_capacity(struct cp_instance *inst, __u64 capacity)
 {
+	if (capacity > inst->capacity) {
+		inst->capacity = capacity;
+		maps_follow_capacity(inst);
+		return;
+	}
 	inst->capacity = capacity;
 	if (inst->nr_cached > capacity) {
 		enter(inst);
 		reclaim(inst, inst->nr_cached - capacity);
 		cur = NULL;
 	}
+	maps_follow_capacity(inst);
+}
+
+const struct cp_policy_stats *
+cp_instance_policy_stats(const struct cp_instance *inst)
+{
+	const struct cp_map_def *def;
+	__u32 zero = 0;
+
+	if (!inst->maps || !inst->file)
+		return NULL;
+	for (def = inst->file->maps; def; def = def->next)
+		if (!strcmp(def->name, "cp_stats") &&
+		    def->value_size == sizeof(struct cp_policy_stats))
+			return cp_map_lookup(inst->maps[def->slot], &zero);
+	return NULL;
 }
 
 __u64 cp_instance_cached_keys(struct cp_instance *inst, __u64 *keys)
@@ -734,12 +806,14 @@ static int policy_setup(struct cp_instance *inst,
 		return -ENOMEM;
 	}
 	for (def = file->maps; def; def = def->next) {
-		inst->maps[def->slot] = cp_map_new(def);
+		inst->maps[def->slot] = cp_map_new(def, inst,
+						   map_capacity(inst));
 		if (!inst->maps[def->slot]) {
 			*err = "out of memory creating a policy map";
 			return -ENOMEM;
 		}
 	}
+	maps_follow_capacity(inst);
 	if (file->ops->init) {
 		enter(inst);
 		ret = file->ops->init((struct mem_cgroup *)inst);
@@ -753,7 +827,8 @@ static int policy_setup(struct cp_instance *inst,
 }
 
 struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
-				    double scale, const char **err)
+				    double scale, __u64 policy_capacity,
+				    const char **err)
 {
 	const char *reg_name = NULL;
 	const struct cp_policy_file *file = cp_find_policy(policy, &reg_name);
@@ -770,8 +845,10 @@ struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
 	}
 	inst->name = reg_name;
 	inst->scale = scale;
+	inst->rng = 0x9e3779b97f4a7c15ULL;
 	inst->reclaim_batch = 1;
 	inst->capacity = capacity;
+	inst->policy_capacity = policy_capacity;
 	inst->table_mask = 63;
 	inst->table = calloc(inst->table_mask + 1, sizeof(*inst->table));
 	if (!inst->table || policy_setup(inst, file, err)) {

@@ -44,6 +44,8 @@ struct cp_instance {
 	__u64 table_mask;
 	__u64 nr_cached;
 	__u64 capacity;
+	__u64 policy_capacity;		/* fixed size of the policy's per-page
+					 * maps; 0: they follow capacity */
 	struct folio *oldest, *newest;	/* registry, insertion order */
 	struct cp_chunk *chunks;	/* folio pool, sorted by address */
 	int nr_chunks, cap_chunks;
@@ -53,6 +55,7 @@ struct cp_instance {
 	double scale;			/* full-scale pages per page (1/R) */
 	__u32 reclaim_batch;		/* least pages one reclaim frees */
 	__u64 clock;			/* accesses so far (cp_clock) */
+	__u64 rng;			/* bpf_get_prandom_u32's state */
 	__u32 tid;			/* tid of the current access */
 	__u32 batch_seq;		/* reclaim batch counter */
 	int busy;			/* guards against concurrent use */
@@ -74,9 +77,12 @@ int cp_policy_names(const char **names, int max, int include_loaded);
 
 /* instances; *err gets a static message on failure */
 /* scale: full-scale pages per simulated page (1/R in a miniature
- * simulation, else 1), what cp_full_pages() multiplies by */
+ * simulation, else 1), what cp_full_pages() multiplies by; policy_capacity:
+ * size the policy's per-page maps for that many pages for good (0: they
+ * follow the capacity), as a loader does for a cgroup whose limit grows */
 struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
-				    double scale, const char **err);
+				    double scale, __u64 policy_capacity,
+				    const char **err);
 void cp_instance_free(struct cp_instance *inst);
 int cp_instance_swap(struct cp_instance *inst, const char *policy,
 		     const char **err);
@@ -84,6 +90,13 @@ int cp_instance_swap(struct cp_instance *inst, const char *policy,
 __u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
 			 const __u32 *tids, __u64 n);
 void cp_instance_set_capacity(struct cp_instance *inst, __u64 capacity);
+/* The pool slot of a folio of inst (cached or not), or -1 for a pointer
+ * that is no folio of inst; safe for any pointer. */
+long cp_instance_folio_slot(const struct cp_instance *inst,
+			    const struct folio *folio);
+/* The policy's cp_stats entry (pages it had no room for), or NULL. */
+const struct cp_policy_stats *
+cp_instance_policy_stats(const struct cp_instance *inst);
 /* Fills keys (room for nr_cached) oldest first; returns the count. */
 __u64 cp_instance_cached_keys(struct cp_instance *inst, __u64 *keys);
 
