@@ -38,6 +38,8 @@ class Round:
     rows: list = field(default_factory=list)  # (node index, tenant spec, report)
     node_of: np.ndarray = None
     tstates: list[TenantState] = field(default_factory=list)
+    recommend: list[bool] = field(default_factory=list)  # per row: directives are advice
+    held: list[str] = field(default_factory=list)        # per row: why it is held, or ""
     # fit_models: the throughput model's seconds per op at m = 0, and per unit m
     a: np.ndarray = None
     b: np.ndarray = None
@@ -92,10 +94,12 @@ class Round:
 
 
 def gather_rows(state: EngineState, reports, specs, node_specs, node_memory,
-                advisory_nodes) -> Round:
+                advisory_nodes, recommend=()) -> Round:
     """The live nodes and their known tenants, in sorted order; what is
     ignored (unknown nodes and tenants, a tenant reported twice) becomes a
-    note."""
+    note.  A row is held (its limit and policy stay) when its report says
+    why (TenantReport.held_reason: throughput unknown, curves refused); its
+    directives are only recommendations when its tenant is in `recommend`."""
     R = Round(state.round)
     memory = []
     seen: set[str] = set()
@@ -121,6 +125,8 @@ def gather_rows(state: EngineState, reports, specs, node_specs, node_memory,
     R.mem_pages = np.asarray(memory, dtype=np.float64)
     R.node_of = np.fromiter((ni for ni, _, _ in R.rows), dtype=np.int64, count=R.n)
     R.advisory = [n in advisory_nodes for n in R.nodes]
+    R.recommend = [spec.name in recommend for _, spec, _ in R.rows]
+    R.held = [r.held_reason for _, _, r in R.rows]
     R.node_policies = [set(node_specs[n].policies) if n in node_specs and
                        node_specs[n].policies is not None else None for n in R.nodes]
     return R
@@ -148,7 +154,7 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         R.tstates.append(st)
     slots = np.fromiter((t.slot for t in R.tstates), dtype=np.int64, count=R.n)
-    thr_obs = R.column(lambda s, r: r.throughput)
+    thr_obs = R.column(lambda s, r: math.nan if r.throughput is None else r.throughput)
     m_obs = R.column(lambda s, r: r.miss_ratio)
     acc = R.column(lambda s, r: r.accesses_per_s)
     valid = (thr_obs > 0) & np.isfinite(thr_obs) & (m_obs >= 0) & (m_obs <= 1) & (acc > 0)
@@ -229,14 +235,25 @@ def choose_policies(R: Round, ctl) -> None:
     score_l, current_l = R.score.tolist(), R.current.tolist()
     for i, (ni, spec, r) in enumerate(R.rows):
         mine = R.row_of[i]
-        cur, ch, verdict = _choose(R.tstates[i], r, R.advisory[ni], R.allowed_of[i],
+        if R.held[i]:
+            # nothing to decide on: the limit (no curve to allocate on) and
+            # the policy stay, and no streak or probation moves
+            R.choices.append(PolicyChoice(r.policy, False, None, 0.0, "keep"))
+            R.verdicts.append(None)
+            R.before_pol.append(r.policy)
+            continue
+        advice = R.advisory[ni] or R.recommend[i]
+        cur, ch, verdict = _choose(R.tstates[i], r, advice, R.allowed_of[i],
                                    {p: score_l[k] for p, k in mine.items()},
                                    current_l[i], ctl)
         R.choices.append(ch)
         R.verdicts.append(verdict)
         R.before_pol.append(cur)
         k_run = int(R.run_row[i])
-        if R.advisory[ni]:
+        if R.recommend[i] and not R.advisory[ni]:
+            # advice a node could follow: sized for the policy advised
+            R.alloc_row[i] = mine.get(ch.policy, k_run)
+        elif R.advisory[ni]:
             R.alloc_row[i] = k_run
         elif ch.switched or k_run < 0:
             R.alloc_row[i] = mine.get(ch.policy, -1)
@@ -250,9 +267,10 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     """One tenant's policy for this round: (the policy in force, the
     choice, the watchdog's verdict or None).
 
-    In force is what the node reports running -- except on an advisory
-    node, where nothing we direct ever runs and the autopilot follows its
-    own last recommendation instead.  A switch the node carried out goes on
+    In force is what the node reports running -- except where directives
+    are advice (an advisory node, a tenant in recommend mode): nothing we
+    direct runs there, and the autopilot follows its own last
+    recommendation instead.  A switch the node carried out goes on
     probation; a failed probation sends the tenant back to the old policy."""
     if advisory:
         cur = st.policy if st.policy is not None else r.policy

@@ -128,6 +128,11 @@ class Observations:
         self.used += 1
         return self.used - 1
 
+    def add_many(self, slot: int, m: np.ndarray, y: np.ndarray) -> None:
+        """Several observations of one tenant (a restored history)."""
+        for mi, yi in zip(m[-self.window:].tolist(), y[-self.window:].tolist()):
+            self.add(np.array([slot]), np.array([mi]), np.array([yi]))
+
     def add(self, slots: np.ndarray, m: np.ndarray, y: np.ndarray) -> None:
         col = self.next[slots]
         self.m[slots, col] = m
