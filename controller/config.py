@@ -93,6 +93,11 @@ class ControlSpec(Strict):
     # tenant's throughput around its model, and at least `slo_headroom`.
     slo_headroom: float = Field(0.05, ge=0, le=1)
     slo_headroom_sigmas: float = Field(2.0, ge=0, le=10)
+    # Whether an SLO can be met at all is judged every round on a noisy
+    # curve and model; a change of that verdict takes effect only after
+    # this many rounds in a row agree, so a tenant's memory does not swing
+    # between its SLO's need and its curve's best every other round.
+    slo_feasibility_rounds: int = Field(3, ge=1, le=100)
     # Intervals after start that SLO attainment does not count.
     warmup_intervals: int = Field(5, ge=0)
     # Never set a limit below anonymous usage + this margin.

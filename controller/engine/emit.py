@@ -37,7 +37,14 @@ def emit(state: EngineState, R: Round, ctl) -> Decision:
         p = col.pred_target[i]
         if col.has_slo[i] and col.has_curve[i] and not (p >= col.slo[i] * (1 - 1e-9)):
             cause = ("infeasible within its ceiling and the model" if not col.feasible[i]
-                     else "not enough memory on the node after higher-priority SLOs")
+                     else "not enough memory on the node after higher-priority SLOs"
+                     if col.feasible_now[i] else
+                     f"no memory meets it this round; its last need stays until "
+                     f"{ctl.slo_feasibility_rounds} rounds in a row agree")
+            share = col.infeasible_share[i]
+            if share > 0:
+                cause += (f"; no memory meets it in {share:.0%} of the last "
+                          f"{len(st.slo_history)} rounds")
             violations.append(Violation(spec.name, node, col.slo[i], p, col.slo[i] - p,
                                         cause))
         _log_changes(state, R, col, i, limit_b, reason, log)
@@ -67,7 +74,7 @@ class _Columns:
     def __init__(self, R: Round, ctl):
         for name in ("new", "current", "target", "lb", "x_lo", "slo", "has_slo",
                      "has_curve", "granted", "feasible", "alloc_row", "pred_target",
-                     "pred_new", "pred_old", "score"):
+                     "pred_new", "pred_old", "score", "infeasible_share", "feasible_now"):
             setattr(self, name, getattr(R, name).tolist())
         to_mib = PAGE_SIZE / MIB
         need = np.where(np.isfinite(R.need), R.need, 0)

@@ -9,6 +9,8 @@ can be tested on a Round built by hand.
 """
 from __future__ import annotations
 
+import copy
+
 import math
 from dataclasses import dataclass, field
 
@@ -43,6 +45,10 @@ class Round:
     # fit_models: the throughput model's seconds per op at m = 0, and per unit m
     a: np.ndarray = None
     b: np.ndarray = None
+    spread: np.ndarray = None               # relative spread around the model
+    # False: a round that only predicts (engine/whatif.py): it reads the
+    # tenants' state and changes none of it
+    learn: bool = True
     # bank_curves: one bank row per (tenant, allowed policy with a curve)
     bank: CurveBank = None
     row_tenant: np.ndarray = None
@@ -71,6 +77,9 @@ class Round:
     feasible: np.ndarray = None
     need: np.ndarray = None          # least size meeting the SLO within bounds
     need_safe: np.ndarray = None     # ... with headroom
+    headroom: np.ndarray = None      # the headroom's fraction of the SLO
+    feasible_now: np.ndarray = None  # this round's own verdict (feasible: in force)
+    infeasible_share: np.ndarray = None  # share of recent rounds no size met the SLO
     need_best: np.ndarray = None     # for an SLO no size meets: where it flattens
     # allocate_memory
     target: np.ndarray = None
@@ -162,8 +171,11 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     R.a, R.b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
                                  priors[:, 0], priors[:, 1],
                                  ctl.model_min_points, ctl.model_min_spread)
-    for t, ai, bi, fi in zip(R.tstates, R.a.tolist(), R.b.tolist(), fitted.tolist()):
-        t.a, t.b, t.fitted = ai, bi, fi
+    R.spread = model.relative_spread(obs.m[slots], obs.y[slots], obs.count[slots], R.a, R.b,
+                                     ctl.model_min_points)
+    for t, ai, bi, fi, sp in zip(R.tstates, R.a.tolist(), R.b.tolist(), fitted.tolist(),
+                                 R.spread.tolist()):
+        t.a, t.b, t.fitted, t.spread = ai, bi, fi, sp
 
 
 def bank_curves(R: Round, ctl) -> None:
@@ -294,7 +306,14 @@ def size_slos(R: Round, ctl) -> None:
     """Read the allocation's curve backwards for the least size meeting
     each SLO (and, for the record, every policy's curve); with headroom
     where the SLO is feasible; for an SLO no size meets, the size where
-    the curve gets within FLAT of its lowest miss ratio."""
+    the curve gets within FLAT of its lowest miss ratio.
+
+    Feasibility is debounced (_debounce_feasibility): a round's verdict
+    rests on one sampled curve and a model fitted on noisy intervals, and
+    taken as it comes it would move a tenant between its SLO's need and
+    its curve's best every other round.  The headroom is the tenant's own
+    observed spread (R.spread, `slo_headroom_sigmas` of it), at least
+    `slo_headroom`."""
     bank, a, b, lb, ub, alloc_row = R.bank, R.a, R.b, R.lb, R.ub, R.alloc_row
     R.slo = R.column(lambda s, r: s.slo.min_throughput if s.slo is not None else 0.0)
     R.has_slo = R.column(lambda s, r: s.slo is not None, dtype=bool)
@@ -308,11 +327,16 @@ def size_slos(R: Round, ctl) -> None:
         need = np.full(R.n, np.inf)
     need = np.where(has_slo & (slo <= 0), 0.0, need)
     R.feasible = np.isfinite(need) & (np.maximum(need, lb) <= ub)
+    R.feasible_now = R.feasible.copy()
     R.need = np.where(R.feasible, np.maximum(need, lb), np.inf)
+    _debounce_feasibility(R, ctl)
     R.need_safe = R.need.copy()
-    hr = np.flatnonzero(R.feasible & has_slo & (slo > 0))
-    if len(hr) and ctl.slo_headroom > 0:
-        m_safe = model.miss_ratio_for(a[hr], b[hr], slo[hr] * (1 + ctl.slo_headroom))
+    spread = R.spread if R.spread is not None else np.zeros(R.n)
+    R.headroom = np.maximum(ctl.slo_headroom, ctl.slo_headroom_sigmas * spread)
+    R.headroom = np.minimum(R.headroom, MAX_HEADROOM)
+    hr = np.flatnonzero(R.feasible & has_slo & (slo > 0) & R.has_curve & (R.headroom > 0))
+    if len(hr):
+        m_safe = model.miss_ratio_for(a[hr], b[hr], slo[hr] * (1 + R.headroom[hr]))
         safe = bank.size_for(alloc_row[hr], m_safe)
         safe = np.where(m_safe < 0, np.inf, safe)
         R.need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, R.need[hr], ub[hr]),
@@ -324,6 +348,44 @@ def size_slos(R: Round, ctl) -> None:
         floor_m = bank.ys[bank.end(rows_h)]
         R.need_best[hopeless] = np.clip(bank.size_for(rows_h, floor_m + FLAT),
                                         lb[hopeless], ub[hopeless])
+
+
+MAX_HEADROOM = 1.0      # an SLO is never sized for more than twice itself
+SLO_HISTORY = 20        # rounds of feasibility verdicts kept per tenant
+
+
+def _debounce_feasibility(R: Round, ctl) -> None:
+    """Make R.feasible / R.need the verdict in force rather than this
+    round's own: a change takes effect once `slo_feasibility_rounds`
+    rounds in a row agree on it.  Until then a tenant judged feasible
+    keeps the need it had when last judged so (within its bounds now),
+    and one judged infeasible stays served as infeasible.  R.infeasible_share
+    is, per row, the share of its last SLO_HISTORY rounds whose own verdict
+    was that no size meets the SLO (reported with its violations)."""
+    k = ctl.slo_feasibility_rounds
+    R.infeasible_share = np.zeros(R.n)
+    for i in np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve).tolist():
+        st = R.tstates[i]
+        now = bool(R.feasible[i])
+        if not R.learn:
+            st = copy.deepcopy(st)      # a prediction reads the verdict, changes nothing
+        st.slo_history = (list(st.slo_history) + [now])[-SLO_HISTORY:]
+        R.infeasible_share[i] = st.slo_history.count(False) / len(st.slo_history)
+        if st.slo_feasible is None or now == st.slo_feasible:
+            st.slo_feasible, st.slo_disagree = now, 0
+        else:
+            st.slo_disagree += 1
+            if st.slo_disagree >= k:
+                st.slo_feasible, st.slo_disagree = now, 0
+        if st.slo_feasible and now:
+            st.slo_need_pages = float(R.need[i])
+        elif st.slo_feasible and not now:
+            held = st.slo_need_pages if st.slo_need_pages is not None else R.ub[i]
+            R.need[i] = float(np.clip(held, R.lb[i], R.ub[i]))
+            R.feasible[i] = True
+        elif not st.slo_feasible and now:
+            R.need[i] = np.inf
+            R.feasible[i] = False
 
 
 def allocate_memory(R: Round, ctl) -> None:

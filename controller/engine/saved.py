@@ -19,7 +19,8 @@ from cachepilot.controller.engine.watchdog import Probation
 
 # TenantState fields a record carries as they are
 _PLAIN = ("node", "policy", "target_bytes", "limit_bytes", "streak", "streak_policy",
-          "rounds", "held_until", "slo_need_pages", "slo_infeasible_rounds")
+          "rounds", "held_until", "slo_feasible", "slo_disagree", "slo_need_pages",
+          "slo_history", "spread")
 
 
 def tenant_record(state: EngineState, name: str) -> dict:

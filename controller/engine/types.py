@@ -31,6 +31,15 @@ class TenantState:
     # policies held off after a switch back -> the last of `rounds` they are.
     probation: Probation | None = None
     held_until: dict[str, int] = field(default_factory=dict)
+    # The SLO's feasibility, debounced (engine/round.py size_slos): the
+    # verdict in force, the rounds in a row that disagreed with it, the
+    # need it had when last feasible (pages), and each round's own verdict
+    # over the last SLO_HISTORY rounds (True: a size met it).
+    slo_feasible: bool | None = None
+    slo_disagree: int = 0
+    slo_need_pages: float | None = None
+    slo_history: list[bool] = field(default_factory=list)
+    spread: float = 0.0             # relative spread of throughput around the model
 
 
 @dataclass

@@ -102,7 +102,9 @@ def _allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
     nodes = {n.name: n for n in config.nodes}
     R = gather_rows(state, {node: reports}, specs, nodes, {node: memory_bytes},
                     {node} if advisory else ())
+    R.learn = False
     R.tstates = [state.tenants.get(spec.name) or TenantState() for _, spec, _ in R.rows]
+    R.spread = np.array([t.spread for t in R.tstates], dtype=np.float64)
     ab = [_model(state, spec.name, spec, ctl) for _, spec, _ in R.rows]
     R.a = np.array([x[0] for x in ab], dtype=np.float64)
     R.b = np.array([x[1] for x in ab], dtype=np.float64)

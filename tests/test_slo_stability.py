@@ -1,0 +1,151 @@
+"""Issue 15, item 7: SLOs that hold on workloads the controller was not
+shaped on.  decide() in closed loop (tests/test_engine_decide.py's Loop)
+over synthetic tenants whose reports are noisy the way real ones are:
+
+- an SLO's feasibility, judged each round on a sampled curve, does not
+  flip the tenant's memory back and forth (a real run went 179 -> 97 ->
+  177 MiB in consecutive rounds);
+- an SLO that truly cannot be held is reported as such, with the share
+  of rounds in which no memory met it;
+- the headroom comes from the tenant's observed spread: a tenant whose
+  demand varies by +-15 % per interval still meets its SLO in >= 95 % of
+  intervals, where the fixed 5 % headroom does not.
+"""
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from cachepilot.controller.engine.synthetic import power_curve
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_engine_decide import PAGES, GiB, Loop, make, tenant  # noqa: E402
+
+
+class Alternating:
+    """A tenant whose reported curve alternates between two shapes, one
+    round each (a sampled curve's noise around an SLO's edge)."""
+
+    def __init__(self, a, b, pattern):
+        self.a, self.b, self.pattern, self.calls = a, b, pattern, 0
+        self.curves = a.curves
+
+    def throughput(self, m):
+        return self.a.throughput(m)
+
+    def report(self, limit, policy):
+        src = self.a if self.pattern(self.calls) else self.b
+        self.calls += 1
+        return src.report(limit, policy)
+
+
+def _flipping_loop(feasibility_rounds, pattern):
+    # x's SLO is met at 40 % of the node on its real curve; every other
+    # round its sampled curve floors above the miss ratio the SLO needs
+    # (infeasible).  z, steep and without an SLO, takes whatever x is not
+    # given, so x's memory is what its SLO buys.
+    good = tenant("x", 0.8, 0.9)
+    slo = good.throughput(float(good.curves["linux"].at(0.4 * PAGES)))
+    bad = dataclasses.replace(good, curves={"linux": power_curve(
+        "linux", 0.8 * PAGES, 0.9, 0.5, PAGES)})
+    synth = {"x": Alternating(good, bad, pattern),
+             "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}},
+                {"name": "z", "node": "n1"}], max_step_fraction=1.0,
+               slo_feasibility_rounds=feasibility_rounds)
+    return Loop(cfg, synth), slo
+
+
+def test_feasibility_flipping_every_round_does_not_move_the_memory():
+    # x's SLO needs ~0.4 of the node (its real curve); its allocation may
+    # vary with what each round's curve says it gains beyond that, but it
+    # never drops below the need because one round judged the SLO
+    # infeasible
+    loop, _ = _flipping_loop(3, lambda k: k % 2 == 0)
+    limits = []
+    for _ in range(14):
+        loop.step()
+        limits.append(loop.limit["x"])
+    assert min(limits[4:]) >= 0.38 * GiB, [v >> 20 for v in limits]
+    # the same reports taken at face value (a verdict in force after one
+    # round) drop the tenant to its curve's best every other round: what
+    # the debounce is for (179 -> 97 -> 177 MiB in a real run)
+    loop1, _ = _flipping_loop(1, lambda k: k % 2 == 0)
+    raw = []
+    for _ in range(14):
+        loop1.step()
+        raw.append(loop1.limit["x"])
+    assert min(raw[4:]) < 0.2 * GiB, [v >> 20 for v in raw]
+
+
+def test_an_slo_that_stays_infeasible_is_served_as_such_and_reported():
+    # feasible for 6 rounds, then infeasible for good
+    loop, slo = _flipping_loop(3, lambda k: k < 6)
+    for _ in range(6):
+        loop.step()
+    seen = []
+    for _ in range(8):
+        d = loop.step()
+        seen.append((loop.limit["x"], [v for v in d.violations if v.tenant == "x"]))
+    # two rounds in a row judged infeasible: still served at its need, and
+    # the violation says the verdict is not in force yet
+    for lim, vs in seen[:2]:
+        assert lim >= 0.38 * GiB
+        assert vs and "no memory meets it this round" in vs[0].reason
+    # from the third, served as infeasible (where its curve flattens) and said so
+    lim, vs = seen[-1]
+    assert lim < 0.2 * GiB
+    assert vs and vs[0].reason.startswith("infeasible")
+    assert "no memory meets it in 57% of the last 14 rounds" in vs[0].reason
+
+
+class Noisy:
+    """A tenant whose demand varies interval to interval: its throughput
+    is the model's times a factor drawn in [1 - w, 1 + w]."""
+
+    def __init__(self, inner, width, seed):
+        self.inner, self.width = inner, width
+        self.rng = np.random.default_rng(seed)
+        self.curves = inner.curves
+        self.last = 1.0
+
+    def throughput(self, m):
+        return self.inner.throughput(m)
+
+    def report(self, limit, policy):
+        r = self.inner.report(limit, policy)
+        self.last = float(self.rng.uniform(1 - self.width, 1 + self.width))
+        r.throughput *= self.last
+        r.accesses_per_s *= self.last
+        return r
+
+
+def _attainment(sigmas, seed=7):
+    # x is slow (its pages are worth little throughput), z fast: beyond
+    # its SLO x gets no memory for throughput, only its headroom
+    x = tenant("x", 0.8, 0.9, t_hit=3e-5, t_miss=2e-3)
+    slo = x.throughput(float(x.curves["linux"].at(0.3 * PAGES)))
+    synth = {"x": Noisy(x, 0.15, seed), "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}},
+                {"name": "z", "node": "n1"}], slo_headroom=0.05,
+               slo_headroom_sigmas=sigmas, max_step_fraction=0.2)
+    loop = Loop(cfg, synth)
+    met = []
+    for k in range(60):
+        loop.step()
+        # the interval after the directive: the tenant's demand varies
+        # again around what the limit gives it
+        if k >= 15:
+            demand = float(synth["x"].rng.uniform(0.85, 1.15))
+            met.append(loop.true_throughput("x") * demand >= slo)
+    return float(np.mean(met)), loop.state.tenants["x"].spread
+
+
+def test_headroom_follows_the_observed_spread():
+    share, spread = _attainment(sigmas=2.0)
+    # a uniform +-15 % factor has a relative spread of 0.15 / sqrt(3)
+    assert 0.06 < spread < 0.12
+    assert share >= 0.95
+    fixed, _ = _attainment(sigmas=0.0)
+    assert fixed < 0.9, fixed
