@@ -98,6 +98,10 @@ class ControlSpec(Strict):
     # this many rounds in a row agree, so a tenant's memory does not swing
     # between its SLO's need and its curve's best every other round.
     slo_feasibility_rounds: int = Field(3, ge=1, le=100)
+    # An SLO tenant's limit shrinks only as far as the targets of this many
+    # rounds in a row agree (1: at once); growth is never delayed, and a
+    # tenant without an SLO shrinks at once.
+    shrink_after_rounds: int = Field(2, ge=1, le=100)
     # Intervals after start that SLO attainment does not count.
     warmup_intervals: int = Field(5, ge=0)
     # Never set a limit below anonymous usage + this margin.

@@ -40,7 +40,7 @@ class Alternating:
         return src.report(limit, policy)
 
 
-def _flipping_loop(feasibility_rounds, pattern):
+def _flipping_loop(feasibility_rounds, pattern, shrink_after=1):
     # x's SLO is met at 40 % of the node on its real curve; every other
     # round its sampled curve floors above the miss ratio the SLO needs
     # (infeasible).  z, steep and without an SLO, takes whatever x is not
@@ -53,7 +53,7 @@ def _flipping_loop(feasibility_rounds, pattern):
              "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
     cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}},
                 {"name": "z", "node": "n1"}], max_step_fraction=1.0,
-               slo_feasibility_rounds=feasibility_rounds)
+               slo_feasibility_rounds=feasibility_rounds, shrink_after_rounds=shrink_after)
     return Loop(cfg, synth), slo
 
 
@@ -149,3 +149,93 @@ def test_headroom_follows_the_observed_spread():
     assert share >= 0.95
     fixed, _ = _attainment(sigmas=0.0)
     assert fixed < 0.9, fixed
+
+
+class CurveNoise:
+    """A tenant whose miss ratio at a given size varies interval to
+    interval (demand that changes over time, as a trace replay's does):
+    observed miss ratio = the curve's times a factor in [1 - w, 1 + w],
+    throughput as the service model gives at it.  Its reported curve is
+    the average one, so the model fits it perfectly and only the curve's
+    predictions come out wrong."""
+
+    def __init__(self, inner, width, seed):
+        self.inner, self.width = inner, width
+        self.rng = np.random.default_rng(seed)
+        self.curves = inner.curves
+
+    def throughput(self, m):
+        return self.inner.throughput(m)
+
+    def draw(self, m):
+        return float(min(1.0, m * self.rng.uniform(1 - self.width, 1 + self.width)))
+
+    def report(self, limit, policy):
+        r = self.inner.report(limit, policy)
+        m = self.draw(r.miss_ratio)
+        thr = self.inner.throughput(m)
+        r.miss_ratio, r.throughput, r.accesses_per_s = m, thr, thr
+        r.inserts_per_s = r.removals_per_s = thr * m
+        return r
+
+
+def _attainment_curve_noise(sigmas, seed=11):
+    x = tenant("x", 0.8, 0.9, t_hit=3e-5, t_miss=2e-3)
+    slo = x.throughput(float(x.curves["linux"].at(0.3 * PAGES)))
+    synth = {"x": CurveNoise(x, 0.3, seed),
+             "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}},
+                {"name": "z", "node": "n1"}], slo_headroom=0.05,
+               slo_headroom_sigmas=sigmas, max_step_fraction=0.2)
+    loop = Loop(cfg, synth)
+    met = []
+    for k in range(60):
+        loop.step()
+        if k >= 15:
+            m = synth["x"].draw(float(x.curves["linux"].at(loop.limit["x"] / 4096)))
+            met.append(x.throughput(m) >= slo)
+    return float(np.mean(met)), loop.state.tenants["x"]
+
+
+def test_headroom_follows_the_curves_observed_error():
+    # the throughput model fits exactly (its spread is ~0): what varies is
+    # the miss ratio at a size, and the headroom has to come from that
+    share, st = _attainment_curve_noise(sigmas=2.0)
+    assert st.spread < 0.01 and len(st.m_errors) >= 10
+    assert share >= 0.95, share
+    fixed, _ = _attainment_curve_noise(sigmas=0.0)
+    assert fixed < 0.9, fixed
+
+
+def _marginal_loop(shrink_after, pattern):
+    # x's SLO is easy: its memory beyond is what its curve says it gains;
+    # every other round its curve looks flat (a phase's first window)
+    good = tenant("x", 0.5, 1.2)
+    flat = dataclasses.replace(good, curves={"linux": power_curve(
+        "linux", 0.5 * PAGES, 1.2, 0.6, PAGES)})
+    synth = {"x": Alternating(good, flat, pattern), "z": tenant("z", 0.9, 0.7)}
+    easy = good.throughput(float(good.curves["linux"].at(0.02 * PAGES)))
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": easy}},
+                {"name": "z", "node": "n1"}],
+               max_step_fraction=1.0, shrink_after_rounds=shrink_after)
+    return Loop(cfg, synth)
+
+
+def test_a_one_round_dip_in_a_curve_does_not_shrink_the_tenant():
+    limits = {}
+    for k in (1, 2):
+        loop = _marginal_loop(k, lambda c: c % 2 == 0)
+        limits[k] = []
+        for _ in range(12):
+            loop.step()
+            limits[k].append(loop.limit["x"])
+    swing = {k: max(v[3:]) / min(v[3:]) for k, v in limits.items()}
+    assert swing[1] > 1.5, [v >> 20 for v in limits[1]]     # at once: it swings
+    assert swing[2] < 1.05, [v >> 20 for v in limits[2]]    # confirmed: it holds
+    # a curve that stays flat is believed from the second round
+    loop = _marginal_loop(2, lambda c: c < 4)
+    seq = []
+    for _ in range(8):
+        loop.step()
+        seq.append(loop.limit["x"])
+    assert seq[4] == seq[3] and seq[5] < 0.8 * seq[3], [v >> 20 for v in seq]

@@ -52,6 +52,12 @@ def emit(state: EngineState, R: Round, ctl) -> Decision:
         st.target_bytes = int(col.target[i]) * PAGE_SIZE
         st.limit_bytes = limit_b
         st.last_round = R.number
+        if col.has_curve[i] and not R.recommend[i]:
+            st.pred_m = R.m_new[i].item()
+            st.pred_policy = R.row_policy[col.alloc_row[i]]
+            st.pred_pages = limit_b / PAGE_SIZE
+        else:
+            st.pred_m = st.pred_policy = st.pred_pages = None
         arow = col.alloc_row[i]
         plan_rows.append((spec.name, node, ch.policy,
                           R.row_policy[arow] if col.has_curve[i] else None,
@@ -103,6 +109,8 @@ def _reason(R: Round, col: _Columns, i: int) -> str:
             why.append(f"SLO {col.slo[i]:g}/s not met")
     if col.has_curve[i] and tgt > col.x_lo[i] + 0.5:
         why.append(f"+{col.extra_mib[i]} MiB for throughput")
+    if R.shrink_held is not None and R.shrink_held[i]:
+        why.append("a shrink waits until the next round's target agrees")
     if new == cur and abs(tgt - cur) >= 1:
         why.append(f"held: {col.target_mib[i]} MiB is within the hysteresis")
     elif abs(tgt - new) >= 1:

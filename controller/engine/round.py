@@ -46,6 +46,7 @@ class Round:
     a: np.ndarray = None
     b: np.ndarray = None
     spread: np.ndarray = None               # relative spread around the model
+    m_spread: np.ndarray = None             # miss ratio above the curve's predictions
     # False: a round that only predicts (engine/whatif.py): it reads the
     # tenants' state and changes none of it
     learn: bool = True
@@ -79,6 +80,7 @@ class Round:
     need_safe: np.ndarray = None     # ... with headroom
     headroom: np.ndarray = None      # the headroom's fraction of the SLO
     feasible_now: np.ndarray = None  # this round's own verdict (feasible: in force)
+    shrink_held: np.ndarray = None   # step_limits: a shrink not yet confirmed
     infeasible_share: np.ndarray = None  # share of recent rounds no size met the SLO
     need_best: np.ndarray = None     # for an SLO no size meets: where it flattens
     # allocate_memory
@@ -91,6 +93,7 @@ class Round:
     pred_target: np.ndarray = None
     pred_new: np.ndarray = None
     pred_old: np.ndarray = None
+    m_new: np.ndarray = None         # the allocation's curve at the new limit
 
     @property
     def n(self) -> int:
@@ -176,6 +179,32 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     for t, ai, bi, fi, sp in zip(R.tstates, R.a.tolist(), R.b.tolist(), fitted.tolist(),
                                  R.spread.tolist()):
         t.a, t.b, t.fitted, t.spread = ai, bi, fi, sp
+    _track_curve_error(R)
+
+
+M_ERRORS = 20       # rounds of curve prediction errors kept per tenant
+
+
+def _track_curve_error(R: Round) -> None:
+    """How far each tenant's observed miss ratio came out from what its
+    curve predicted, last round, for the limit and policy it now runs
+    (only when it runs what was directed: a refused or unapplied directive
+    says nothing about the curve).  R.m_spread is, over the last M_ERRORS
+    rounds, those errors' standard deviation plus their mean where the
+    curve was optimistic on average: a tenant whose demand varies over
+    time (a trace replay, a phase) misses more than one interval's curve
+    says in some intervals, and this is by how much."""
+    R.m_spread = np.zeros(R.n)
+    for i, (_, _, r) in enumerate(R.rows):
+        st = R.tstates[i]
+        if st.pred_m is not None and r.policy == st.pred_policy and \
+                r.throughput is not None and 0.0 <= r.miss_ratio <= 1.0 and \
+                abs(r.limit_bytes / PAGE_SIZE - (st.pred_pages or 0.0)) <= \
+                max(1.0, 0.01 * (st.pred_pages or 0.0)):
+            st.m_errors = (list(st.m_errors) + [r.miss_ratio - st.pred_m])[-M_ERRORS:]
+        if len(st.m_errors) >= 3:
+            e = np.asarray(st.m_errors)
+            R.m_spread[i] = max(float(e.mean()), 0.0) + float(e.std(ddof=1))
 
 
 def bank_curves(R: Round, ctl) -> None:
@@ -334,9 +363,15 @@ def size_slos(R: Round, ctl) -> None:
     spread = R.spread if R.spread is not None else np.zeros(R.n)
     R.headroom = np.maximum(ctl.slo_headroom, ctl.slo_headroom_sigmas * spread)
     R.headroom = np.minimum(R.headroom, MAX_HEADROOM)
-    hr = np.flatnonzero(R.feasible & has_slo & (slo > 0) & R.has_curve & (R.headroom > 0))
+    m_spread = R.m_spread if R.m_spread is not None else np.zeros(R.n)
+    hr = np.flatnonzero(R.feasible & has_slo & (slo > 0) & R.has_curve &
+                        ((R.headroom > 0) | (m_spread > 0)))
     if len(hr):
         m_safe = model.miss_ratio_for(a[hr], b[hr], slo[hr] * (1 + R.headroom[hr]))
+        # and below the SLO's miss ratio by the curve's own observed error
+        m_star = model.miss_ratio_for(a[hr], b[hr], slo[hr])
+        m_safe = np.where(m_star >= 0, np.minimum(
+            m_safe, m_star - ctl.slo_headroom_sigmas * m_spread[hr]), m_safe)
         safe = bank.size_for(alloc_row[hr], m_safe)
         safe = np.where(m_safe < 0, np.inf, safe)
         R.need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, R.need[hr], ub[hr]),
@@ -423,10 +458,37 @@ def allocate_memory(R: Round, ctl) -> None:
 
 def step_limits(R: Round, ctl) -> None:
     """Move limits toward the targets under the step limit and hysteresis,
-    never below the safety bounds."""
+    never below the safety bounds; a shrink only once it is confirmed
+    (_confirm_shrinks)."""
+    _confirm_shrinks(R, ctl)
     new = allocate.step_limit(R.node_of, R.mem_pages, R.current, R.target, R.lb, R.ub,
                               ctl.max_step_fraction, ctl.hysteresis)
     R.new = np.maximum(new, R.lb)
+
+
+def _confirm_shrinks(R: Round, ctl) -> None:
+    """For a tenant with an SLO, a target below the limit in force counts
+    only as far as the last `shrink_after_rounds` rounds' targets all
+    agree: the target becomes the largest of them, never above the limit
+    in force.  One interval's curve (a phase's first window, a sampled
+    curve's noise) can make a tenant's memory look useless for a round;
+    taken at once, that moved a tenant 179 -> 97 -> 177 MiB in
+    consecutive rounds.  A tenant without an SLO gives memory up at once
+    (an SLO's growth does not wait for it), growth is never delayed, and
+    the step and safety bounds still apply after this."""
+    k = ctl.shrink_after_rounds
+    R.shrink_held = np.zeros(R.n, dtype=bool)
+    for i in np.flatnonzero(R.has_curve & R.has_slo).tolist():
+        st = R.tstates[i]
+        raw = float(R.target[i])
+        recent = list(st.recent_targets)[-(k - 1):] if k > 1 else []
+        st.recent_targets = (recent + [raw])[-max(k - 1, 1):] if k > 1 else []
+        if raw >= R.current[i] or len(recent) < k - 1:
+            continue
+        agreed = min(max(recent + [raw]), float(R.current[i]))
+        if agreed > raw:
+            R.target[i] = agreed
+            R.shrink_held[i] = True
 
 
 def predict(R: Round) -> None:
@@ -436,11 +498,13 @@ def predict(R: Round) -> None:
     R.pred_new = np.full(R.n, np.nan)
     R.pred_old = np.full(R.n, np.nan)
     a, b, bank = R.a, R.b, R.bank
+    R.m_new = np.full(R.n, np.nan)
     cr = np.flatnonzero(R.has_curve)
     if len(cr):
         ar = R.alloc_row[cr]
         R.pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.target[cr]))
-        R.pred_new[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.new[cr]))
+        R.m_new[cr] = bank.miss_at(ar, R.new[cr])
+        R.pred_new[cr] = model.throughput(a[cr], b[cr], R.m_new[cr])
     orr = np.flatnonzero(R.run_row >= 0)
     if len(orr):
         R.pred_old[orr] = model.throughput(a[orr], b[orr],

@@ -40,6 +40,16 @@ class TenantState:
     slo_need_pages: float | None = None
     slo_history: list[bool] = field(default_factory=list)
     spread: float = 0.0             # relative spread of throughput around the model
+    # the allocation's targets (pages) of the last rounds, before a shrink
+    # is confirmed (engine/round.py _confirm_shrinks)
+    recent_targets: list[float] = field(default_factory=list)
+    # what the curve said the miss ratio would be at the limit last
+    # directed (under that policy), and how far the observed miss ratio
+    # came out above such predictions in the last rounds
+    pred_m: float | None = None
+    pred_policy: str | None = None
+    pred_pages: float | None = None
+    m_errors: list[float] = field(default_factory=list)
 
 
 @dataclass
