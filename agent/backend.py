@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from cachepilot.protocol.tenant import NodeTenant
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 
@@ -26,6 +27,10 @@ class Backend(Protocol):
         """One interval's reports, one per watched tenant.  Called once per
         control interval; a linux backend measures over wall time since the
         last call, the sim backend advances its virtual clock one interval."""
+
+    def assign(self, tenants: list[NodeTenant]) -> None:
+        """The tenants the controller names for this node at registration
+        (protocol/tenant.py): from now on these are the ones watched."""
 
     def apply(self, directives: list[Directive]) -> list[ApplyResult]:
         """Apply limits and policies under the safety rules; never raises for

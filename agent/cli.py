@@ -93,6 +93,10 @@ def run_agent(args) -> int:
         log.info("Prometheus metrics on http://%s:%d/metrics",
                  cfg.prometheus.address, cfg.prometheus.port)
     client = _controller_client(cfg, backend)
+    # the controller names this node's tenants: ask before the first interval
+    if client is not None and not client.register():
+        log.warning("controller: %s; watching nothing until it names this node's "
+                    "tenants", client.last_error)
     info = backend.info()
     log.info("node %s: cgroup v%d, %d MiB, cache_ext %s, policies %s%s", info.node_id,
              info.cgroup_version, info.memory_bytes >> 20,
@@ -165,6 +169,7 @@ def _controller_client(cfg, backend):
         return None
     try:
         from cachepilot.agent.client import NodeClient
+        from cachepilot.protocol.channel import read_identity
     except ImportError as err:
         log.warning("no controller client available (%s); running stand-alone", err)
         return None
@@ -176,15 +181,17 @@ def _controller_client(cfg, backend):
         except OSError as err:
             raise UserError(f"controller.token_file: cannot read {c.token_file}: "
                             f"{err.strerror}") from None
-    root = None
+    root = identity = None
     if c.ca_file is not None and not c.insecure:
         try:
             root = c.ca_file.read_bytes()
         except OSError as err:
             raise UserError(f"controller.ca_file: cannot read {c.ca_file}: "
                             f"{err.strerror}") from None
+    if c.cert_file is not None and not c.insecure:
+        identity = read_identity(c.cert_file, c.key_file, "node certificate")
     return NodeClient(backend, c.address, token=token, root_cert=root,
-                      server_name=c.server_name, insecure=c.insecure)
+                      server_name=c.server_name, insecure=c.insecure, identity=identity)
 
 
 # -- profile ------------------------------------------------------------------

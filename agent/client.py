@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from cachepilot.core.errors import UserError
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.protocol import wire
@@ -45,12 +46,13 @@ class NodeClient:
     def __init__(self, backend, target: str, token: str | None = None,
                  root_cert: bytes | None = None, server_name: str | None = None,
                  insecure: bool = False, timeout_s: float = 5.0,
-                 backoff_s: tuple[float, float] = (0.1, 5.0)):
+                 backoff_s: tuple[float, float] = (0.1, 5.0),
+                 identity: tuple[bytes, bytes] | None = None):
         self.backend = backend
         self.info = backend.info()
         self.target = target
         self.metadata = token_metadata(token)
-        self._channel_args = (target, root_cert, server_name, insecure)
+        self._channel_args = (target, root_cert, server_name, insecure, identity)
         self.timeout_s = timeout_s
         self.backoff_min, self.backoff_max = backoff_s
         self.channel = None
@@ -64,6 +66,7 @@ class NodeClient:
         self.next_attempt = 0.0
         self.last_error = ""
         self.reconnects = 0
+        self.tenants: list[str] | None = None   # as the controller last named them
 
     # -- connection -----------------------------------------------------------
     def _connect(self):
@@ -80,6 +83,8 @@ class NodeClient:
         except grpc.RpcError as err:
             self._failed(err)
             return False
+        if reply.assigns_tenants and not self._assign(reply.tenants):
+            return False
         if self.session is not None or self.reconnects:
             log.info("%s: registered again with the controller", self.info.node_id)
         self.session, self.interval_s = reply.session, reply.interval_s
@@ -87,6 +92,21 @@ class NodeClient:
         # Results of directives from an earlier session mean nothing to
         # this one (it may be a restarted controller).
         self.pending = []
+        return True
+
+    def _assign(self, assigned) -> bool:
+        """Hand the backend the tenants the controller names; a tenant that
+        does not make sense here stops the registration (and is logged)."""
+        try:
+            tenants = [wire.tenant_from_pb(t) for t in assigned]
+            self.backend.assign(tenants)
+        except (wire.WireError, UserError) as err:
+            self.last_error = f"tenants from the controller: {err}"
+            log.error("%s: %s", self.info.node_id, self.last_error)
+            self.next_attempt = time.monotonic() + self.backoff
+            self.backoff = min(self.backoff * 2, self.backoff_max)
+            return False
+        self.tenants = [t.name for t in tenants]
         return True
 
     def _failed(self, err: grpc.RpcError):
@@ -127,6 +147,9 @@ class NodeClient:
         except grpc.RpcError as err:
             self._failed(err)
             return StepOutcome(self.seq, False, [], [], self.last_error)
+        for r in reply.refused:
+            log.warning("%s: the controller did not take tenant %s's report: %s",
+                        self.info.node_id, r.tenant, r.reason)
         directives = [wire.directive_from_pb(d) for d in reply.directives]
         applied = self.backend.apply(directives) if directives else []
         self.pending = applied

@@ -3,10 +3,13 @@
     node_id:        name the node registers with (default: the host name)
     roots:          cgroup directories the agent may watch and touch
                     (v1 /sys/fs/cgroup/memory/..., v2 /sys/fs/cgroup/...)
-    cgroups:        paths or globs (relative to each root, or absolute) of
-                    cgroups to watch; each becomes a tenant named by its
-                    path under the root
-    tenants:        named tenants: {name, cgroup, throughput, floor, ceiling,
+    cgroups:        stand-alone only: paths or globs (relative to each root,
+                    or absolute) of cgroups to watch; each becomes a tenant
+                    named by its path under the root
+    tenants:        stand-alone only (with a controller, the controller's
+                    config holds the tenants and sends this node its own
+                    when it registers): named tenants
+                    {name, cgroup, throughput, floor, ceiling,
                     policies, policy_threads}; policies: the curves this
                     tenant's builder computes (default: the node's
                     `policies`; fewer is cheaper, as every policy but lru
@@ -17,7 +20,7 @@
                     {policy: {role: {comm: GLOB, cmdline: GLOB}}}, e.g.
                     {get_scan: {scan_threads: {comm: "db_scan*"}},
                      admit_filter: {bypass_threads: {comm: "rocksdb:low*"}}}
-                    (roles and their tid maps: agent/threads.py)
+                    (roles and their tid maps: protocol/tenant.py)
     interval_s:     seconds between reports
     sampling:       {rate, max_samples (fixed-size SHARDS), ring_bytes, slices}
     policies:       curves to build (default: lru, plus the library's policies
@@ -27,7 +30,11 @@
     cache_ext:      {policy_dir, pin_root}: where policy objects are loaded
                     from and where their links are pinned in bpffs
     prometheus:     {address, port}; port 0 turns the endpoint off
-    controller:     {address, token_file, ca_file, server_name, insecure}
+    controller:     {address, cert_file, key_file, ca_file, server_name,
+                    token_file, insecure}: the controller to follow, and
+                    this node's identity: its certificate (CN = node_id,
+                    made by `cachepilot certs node NAME`) and key, and the
+                    CA that signed the controller's; or a shared token
 
 Sizes are bytes or strings with binary units ("512MiB").  An error names
 the file, the key and what was expected.
@@ -36,67 +43,20 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from cachepilot.agent.threads import PolicyThreads, ThreadRule, unknown_key_message
 from cachepilot.core import config as base
 from cachepilot.core.config import Bytes, FilePath, Strict
+from cachepilot.protocol.tenant import (AccessesThroughput, NodeTenant,  # noqa: F401
+                                        PodRef, PrometheusThroughput, Throughput,
+                                        unknown_key_message)
 
 
-class AccessesThroughput(Strict):
-    """Throughput = page-cache accesses per second (the default)."""
-    source: Literal["accesses"] = "accesses"
-
-
-class PrometheusThroughput(Strict):
-    """Throughput read from the application's own Prometheus metric: the
-    per-second rate of a counter, or a gauge's value."""
-    source: Literal["prometheus"]
-    url: str = Field(pattern=r"^https?://")
-    metric: str = Field(min_length=1)
-    labels: dict[str, str] = Field(default_factory=dict)
-    kind: Literal["counter", "gauge"] = "counter"
-    timeout_s: float = Field(2.0, gt=0)
-
-
-Throughput = Union[AccessesThroughput, PrometheusThroughput]
-
-
-class PodRef(Strict):
-    """A Kubernetes pod by name, or the pods whose labels match `selector`,
-    in `namespace` (agent/pods.py resolves them to cgroups)."""
-    namespace: str = Field(min_length=1)
-    name: str | None = Field(None, min_length=1)
-    selector: dict[str, str] | None = Field(None, min_length=1)
-
-    @model_validator(mode="after")
-    def _one(self):
-        if (self.name is None) == (self.selector is None):
-            raise ValueError("pod: give exactly one of name and selector")
-        return self
-
-
-class TenantSpec(Strict):
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")
-    cgroup: str | None = Field(None, min_length=1)
-    pod: PodRef | None = None
-    throughput: Throughput = Field(default_factory=AccessesThroughput)
-    floor: Bytes | None = None
-    ceiling: Bytes | None = None
-    policies: list[str] | None = Field(None, min_length=1)
-    policy_threads: PolicyThreads | None = None
-
-    @model_validator(mode="after")
-    def _cgroup_or_pod(self):
-        if (self.cgroup is None) == (self.pod is None):
-            raise ValueError("give exactly one of cgroup and pod")
-        return self
-
-    def thread_rules(self) -> dict[str, dict[str, ThreadRule]]:
-        """{policy: {role: rule}} of `policy_threads` (empty without it)."""
-        return self.policy_threads.rules() if self.policy_threads else {}
+# A tenant as the node sees it: one model for the agent's own list and
+# for what the controller sends at registration (protocol/tenant.py).
+TenantSpec = NodeTenant
 
 
 class Sampling(Strict):
@@ -141,10 +101,18 @@ class CacheExt(Strict):
 
 class ControllerLink(Strict):
     address: str = Field(min_length=1)
-    token_file: FilePath | None = None
+    cert_file: FilePath | None = None    # this node's certificate (mutual TLS)
+    key_file: FilePath | None = None
+    token_file: FilePath | None = None   # or a shared token
     ca_file: FilePath | None = None
     server_name: str | None = None
     insecure: bool = False
+
+    @model_validator(mode="after")
+    def _pair(self):
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give cert_file and key_file together")
+        return self
 
 
 class AgentConfig(Strict):
@@ -165,8 +133,14 @@ class AgentConfig(Strict):
 
     @model_validator(mode="after")
     def _something_to_watch(self):
-        if not self.cgroups and not self.tenants:
-            raise ValueError("expected at least one entry in `cgroups` or `tenants`")
+        if self.controller is not None and (self.cgroups or self.tenants):
+            raise ValueError("`tenants` and `cgroups` are for an agent without a "
+                             "controller: with `controller`, the controller's config "
+                             "holds the tenants and sends this node its own when it "
+                             "registers; remove them here")
+        if self.controller is None and not self.cgroups and not self.tenants:
+            raise ValueError("expected at least one entry in `cgroups` or `tenants` "
+                             "(or a `controller` that names this node's tenants)")
         names = [t.name for t in self.tenants]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

@@ -3,6 +3,7 @@ points as gauges labelled by policy and size, the sampler's events, samples
 and drops, and the agent's own CPU time (its sampler child included)."""
 from __future__ import annotations
 
+import math
 import os
 import resource
 
@@ -16,7 +17,7 @@ _REPORT_FIELDS = {
     "limit_bytes": "memory limit in force (0 = none)",
     "usage_file_bytes": "page cache charged to the cgroup",
     "usage_anon_bytes": "anonymous memory charged to the cgroup",
-    "throughput": "throughput from the tenant's throughput source",
+    "throughput": "throughput from the tenant's throughput source (NaN: it did not answer)",
     "miss_ratio": "insertions over accesses in the last interval",
     "policy_capacity_pages": "pages the cgroup's cache_ext policy was sized for",
     "policy_overflow_pages": "pages the cgroup's cache_ext policy had no room for",
@@ -59,7 +60,9 @@ class AgentMetrics:
         for r in reports:
             seen.add(r.tenant)
             for name in _REPORT_FIELDS:
-                self.report[name].labels(r.tenant, r.cgroup).set(float(getattr(r, name)))
+                value = getattr(r, name)
+                self.report[name].labels(r.tenant, r.cgroup).set(
+                    math.nan if value is None else float(value))
             for c in r.curves:
                 idx = range(len(c.sizes))
                 if len(c.sizes) > MAX_CURVE_POINTS:

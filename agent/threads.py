@@ -9,7 +9,9 @@ threads* (`af_tids`, e.g. an LSM store's compaction) out of the page cache.
 `cachepilot policy register-tids` fills those maps with thread ids an
 operator looked up by hand, which go stale as soon as the application
 restarts or its thread pool grows.  Here the operator names the threads by
-a rule in the tenant's config (`policy_threads`, agent/config.py):
+a rule in the tenant's config (`policy_threads`: in the controller's
+config, which sends it to the node, or a stand-alone agent's; the schema
+is in protocol/tenant.py):
 
     tenants:
       - name: kv
@@ -18,9 +20,8 @@ a rule in the tenant's config (`policy_threads`, agent/config.py):
           get_scan: {scan_threads: {comm: "db_scan*"}}
           admit_filter: {bypass_threads: {comm: "rocksdb:low*"}}
 
-which `policy_tids` matches among the tasks of the tenant's cgroup, to be
-run every interval so the maps follow the application (the linux backend
-does not yet call it nor write the pinned maps).
+which `policy_tids` matches among the tasks of the tenant's cgroup; the
+linux backend runs it every interval so the maps follow the application.
 
 A rule (`ThreadRule`) has `comm`, an fnmatch glob matched against the
 thread's name (/proc/PID/task/TID/comm: at most 15 bytes, the kernel
@@ -38,148 +39,13 @@ trees laid out like the kernel's.
 """
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import (BaseModel, ConfigDict, create_model, field_validator,
-                      model_validator)
-
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, _read
-
-# policy -> {role: the tid map (in the policy's source) the role's threads
-# are the keys of}.  The one table of roles: the config's `policy_threads`
-# keys and `policy_tids` follow it; tests check it against the sources
-# (`check_against_sources`).
-POLICY_ROLES: dict[str, dict[str, str]] = {
-    # threads that serve scans: the pages they bring in are evicted first
-    "get_scan": {"scan_threads": "gs_tids"},
-    # threads whose reads are not admitted to the page cache
-    "admit_filter": {"bypass_threads": "af_tids"},
-}
-
-COMM_MAX = 15       # TASK_COMM_LEN - 1: the longest name a thread can have
-
-
-def _min_len(glob: str) -> int:
-    """Fewest bytes a string matching the fnmatch glob can have."""
-    n, i = 0, 0
-    while i < len(glob):
-        c = glob[i]
-        if c == "*":
-            i += 1
-            continue
-        if c == "[":
-            j = i + 1
-            if j < len(glob) and glob[j] == "!":
-                j += 1
-            if j < len(glob) and glob[j] == "]":
-                j += 1
-            j = glob.find("]", j)
-            if j >= 0:          # a set: one character
-                n, i = n + 1, j + 1
-                continue
-        n += len(c.encode("utf-8", "surrogateescape"))
-        i += 1
-    return n
-
-
-class ThreadRule(BaseModel):
-    """Which threads a role takes: `comm` and/or `cmdline` globs."""
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    comm: str | None = None
-    cmdline: str | None = None
-
-    @field_validator("comm", "cmdline")
-    @classmethod
-    def _glob(cls, value, info):
-        if value is None:
-            return value
-        if not value:
-            raise ValueError("expected a non-empty glob")
-        if "\0" in value:
-            raise ValueError("a glob cannot contain NUL")
-        if info.field_name == "comm" and _min_len(value) > COMM_MAX:
-            raise ValueError(
-                f"can never match: a thread name has at most "
-                f"{COMM_MAX} bytes (the kernel truncates longer ones); glob "
-                f"the first {COMM_MAX}")
-        return value
-
-    @model_validator(mode="after")
-    def _something(self):
-        if self.comm is None and self.cmdline is None:
-            raise ValueError("a thread rule needs `comm` (a glob of the thread "
-                             "name) and/or `cmdline` (a glob of the command line)")
-        return self
-
-    def matches(self, comm: str, cmdline: str | None) -> bool:
-        """Whether a thread of this name in a process of this command line
-        matches (`cmdline` may be None when the rule has no cmdline glob)."""
-        if self.comm is not None and not fnmatchcase(comm, self.comm):
-            return False
-        if self.cmdline is not None and not fnmatchcase(cmdline or "", self.cmdline):
-            return False
-        return True
-
-
-# -- the config's `policy_threads`: models made from POLICY_ROLES -------------
-
-class _Roles(BaseModel):
-    """One policy's roles -> rules; at least one role."""
-    model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="after")
-    def _some_role(self):
-        if not self.rules():
-            raise ValueError("expected a rule for at least one role: "
-                             + ", ".join(type(self).model_fields))
-        return self
-
-    def rules(self) -> dict[str, ThreadRule]:
-        return {role: getattr(self, role) for role in type(self).model_fields
-                if getattr(self, role) is not None}
-
-
-class _Policies(BaseModel):
-    """Policy -> its roles' rules (the tenant's `policy_threads`)."""
-    model_config = ConfigDict(extra="forbid")
-
-    def rules(self) -> dict[str, dict[str, ThreadRule]]:
-        """{policy: {role: rule}} of the policies given."""
-        return {p: getattr(self, p).rules() for p in type(self).model_fields
-                if getattr(self, p) is not None}
-
-
-def _camel(name: str) -> str:
-    return "".join(part.capitalize() for part in name.split("_"))
-
-
-PolicyThreads = create_model(
-    "PolicyThreads", __base__=_Policies,
-    **{policy: (create_model(f"{_camel(policy)}Roles", __base__=_Roles,
-                             **{role: (ThreadRule | None, None) for role in roles})
-                | None, None)
-       for policy, roles in POLICY_ROLES.items()})
-
-
-def unknown_key_message(loc: tuple) -> str | None:
-    """What `policy_threads` expected at `loc` (a pydantic error location
-    ending in an unknown key), or None when `loc` is not inside it."""
-    keys = [k for k in loc if not isinstance(k, int)]
-    if "policy_threads" not in keys:
-        return None
-    depth = len(keys) - keys.index("policy_threads") - 1
-    if depth == 1:
-        return "unknown policy; expected one of " + ", ".join(sorted(POLICY_ROLES))
-    if depth == 2 and keys[-2] in POLICY_ROLES:
-        return (f"unknown role of {keys[-2]}; expected "
-                + " or ".join(POLICY_ROLES[keys[-2]]))
-    if depth == 3:
-        return "unknown key; expected `comm` and/or `cmdline`"
-    return None
-
+# the rule schema is shared with the controller's config
+from cachepilot.protocol.tenant import (COMM_MAX, POLICY_ROLES, PolicyThreads,  # noqa: F401
+                                        ThreadRule, unknown_key_message)
 
 def check_against_sources() -> list[str]:
     """Disagreements between POLICY_ROLES and the policies' sources (each

@@ -40,14 +40,20 @@ def scrape(url: str, metric: str, labels: dict[str, str], timeout: float = 2.0) 
 
 
 class PrometheusSource:
-    """A counter's per-second rate between two reads, or a gauge's value."""
+    """A counter's per-second rate between two reads, or a gauge's value.
+
+    read() gives None, and `error` says why, whenever the source cannot
+    say: it did not answer, or a counter has no rate yet (its first read,
+    or a reset).  Unknown is never 0: a tenant reported at 0 operations
+    per second looks starved and would be handed memory."""
 
     def __init__(self, spec):
         self.spec = spec
         self._last: tuple[float, float] | None = None
         self._warned = False
+        self.error = ""
 
-    def read(self, now: float) -> float:
+    def read(self, now: float) -> float | None:
         try:
             value = scrape(self.spec.url, self.spec.metric, self.spec.labels,
                            self.spec.timeout_s)
@@ -55,11 +61,19 @@ class PrometheusSource:
             if not self._warned:
                 log.warning("throughput source: %s", err)
                 self._warned = True
-            return 0.0
+            self.error = str(err)
+            # the next answer's rate would span the silence: start again
+            self._last = None
+            return None
         self._warned = False
+        self.error = ""
         if self.spec.kind == "gauge":
             return value
         last, self._last = self._last, (now, value)
-        if last is None or now <= last[0] or value < last[1]:
-            return 0.0      # first read, or the counter was reset
+        if last is None or now <= last[0]:
+            self.error = "first read of the counter: no rate yet"
+            return None
+        if value < last[1]:
+            self.error = "the counter was reset: no rate this interval"
+            return None
         return (value - last[1]) / (now - last[0])

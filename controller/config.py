@@ -1,12 +1,18 @@
 """The controller's YAML config: what an operator writes, validated on load.
 
     control:     how the loop behaves (interval, step limit, hysteresis,
-                 autopilot threshold and streak, warm-up, safety margin)
-    controller:  where it listens and how callers authenticate
+                 autopilot threshold and streak, warm-up, safety margin,
+                 whether directives are enforced or only recommended)
+    controller:  where it listens, how callers prove who they are (a
+                 certificate per node and one for admins, or a shared
+                 token), where its state is kept
     nodes:       the hosts (name, memory offered to tenants, backend)
-    tenants:     one per cgroup: its node, SLO, priority, floor and ceiling,
-                 allowed policies, and -- for the sim backend and the
-                 planner -- its workload and service model
+    tenants:     one per cgroup: its node, cgroup (or pods), throughput
+                 source, SLO, priority, floor and ceiling, allowed
+                 policies, thread rules, and -- for the sim backend and
+                 the planner -- its workload and service model.  This is
+                 the one list of tenants: each agent receives its own
+                 when it registers (protocol/tenant.py)
 
 Sizes may be written as integers (bytes) or as strings with a unit
 ("512MiB", "4G", "64k"; binary multiples).  Durations are seconds.
@@ -24,6 +30,8 @@ from pydantic import Field, field_validator, model_validator
 from cachepilot.core import config as base
 from cachepilot.core.config import Bytes, FilePath, Strict
 from cachepilot.core.errors import UserError
+from cachepilot.protocol.tenant import (NodeTenant, PodRef, PolicyThreads,
+                                        PrometheusThroughput, Throughput)
 
 Name = Annotated[str, Field(min_length=1, max_length=128,
                             pattern=r"^[A-Za-z0-9_.:-]+$")]
@@ -46,8 +54,15 @@ class ModelPrior(Strict):
         return self.concurrency / (self.t_hit_s + miss_ratio * self.t_miss_s)
 
 
+Mode = Literal["recommend", "enforce"]
+
+
 class ControlSpec(Strict):
     interval_s: float = Field(1.0, gt=0)
+    # "recommend": decide and log every round, show the directives in
+    # `admin tenants` and the metrics, but send nothing that changes a
+    # cgroup; "enforce": send them.  A tenant's own `mode` overrides it.
+    mode: Mode = "enforce"
     # No node's limits move by more than this fraction of its memory per
     # interval, summed over its tenants.
     max_step_fraction: float = Field(0.1, gt=0, le=1)
@@ -72,9 +87,21 @@ class ControlSpec(Strict):
     # share of its node -- for tenants that count different operations
     # (a GET and a 4 KiB read are not worth the same).
     objective: Literal["throughput", "relative"] = "throughput"
-    # Size SLO tenants for min_throughput x (1 + slo_headroom) where the
-    # node has the memory (after every SLO's plain need), against noise.
+    # Size SLO tenants, where the node has the memory (after every SLO's
+    # plain need), for min_throughput x (1 + headroom): the headroom is
+    # `slo_headroom_sigmas` times the observed relative spread of the
+    # tenant's throughput around its model, and at least `slo_headroom`.
     slo_headroom: float = Field(0.05, ge=0, le=1)
+    slo_headroom_sigmas: float = Field(2.0, ge=0, le=10)
+    # Whether an SLO can be met at all is judged every round on a noisy
+    # curve and model; a change of that verdict takes effect only after
+    # this many rounds in a row agree, so a tenant's memory does not swing
+    # between its SLO's need and its curve's best every other round.
+    slo_feasibility_rounds: int = Field(3, ge=1, le=100)
+    # An SLO tenant's limit shrinks only as far as the targets of this many
+    # rounds in a row agree (1: at once); growth is never delayed, and a
+    # tenant without an SLO shrinks at once.
+    shrink_after_rounds: int = Field(2, ge=1, le=100)
     # Intervals after start that SLO attainment does not count.
     warmup_intervals: int = Field(5, ge=0)
     # Never set a limit below anonymous usage + this margin.
@@ -102,22 +129,46 @@ class ControllerSpec(Strict):
     tls_cert: FilePath | None = None
     tls_key: FilePath | None = None
     tls_ca: FilePath | None = None      # for agents verifying the controller
+    # Mutual TLS: every caller presents a certificate signed by this CA; a
+    # node's names the node (CN), an admin's carries the admin role
+    # (`cachepilot certs` makes them all).  Or, instead, a shared token.
+    client_ca: FilePath | None = None
     token: str | None = Field(None, min_length=8)
     token_file: FilePath | None = None
+    # What `cachepilot admin` presents to a controller that wants client
+    # certificates (`cachepilot certs admin`); its --cert/--key override.
+    admin_cert: FilePath | None = None
+    admin_key: FilePath | None = None
+    # The state store (controller/store.py): SLOs set through the admin
+    # API, the decision log, node registrations and last directives,
+    # autopilot holds.  Default: beside the config file, <name>.state.db.
+    state_path: FilePath | None = None
     metrics_port: int | None = Field(None, ge=0, le=65535)
 
     @model_validator(mode="after")
     def _auth(self):
         if self.token is not None and self.token_file is not None:
             raise ValueError("give token or token_file, not both")
+        token = self.token is not None or self.token_file is not None
+        if token and self.client_ca is not None:
+            raise ValueError("give client_ca (a certificate per node and for admins) "
+                             "or a token, not both")
+        if (self.admin_cert is None) != (self.admin_key is None):
+            raise ValueError("give admin_cert and admin_key together")
         if not self.insecure:
             if self.tls_cert is None or self.tls_key is None:
                 raise ValueError("tls_cert and tls_key are required unless "
                                  "insecure: true")
-            if self.token is None and self.token_file is None:
-                raise ValueError("token or token_file is required unless "
-                                 "insecure: true")
+            if not token and self.client_ca is None:
+                raise ValueError("client_ca (certificates per node: `cachepilot certs`) "
+                                 "or a token is required unless insecure: true")
+        elif self.client_ca is not None:
+            raise ValueError("client_ca needs TLS: it cannot be used with insecure: true")
         return self
+
+    @property
+    def mutual_tls(self) -> bool:
+        return self.client_ca is not None and not self.insecure
 
     def token_value(self) -> str | None:
         """The shared token, read from token_file when given there."""
@@ -159,15 +210,16 @@ class NodeSpec(Strict):
 # -- tenants -------------------------------------------------------------------
 
 class PrometheusSource(Strict):
-    url: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https?://")
     metric: str = Field(min_length=1)
     labels: dict[str, str] = Field(default_factory=dict)
 
 
 class SLO(Strict):
     min_throughput: float = Field(ge=0)   # operations per second
-    # "accesses": the backend's own count (sim: operations served; linux:
-    # page-cache accesses per second); or a Prometheus query.
+    # Where the throughput is read (older form of the tenant's
+    # `throughput`): "accesses", the backend's own count (sim: operations
+    # served; linux: page-cache accesses per second); or a Prometheus query.
     source: Union[Literal["accesses"], PrometheusSource] = "accesses"
 
 
@@ -222,13 +274,22 @@ class WorkloadSpec(Strict):
 class TenantSpec(Strict):
     name: Name
     node: Name
-    cgroup: str | None = None           # defaults to the tenant name
+    cgroup: str | None = None           # defaults to the tenant name (without `pod`)
+    pod: PodRef | None = None           # or a Kubernetes pod, by name or labels
+    # Where its node reads the tenant's throughput (default: accesses);
+    # `slo.source` is the older place for the same thing.
+    throughput: Throughput | None = None
     slo: SLO | None = None
+    # "recommend" or "enforce" for this tenant alone (None: control.mode)
+    mode: Mode | None = None
     priority: int = 0                   # higher is served first
     floor_bytes: Bytes = 0
     ceiling_bytes: Bytes | None = None  # None: the node's memory
     # Allowed policies; None = every policy the node offers.
     policies: list[PolicyName] | None = Field(None, min_length=1)
+    # The threads an application-informed policy treats specially, by a
+    # rule matched on the node every interval (protocol/tenant.py).
+    policy_threads: PolicyThreads | None = None
     initial_policy: PolicyName = "linux"
     initial_limit_bytes: Bytes | None = None  # None: an equal share
     model: ModelPrior | None = None     # prior; None = control.prior
@@ -240,14 +301,41 @@ class TenantSpec(Strict):
 
     @model_validator(mode="after")
     def _defaults(self):
-        if self.cgroup is None:
+        if self.pod is not None and self.cgroup is not None:
+            raise ValueError("give cgroup or pod, not both")
+        if self.cgroup is None and self.pod is None:
             self.cgroup = self.name
+        if self.throughput is not None and self.slo is not None and \
+                self.slo.source != "accesses":
+            raise ValueError("give the throughput source once: `throughput` or "
+                             "`slo.source`, not both")
         if self.ceiling_bytes is not None and self.floor_bytes > self.ceiling_bytes:
             raise ValueError(f"floor_bytes ({self.floor_bytes}) is above "
                              f"ceiling_bytes ({self.ceiling_bytes})")
         if self.policies is not None and len(set(self.policies)) != len(self.policies):
             raise ValueError("policies lists a policy twice")
         return self
+
+
+    def throughput_source(self) -> Throughput:
+        """Where the node reads this tenant's throughput."""
+        if self.throughput is not None:
+            return self.throughput
+        src = self.slo.source if self.slo is not None else "accesses"
+        if isinstance(src, PrometheusSource):
+            return PrometheusThroughput(source="prometheus", url=src.url,
+                                        metric=src.metric, labels=src.labels)
+        return NodeTenant.model_fields["throughput"].default_factory()
+
+    def node_tenant(self) -> NodeTenant:
+        """What this tenant's node is told about it at registration."""
+        return NodeTenant(name=self.name, cgroup=self.cgroup, pod=self.pod,
+                          throughput=self.throughput_source(),
+                          floor=self.floor_bytes or None, ceiling=self.ceiling_bytes,
+                          policies=self.policies, policy_threads=self.policy_threads)
+
+    def mode_in(self, control: "ControlSpec") -> str:
+        return self.mode or control.mode
 
 
 class Config(Strict):

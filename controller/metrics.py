@@ -43,14 +43,32 @@ class ControllerMetrics:
                                registry=r)
         self.refused = Counter("cachepilot_refused_calls_total", "Calls refused, by reason",
                                ["code"], registry=r)
-        self._policies: dict[str, str] = {}
+        self.refused_entries = Counter(
+            "cachepilot_refused_report_entries_total",
+            "Tenant entries of accepted reports that were refused (a malformed curve or "
+            "entry, a tenant not on the node); the tenant is held", ["node"], registry=r)
+        self.held = Gauge("cachepilot_tenant_held",
+                          "1 while the tenant is held: its throughput is unknown or its "
+                          "report entry was refused", ["tenant"], registry=r)
+        self.mode = Gauge("cachepilot_tenant_recommend_mode",
+                          "1 when the tenant's directives are only recommended", ["tenant"],
+                          registry=r)
+        self.recommended_limit = Gauge(
+            "cachepilot_recommended_limit_bytes",
+            "Recommend mode: the limit the controller would direct", ["tenant"], registry=r)
+        self.recommended_policy = Gauge(
+            "cachepilot_recommended_policy",
+            "Recommend mode: 1 for the policy the controller would direct",
+            ["tenant", "policy"], registry=r)
+        self._policies: dict[tuple[str, bool], str] = {}
 
-    def set_policy(self, tenant: str, policy: str):
-        old = self._policies.get(tenant)
+    def set_policy(self, tenant: str, policy: str, recommended: bool = False):
+        gauge = self.recommended_policy if recommended else self.policy
+        old = self._policies.get((tenant, recommended))
         if old is not None and old != policy:
-            self.policy.labels(tenant, old).set(0)
-        self._policies[tenant] = policy
-        self.policy.labels(tenant, policy).set(1)
+            gauge.labels(tenant, old).set(0)
+        self._policies[(tenant, recommended)] = policy
+        gauge.labels(tenant, policy).set(1)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,8 +1,9 @@
 """What the controller knows about nodes and tenants, rebuilt from reports.
 
-The registry holds no state that a restart could lose for good: everything
-in it (limits, policies, usage, curves) arrives again in the next report of
-every node, so a restarted controller picks up where the old one stopped.
+Nearly everything in the registry (limits, policies, usage, curves)
+arrives again in the next report of every node; what does not (each
+node's registration, the last directives) the service keeps in its state
+store (controller/store.py) and gives back to a restarted registry.
 
 The controller never takes a node's word for what it can check: a node must
 be in the config, its memory counts only up to what the config gives it,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -95,9 +96,58 @@ class Registry:
         return rec
 
     def accept_report(self, node_id: str, session: str, seq: int,
-                      reports: list[TenantReport], applied: list[ApplyResult]) -> NodeRecord:
-        """Check a report against what is known and record it; raises
-        Refused (and records nothing) when any part of it is unacceptable."""
+                      reports: list[TenantReport], applied: list[ApplyResult],
+                      refused: list[tuple[str, str]] = ()):
+        """Check a report and record what is acceptable, tenant by tenant.
+
+        The report as a whole is refused (Refused raised, nothing recorded)
+        only for what makes all of it suspect: an unregistered node, an old
+        session, a lost node, a replayed sequence number.  Otherwise each
+        tenant entry is taken or refused on its own: an entry for a tenant
+        the config does not place on this node, a tenant reported twice,
+        a limit above the node's memory.  `refused` lists entries refused
+        before (malformed numbers) as (tenant, why).  A refused entry of a
+        tenant placed here stands in as its last taken report, without
+        curves and marked refused, so the tenant is held where it is and
+        its memory stays counted.
+
+        Returns (record, the reports to decide on, [(tenant, why)] refused)."""
+        rec = self._check_session(node_id, session, seq)
+        placed = {t.name for t in self.config.tenants_on(node_id)}
+        taken: dict[str, TenantReport] = {}
+        out = [(t, why) for t, why in refused]
+        for r in reports:
+            why = ("not a tenant of this node in the controller's config"
+                   if r.tenant not in placed else
+                   "reported twice; the first entry counts" if r.tenant in taken else
+                   f"limit {r.limit_bytes} is above the node's memory "
+                   f"{rec.config_memory_bytes}" if r.limit_bytes > rec.config_memory_bytes
+                   else "")
+            if why:
+                out.append((r.tenant, why))
+            else:
+                taken[r.tenant] = r
+                if r.refused:       # taken without its curves (wire.report_from_pb)
+                    out.append((r.tenant, r.refused))
+        for a in applied:
+            if a.tenant not in placed:
+                out.append((a.tenant, "applied: not a tenant of this node"))
+        # Everything checked: record.
+        rec.tenants.update(taken)
+        rec.applied.update({a.tenant: a for a in applied if a.tenant in placed})
+        decide_on = list(taken.values())
+        for tenant, why in out:
+            prior = rec.tenants.get(tenant)
+            if tenant in placed and tenant not in taken and prior is not None:
+                decide_on.append(replace(prior, curves=[], refused=why))
+                taken[tenant] = prior
+        rec.last_report_at = self.clock()
+        rec.reports += 1
+        rec.last_seq = seq
+        rec.state = REPORTING
+        return rec, decide_on, out
+
+    def _check_session(self, node_id: str, session: str, seq: int) -> NodeRecord:
         rec = self.nodes.get(node_id)
         if rec is None or rec.session is None:
             raise Refused(grpc.StatusCode.PERMISSION_DENIED,
@@ -114,31 +164,6 @@ class Registry:
             # round on old numbers.
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                           f"node {node_id!r}: report {seq} is not newer than {rec.last_seq}")
-        placed = {t.name for t in self.config.tenants_on(node_id)}
-        seen = set()
-        for r in reports:
-            if r.tenant not in placed:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"node {node_id!r} reported unknown tenant {r.tenant!r}")
-            if r.tenant in seen:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"node {node_id!r} reported tenant {r.tenant!r} twice")
-            seen.add(r.tenant)
-            if r.limit_bytes > rec.config_memory_bytes:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"tenant {r.tenant!r}: limit {r.limit_bytes} is above "
-                              f"the node's memory {rec.config_memory_bytes}")
-        for a in applied:
-            if a.tenant not in placed:
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"node {node_id!r} applied to unknown tenant {a.tenant!r}")
-        # Everything checked: record.
-        rec.tenants.update({r.tenant: r for r in reports})
-        rec.applied.update({a.tenant: a for a in applied})
-        rec.last_report_at = self.clock()
-        rec.reports += 1
-        rec.last_seq = seq
-        rec.state = REPORTING
         return rec
 
     def check_lost(self, interval_s: float, lost_after: int) -> list[str]:

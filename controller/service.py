@@ -1,143 +1,226 @@
 """The controller: decision rounds behind a gRPC service.
 
 `Controller` is the transport-free core (registry, decision engine, SLO
-bookkeeping, decision log, metrics); `NodeServicer` and `AdminServicer`
-expose it over gRPC; `serve()` starts a server with TLS and token
-authentication (or plaintext on request, with a loud warning).
+bookkeeping, decision log, state store, metrics; the operators' side is in
+controller/admin.py); `NodeServicer` and `AdminServicer` expose it over
+gRPC; `serve()` starts a server with mutual TLS (a certificate per node and
+one for admins, controller/auth.py), TLS with a shared token, or
+plaintext on request, with a loud warning.
 
 A decision round runs for one node each time that node reports: memory is
 divided per node, so a node's directives depend only on its own tenants, and
 answering in the Report reply needs no second channel back to the agent.
+
+What a restart must not lose -- SLOs and modes set through the admin API,
+node registrations and last directives, the engine's memory of each tenant
+(autopilot holds among it) and the decision log -- goes to the state store
+(controller/store.py) as it happens; a controller starts from the store
+and from the reports.
 """
 from __future__ import annotations
 
-import hmac
-import json
 import logging
-import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 
 import grpc
 
-from cachepilot.controller import engine
+from cachepilot.controller import auth, engine
+from cachepilot.controller.admin import AdminOps
 from cachepilot.controller.config import SLO
 from cachepilot.controller.engine import keep_freed_memory
+from cachepilot.controller.engine import saved as engine_saved
+from cachepilot.controller.engine import whatif
 from cachepilot.controller.metrics import ControllerMetrics
-from cachepilot.controller.registry import LOST, Refused, Registry
+from cachepilot.controller.registry import Refused, Registry
+from cachepilot.controller.store import (LogRecord, MemoryStore, StateStore, directive_record,
+                                         open_store)
 from cachepilot.core.errors import UserError
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.protocol import wire
-from cachepilot.protocol.channel import TOKEN_HEADER
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 log = logging.getLogger("cachepilot.controller")
 
-
-@dataclass
-class LogRecord:
-    round: int
-    time: float
-    node: str
-    tenant: str
-    kind: str
-    message: str
-    detail: dict = field(default_factory=dict)
+LOG_MEMORY = 20000        # decision log entries kept in memory (all are in the store)
 
 
 @dataclass
 class TenantBook:
     """Per-tenant SLO bookkeeping from the reports (what was observed)."""
     intervals: int = 0
-    counted: int = 0          # intervals after warm-up
+    counted: int = 0          # intervals after warm-up with a known throughput
     met: int = 0              # of those, intervals with the SLO met
     first_met_interval: int | None = None
     last_met: bool | None = None
 
 
 class Engine:
-    """The decision engine (controller/engine) behind the call the service makes.
+    """The decision engine (controller/engine) behind the calls the service makes.
 
     A round sees only the reporting node's reports; EngineState carries the
-    models, streaks and targets across rounds, and a fresh state (after a
-    restart) starts from the limits and policies every report carries.
-    `advisory` says the node cannot swap policies (NodeRecord.advisory).
-    Returns (directives for that node, predicted SLO violations, log entries).
-    """
+    models, streaks and targets across rounds, and a restarted controller
+    gives it back what the store kept (restore) before the reports arrive.
+    `advisory` says the node cannot swap policies (NodeRecord.advisory);
+    `recommend` names its tenants in recommend mode.  decide() returns
+    (directives for that node, predicted SLO violations, log entries)."""
 
     def __init__(self):
         self._engine = engine
         self.state = engine.EngineState()
+        self.last_targets: dict[str, int] = {}
 
-    def decide(self, node: str, reports: list[TenantReport], config, advisory: bool = False):
+    def decide(self, node: str, reports: list[TenantReport], config, advisory: bool = False,
+               recommend=()):
         d = self._engine.decide(self.state, {node: reports}, config,
-                                advisory_nodes={node} if advisory else ())
+                                advisory_nodes={node} if advisory else (), recommend=recommend)
         return list(d.directives.get(node, [])), list(d.violations), list(d.log)
 
+    def restore(self, records: dict, rounds: int, config) -> None:
+        engine_saved.restore(self.state, records, rounds, config.control.model_window)
 
-class Controller:
-    def __init__(self, config, engine=None, clock=time.monotonic, tls: bool = False):
+    def records(self, tenants) -> dict[str, dict]:
+        return {t: engine_saved.tenant_record(self.state, t) for t in tenants
+                if t in self.state.tenants}
+
+    def target_bytes(self, tenant: str) -> int | None:
+        st = self.state.tenants.get(tenant)
+        return st.target_bytes if st is not None else None
+
+    def held_off(self, tenant: str) -> dict[str, int]:
+        """Policies the watchdog holds off -> the tenant round they end."""
+        st = self.state.tenants.get(tenant)
+        return dict(st.held_until) if st is not None else {}
+
+    def what_if_tenant(self, spec, report, config, limit_bytes=None, policy=None):
+        return whatif.tenant(self.state, spec, report, config.control, limit_bytes, policy)
+
+    def what_if_node(self, config, node, reports, memory_bytes, free_bytes, advisory=False):
+        return whatif.node_free(self.state, config, node, reports, memory_bytes, free_bytes,
+                                advisory)
+
+
+class Controller(AdminOps):
+    def __init__(self, config, engine=None, clock=time.monotonic, tls: bool = False,
+                 store: StateStore | None = None):
         self.config = config.model_copy(deep=True)    # SetSLO edits our copy only
         self.clock = clock
         self.started = clock()
         self.tls = tls
         self.registry = Registry(self.config, clock)
         self.engine = engine if engine is not None else Engine()
+        self.store = store if store is not None else MemoryStore()
         self.metrics = ControllerMetrics()
         self.lock = threading.RLock()
         self.rounds = 0
-        self.log: deque[LogRecord] = deque(maxlen=20000)
+        self.log: deque[LogRecord] = deque(maxlen=LOG_MEMORY)
+        self._unsaved: list[LogRecord] = []
         self.books = {t.name: TenantBook() for t in self.config.tenants}
         self.last_violations: dict[str, list] = {}
         self.last_reason: dict[str, str] = {}
+        self.recommended: dict[str, Directive] = {}   # recommend mode: not sent
+        self.held: dict[str, str] = {}                # tenant -> why it is held now
         self.latencies: deque[float] = deque(maxlen=10000)   # seconds per round
+        self._restore()
         for t in self.config.tenants:
             self._export_slo(t.name)
             # a labelled counter is exported only once it has a child: start
             # every tenant's at 0, or Prometheus first sees a revert as a
             # series born at 1 and increase() never counts it
             self.metrics.reverts.labels(t.name)
+            self.metrics.mode.labels(t.name).set(1 if self.mode_of(t.name) == "recommend"
+                                                 else 0)
+
+    # -- starting from the store ----------------------------------------------
+    def _restore(self):
+        saved = self.store.load(LOG_MEMORY)
+        names = {t.name for t in self.config.tenants}
+        for tenant, value in saved.slos.items():
+            if tenant in names:
+                spec = self.config.tenant(tenant)
+                old = spec.slo
+                spec.slo = None if value is None else SLO(
+                    min_throughput=value, source=old.source if old else "accesses")
+        for scope, mode in saved.modes.items():
+            if scope == "" and mode:
+                self.config.control.mode = mode
+            elif scope in names:
+                self.config.tenant(scope).mode = mode
+        for name, reg in saved.nodes.items():
+            if name in self.registry.nodes:
+                self.registry.nodes[name].info = NodeInfo(**reg)
+        for tenant, d in saved.directives.items():
+            if tenant not in names or d.node not in self.registry.nodes:
+                continue
+            directive = Directive(tenant, d.limit_bytes, d.policy, d.reason)
+            if d.sent:
+                self.registry.nodes[d.node].directives[tenant] = directive
+            else:
+                self.recommended[tenant] = directive
+            self.last_reason[tenant] = d.reason
+        if hasattr(self.engine, "restore"):
+            self.engine.restore({t: r for t, r in saved.tenants.items() if t in names},
+                                saved.rounds, self.config)
+        self.rounds = saved.rounds
+        self.log.extend(saved.log)
+        if saved.rounds or saved.slos or saved.nodes:
+            where = getattr(self.store, "path", None) or "memory"
+            self._note("", "", "restart",
+                       f"started from the state store ({where}): round {saved.rounds}, "
+                       f"{len(saved.slos)} SLO change(s), {len(saved.nodes)} node(s), "
+                       f"{len(saved.tenants)} tenant record(s)")
+            self._flush()
+
+    def mode_of(self, tenant: str) -> str:
+        return self.config.tenant(tenant).mode_in(self.config.control)
 
     # -- nodes ----------------------------------------------------------------
-    def register(self, info: NodeInfo, peer: str = "") -> tuple[str, float]:
+    def register(self, info: NodeInfo, peer: str = ""):
+        """Returns (session, interval, the node's tenants as NodeTenants)."""
         with self.lock:
             rec = self.registry.register(info)
             rec.peer = peer
             self._note(rec.name, "", "register",
                        f"node {rec.name} registered ({info.backend}, "
                        f"{info.memory_bytes} bytes, cache_ext={info.has_cache_ext})")
+            self.store.put_node(rec.name, asdict(info), time.time())
+            self._flush()
             self._export_nodes()
-            return rec.session, self.config.control.interval_s
+            return (rec.session, self.config.control.interval_s,
+                    [t.node_tenant() for t in self.config.tenants_on(rec.name)])
 
     def report(self, node_id: str, session: str, seq: int, reports: list[TenantReport],
-               applied: list[ApplyResult]) -> tuple[list[Directive], int]:
+               applied: list[ApplyResult], refused=()):
+        """One node's report: returns (directives to send, round, refusals)."""
         with self.lock:
-            rec = self.registry.accept_report(node_id, session, seq, reports, applied)
-            for a in applied:
-                if not a.ok:
-                    self._note(node_id, a.tenant, "refused-by-node", a.message)
-                if not a.policy_ok:
-                    self._note(node_id, a.tenant, "refused-by-node", a.policy_message)
+            rec, reports, refusals = self.registry.accept_report(
+                node_id, session, seq, reports, applied, refused)
+            self._note_refusals(node_id, refusals, applied)
             self._observe(reports)
+            placed = {t.name for t in self.config.tenants_on(node_id)}
+            advice = {t for t in placed if self.mode_of(t) == "recommend"}
             start = time.perf_counter()
-            directives, violations, entries = self.engine.decide(node_id, reports, self.config,
-                                                                 advisory=rec.advisory)
+            directives, violations, entries = self.engine.decide(
+                node_id, reports, self.config, advisory=rec.advisory,
+                **({"recommend": advice} if advice else {}))
             took = time.perf_counter() - start
             self.metrics.loop_latency.observe(took)
             self.latencies.append(took)
             self.rounds += 1
-            placed = {t.name for t in self.config.tenants_on(node_id)}
             directives = [d for d in directives if d.tenant in placed]
-            self._record_directives(rec, directives)
+            sent = [d for d in directives if d.tenant not in advice]
+            self._record_directives(rec, sent)
+            self._record_recommendations([d for d in directives if d.tenant in advice])
             self.last_violations[node_id] = violations
             self.metrics.violations.labels(node_id).set(len(violations))
             for e in entries:
                 self._note_engine(node_id, e)
+            self._save_round(node_id, directives, advice)
             self._export_nodes()
-            return directives, self.rounds
+            return sent, self.rounds, refusals
 
     def check_lost(self) -> list[str]:
         with self.lock:
@@ -147,16 +230,35 @@ class Controller:
                 self._note(name, "", "lost", f"node {name} sent no report for "
                            f"{c.lost_after_intervals} intervals; its memory leaves the pool")
             if lost:
+                self._flush()
                 self._export_nodes()
             return lost
 
     # -- bookkeeping ----------------------------------------------------------
+    def _note_refusals(self, node_id, refusals, applied):
+        for tenant, why in refusals:
+            self.metrics.refused_entries.labels(node_id).inc()
+            self._note(node_id, tenant, "refused", f"{tenant}: report entry refused: {why}")
+        for a in applied:
+            if not a.ok:
+                self._note(node_id, a.tenant, "refused-by-node", a.message)
+            if not a.policy_ok:
+                self._note(node_id, a.tenant, "refused-by-node", a.policy_message)
+
     def _observe(self, reports):
         warmup = self.config.control.warmup_intervals
         for r in reports:
             book = self.books[r.tenant]
             book.intervals += 1
             slo = self.config.tenant(r.tenant).slo
+            held = r.held_reason
+            self.held[r.tenant] = held
+            self.metrics.held.labels(r.tenant).set(1 if held else 0)
+            if r.throughput is None:
+                # unknown: counted neither met nor missed
+                self.metrics.throughput.labels(r.tenant).set(float("nan"))
+                book.last_met = None
+                continue
             self.metrics.throughput.labels(r.tenant).set(r.throughput)
             if slo is None:
                 book.last_met = None
@@ -184,17 +286,43 @@ class Controller:
                 # The engine's own log entry says why; only count it here.
                 self.metrics.decisions.labels("policy").inc()
             rec.directives[d.tenant] = d
+            self.recommended.pop(d.tenant, None)
             self.last_reason[d.tenant] = d.reason
             self.metrics.limit.labels(d.tenant, rec.name).set(d.limit_bytes)
             self.metrics.set_policy(d.tenant, d.policy)
 
+    def _record_recommendations(self, directives):
+        for d in directives:
+            self.recommended[d.tenant] = d
+            self.last_reason[d.tenant] = d.reason
+            self.metrics.recommended_limit.labels(d.tenant).set(d.limit_bytes)
+            self.metrics.set_policy(d.tenant, d.policy, recommended=True)
+
+    def _save_round(self, node_id, directives, advice):
+        saved = {d.tenant: directive_record(node_id, d, self.rounds, d.tenant not in advice)
+                 for d in directives}
+        records = self.engine.records([d.tenant for d in directives]) \
+            if hasattr(self.engine, "records") else {}
+        self.store.write_round(self.rounds, saved, records, self._unsaved)
+        self._unsaved = []
+
+    def _flush(self):
+        """Log entries made outside a round go to the store at once."""
+        if self._unsaved:
+            self.store.append_log(self._unsaved)
+            self._unsaved = []
+
+    def _append(self, record: LogRecord):
+        self.log.append(record)
+        self._unsaved.append(record)
+
     def _note(self, node, tenant, kind, message, detail=None):
-        self.log.append(LogRecord(self.rounds, time.time(), node, tenant, kind, message,
-                                  detail or {}))
+        self._append(LogRecord(self.rounds, time.time(), node, tenant, kind, message,
+                               detail or {}))
 
     def _note_engine(self, node, entry):
         if isinstance(entry, LogRecord):
-            self.log.append(entry)
+            self._append(entry)
             return
         get = entry.get if isinstance(entry, dict) else (lambda k, d=None: getattr(entry, k, d))
         detail = {k: get(k) for k in ("predicted", "observed", "predicted_gain",
@@ -203,10 +331,10 @@ class Controller:
                   if get(k) is not None}
         if get("kind") == "watchdog":
             self.metrics.reverts.labels(get("tenant", "") or "").inc()
-        self.log.append(LogRecord(int(get("round", self.rounds) or self.rounds), time.time(),
-                                  get("node", node) or node, get("tenant", "") or "",
-                                  get("kind", "decision") or "decision",
-                                  str(get("message", "") or get("reason", "") or ""), detail))
+        self._append(LogRecord(int(get("round", self.rounds) or self.rounds), time.time(),
+                               get("node", node) or node, get("tenant", "") or "",
+                               get("kind", "decision") or "decision",
+                               str(get("message", "") or get("reason", "") or ""), detail))
 
     def _export_nodes(self):
         counts = {}
@@ -220,103 +348,25 @@ class Controller:
         slo = self.config.tenant(tenant).slo
         self.metrics.slo_target.labels(tenant).set(slo.min_throughput if slo else 0)
 
-    # -- operators ------------------------------------------------------------
-    def status(self) -> pb.StatusReply:
-        with self.lock:
-            now = self.clock()
-            nodes = []
-            for rec in self.registry.nodes.values():
-                since = -1.0 if rec.reports == 0 else now - rec.last_report_at
-                nodes.append(pb.NodeStatus(
-                    node_id=rec.name, state=rec.state, memory_bytes=rec.memory_bytes,
-                    seconds_since_report=since, reports=rec.reports,
-                    backend=rec.info.backend if rec.info else "",
-                    has_cache_ext=bool(rec.info and rec.info.has_cache_ext), peer=rec.peer,
-                    advisory=rec.advisory))
-            return pb.StatusReply(nodes=nodes, rounds=self.rounds, uptime_s=now - self.started,
-                                  pool_bytes=self.registry.pool_bytes(), tls=self.tls,
-                                  violations=sum(len(v) for v in self.last_violations.values()))
-
-    def tenants(self) -> pb.TenantsReply:
-        with self.lock:
-            out = []
-            for t in self.config.tenants:
-                rec = self.registry.nodes[t.node]
-                r = rec.tenants.get(t.name)
-                d = rec.directives.get(t.name)
-                a = rec.applied.get(t.name)
-                book = self.books[t.name]
-                out.append(pb.TenantStatus(
-                    name=t.name, node=t.node, has_slo=t.slo is not None,
-                    slo_min_throughput=t.slo.min_throughput if t.slo else 0.0,
-                    throughput=r.throughput if r else 0.0,
-                    slo_met=bool(book.last_met),
-                    limit_bytes=d.limit_bytes if d else (r.limit_bytes if r else 0),
-                    policy=d.policy if d else (r.policy if r else ""),
-                    priority=t.priority, miss_ratio=r.miss_ratio if r else 0.0,
-                    reason=self.last_reason.get(t.name, ""), reported=r is not None,
-                    running_policy=r.policy if r else "", advisory=rec.advisory,
-                    applied="" if a is None else "ok" if a.ok and a.policy_ok else "refused",
-                    applied_message="; ".join(m for m in (a.message, a.policy_message) if m)
-                    if a else "",
-                    policy_capacity_pages=r.policy_capacity_pages if r else 0,
-                    policy_overflow_pages=r.policy_overflow_pages if r else 0))
-            return pb.TenantsReply(tenants=out)
-
-    def set_slo(self, tenant: str, min_throughput: float) -> pb.SLOReply:
-        if not math.isfinite(min_throughput) or min_throughput < 0:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"SLO for {tenant!r}: expected a throughput >= 0, got {min_throughput}")
-        with self.lock:
-            spec = self._tenant(tenant)
-            old = spec.slo
-            spec.slo = SLO(min_throughput=min_throughput,
-                           source=old.source if old is not None else "accesses")
-            self._export_slo(tenant)
-            self._note(spec.node, tenant, "slo", f"{tenant}: SLO set to {min_throughput:g} ops/s"
-                       + (f" (was {old.min_throughput:g})" if old else ""))
-            return pb.SLOReply(tenant=tenant, had_slo=old is not None,
-                               previous=old.min_throughput if old else 0.0,
-                               has_slo=True, current=min_throughput)
-
-    def clear_slo(self, tenant: str) -> pb.SLOReply:
-        with self.lock:
-            spec = self._tenant(tenant)
-            old = spec.slo
-            spec.slo = None
-            self._export_slo(tenant)
-            self._note(spec.node, tenant, "slo", f"{tenant}: SLO cleared")
-            return pb.SLOReply(tenant=tenant, had_slo=old is not None,
-                               previous=old.min_throughput if old else 0.0, has_slo=False)
-
-    def decision_log(self, limit: int = 50, tenant: str = "") -> pb.DecisionLogReply:
-        with self.lock:
-            if tenant:
-                self._tenant(tenant)
-            limit = limit or 50
-            out = []
-            for e in reversed(self.log):
-                if tenant and e.tenant != tenant:
-                    continue
-                out.append(pb.LogEntry(round=e.round, time=e.time, node=e.node, tenant=e.tenant,
-                                       kind=e.kind, message=e.message,
-                                       detail_json=json.dumps(e.detail, default=str)
-                                       if e.detail else ""))
-                if len(out) >= limit:
-                    break
-            return pb.DecisionLogReply(entries=out)
-
     def _tenant(self, name):
         try:
             return self.config.tenant(name)
         except KeyError:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown tenant {name!r}") from None
 
+    def close(self):
+        with self.lock:
+            self._flush()
+            self.store.close()
+
 
 # -- gRPC ------------------------------------------------------------------------
-def _guard(controller, context, fn):
-    """Run fn(); turn refusals and malformed input into gRPC errors."""
+def _guard(controller, context, fn, check=None):
+    """Check who calls, then run fn(); turn refusals and malformed input
+    into gRPC errors."""
     try:
+        if check is not None:
+            check()
         return fn()
     except Refused as err:
         controller.metrics.refused.labels(err.code.name).inc()
@@ -326,71 +376,78 @@ def _guard(controller, context, fn):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
 
+def _reports_from_pb(msgs):
+    """(reports, [(tenant, why)]) : each entry converted on its own, so one
+    malformed entry refuses that entry only."""
+    reports, refused = [], []
+    for msg in msgs:
+        try:
+            reports.append(wire.report_from_pb(msg))
+        except wire.WireError as err:
+            refused.append((msg.tenant or "?", str(err)))
+    return reports, refused
+
+
 class NodeServicer(pb_grpc.NodeServicer):
-    def __init__(self, controller: Controller):
+    def __init__(self, controller: Controller, mutual_tls: bool = False):
         self.c = controller
+        self.mutual = mutual_tls
+
+    def _as_node(self, context, node_id):
+        return (lambda: auth.require_node(context, node_id)) if self.mutual else None
 
     def Register(self, request, context):
         def run():
-            session, interval = self.c.register(wire.node_info_from_pb(request.node),
-                                                peer=context.peer())
-            return pb.RegisterReply(session=session, interval_s=interval)
-        return _guard(self.c, context, run)
+            session, interval, tenants = self.c.register(wire.node_info_from_pb(request.node),
+                                                         peer=context.peer())
+            return pb.RegisterReply(session=session, interval_s=interval, assigns_tenants=True,
+                                    tenants=[wire.tenant_to_pb(t) for t in tenants])
+        return _guard(self.c, context, run, self._as_node(context, request.node.node_id))
 
     def Report(self, request, context):
         def run():
             # Convert (and so validate) everything before the core sees any of it.
-            reports = [wire.report_from_pb(r) for r in request.reports]
+            reports, refused = _reports_from_pb(request.reports)
             applied = [wire.apply_result_from_pb(a) for a in request.applied]
-            directives, rnd = self.c.report(request.node_id, request.session, request.seq,
-                                            reports, applied)
+            directives, rnd, refusals = self.c.report(request.node_id, request.session,
+                                                      request.seq, reports, applied, refused)
             return pb.ReportReply(directives=[wire.directive_to_pb(d) for d in directives],
-                                  round=rnd)
-        return _guard(self.c, context, run)
+                                  round=rnd, refused=[pb.TenantRefusal(tenant=t, reason=w)
+                                                      for t, w in refusals])
+        return _guard(self.c, context, run, self._as_node(context, request.node_id))
 
 
 class AdminServicer(pb_grpc.AdminServicer):
-    def __init__(self, controller: Controller):
+    def __init__(self, controller: Controller, mutual_tls: bool = False):
         self.c = controller
+        self.mutual = mutual_tls
+
+    def _call(self, context, fn):
+        return _guard(self.c, context, fn,
+                      (lambda: auth.require_admin(context)) if self.mutual else None)
 
     def Status(self, request, context):
-        return _guard(self.c, context, self.c.status)
+        return self._call(context, self.c.status)
 
     def Tenants(self, request, context):
-        return _guard(self.c, context, self.c.tenants)
+        return self._call(context, self.c.tenants)
 
     def SetSLO(self, request, context):
-        return _guard(self.c, context,
-                      lambda: self.c.set_slo(request.tenant, request.min_throughput))
+        return self._call(context, lambda: self.c.set_slo(request.tenant,
+                                                          request.min_throughput))
 
     def ClearSLO(self, request, context):
-        return _guard(self.c, context, lambda: self.c.clear_slo(request.tenant))
+        return self._call(context, lambda: self.c.clear_slo(request.tenant))
 
     def DecisionLog(self, request, context):
-        return _guard(self.c, context,
-                      lambda: self.c.decision_log(request.limit, request.tenant))
+        return self._call(context, lambda: self.c.decision_log(request.limit, request.tenant,
+                                                               request.since))
 
+    def WhatIf(self, request, context):
+        return self._call(context, lambda: self.c.what_if(request))
 
-class TokenInterceptor(grpc.ServerInterceptor):
-    """Refuses every call whose metadata lacks `authorization: Bearer <token>`."""
-
-    def __init__(self, token: str, on_refuse=None):
-        self.expected = f"Bearer {token}".encode()
-        self.on_refuse = on_refuse
-
-        def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong token")
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-
-    def intercept_service(self, continuation, details):
-        given = dict(details.invocation_metadata or ()).get(TOKEN_HEADER, "")
-        if isinstance(given, str):
-            given = given.encode()
-        if hmac.compare_digest(given, self.expected):
-            return continuation(details)
-        if self.on_refuse:
-            self.on_refuse()
-        return self._deny
+    def SetMode(self, request, context):
+        return self._call(context, lambda: self.c.set_mode(request.tenant, request.mode))
 
 
 @dataclass
@@ -404,6 +461,7 @@ class Served:
     def stop(self, grace: float | None = 0.5):
         self.stop_event.set()
         self.server.stop(grace).wait()
+        self.controller.close()
 
 
 def _read(path, what):
@@ -413,39 +471,50 @@ def _read(path, what):
         raise UserError(f"{path}: cannot read the TLS {what}: {err.strerror}") from None
 
 
+def _credentials(spec, address, token):
+    """The server's credentials (None: plaintext), saying loudly when TLS is off."""
+    if spec.insecure:
+        log.warning("controller: TLS is OFF (insecure: true) -- plaintext gRPC on %s%s",
+                    address, "" if token else ", and no token: anyone who can connect is trusted")
+        return None
+    pair = [(_read(spec.tls_key, "key"), _read(spec.tls_cert, "certificate"))]
+    if spec.mutual_tls:
+        return grpc.ssl_server_credentials(pair, root_certificates=_read(spec.client_ca,
+                                                                         "client CA"),
+                                           require_client_auth=True)
+    return grpc.ssl_server_credentials(pair)
+
+
 def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
-          watch_lost: bool = True) -> Served:
+          watch_lost: bool = True, store: StateStore | None = None) -> Served:
     """Start the controller's gRPC server (and its metrics endpoint when the
     config names a port).  `listen` overrides config.controller.listen;
     port 0 picks a free one (see Served.port).  watch_lost=False leaves out
-    the wall-clock lost-node watch, for nodes stepped on a virtual clock."""
+    the wall-clock lost-node watch, for nodes stepped on a virtual clock.
+    `store`: the state store (default: the config's, controller/store.py)."""
     keep_freed_memory()
     spec = config.controller
     address = listen or spec.listen
-    token = spec.token_value()
-    controller = Controller(config, engine=engine, tls=not spec.insecure)
+    token = None if spec.mutual_tls else spec.token_value()
+    creds = _credentials(spec, address, token)
+    store = store if store is not None else open_store(config)
+    controller = Controller(config, engine=engine, tls=not spec.insecure, store=store)
     interceptors = []
     if token:
-        interceptors.append(TokenInterceptor(
+        interceptors.append(auth.TokenInterceptor(
             token, on_refuse=lambda: controller.metrics.refused.labels("UNAUTHENTICATED").inc()))
     from concurrent import futures
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                          interceptors=interceptors)
-    pb_grpc.add_NodeServicer_to_server(NodeServicer(controller), server)
-    pb_grpc.add_AdminServicer_to_server(AdminServicer(controller), server)
-    creds = None
-    if spec.insecure:
-        log.warning("controller: TLS is OFF (insecure: true) -- plaintext gRPC on %s%s",
-                    address, "" if token else ", and no token: anyone who can connect is trusted")
-    else:
-        creds = grpc.ssl_server_credentials(
-            [(_read(spec.tls_key, "key"), _read(spec.tls_cert, "certificate"))])
+    pb_grpc.add_NodeServicer_to_server(NodeServicer(controller, spec.mutual_tls), server)
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(controller, spec.mutual_tls), server)
     try:
         port = server.add_insecure_port(address) if creds is None else \
             server.add_secure_port(address, creds)
     except RuntimeError:    # grpc raises, rather than returning 0, on a bad address
         port = 0
     if port == 0:
+        controller.close()
         raise UserError(f"controller: cannot listen on {address}")
     server.start()
     stop = threading.Event()

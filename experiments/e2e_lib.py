@@ -375,8 +375,24 @@ def make_tls(folder: Path) -> tuple[Path, Path, Path]:
     return key, cert, token
 
 
+def node_tenants(name: str, ts) -> list[dict]:
+    """Each tenant as its node sees it: its cgroup, its application's
+    throughput, the policies it builds curves for (those the controller may
+    choose for it only) and its thread rules."""
+    return [{"name": t.name, "cgroup": t.name,
+             "policies": t.policies if name == "autopilot" else ["linux"],
+             **({"policy_threads": t.threads} if t.threads else {}),
+             "throughput": {"source": "prometheus",
+                            "url": f"http://127.0.0.1:{t.port}/metrics",
+                            "metric": "cachepilot_app_operations",
+                            "labels": {"name": t.name}, "timeout_s": 10}}
+            for t in ts]
+
+
 def controller_config(name: str, ts, cg: Cgroups, budget: int, interval: float,
                       port: int, tls, slos: dict) -> dict:
+    """The controller's config, which holds the tenants: it sends the node
+    its own when the agent registers."""
     key, cert, token = tls
     return {
         "control": {"interval_s": interval, "max_step_fraction": 0.25, "hysteresis": 0.01,
@@ -388,38 +404,30 @@ def controller_config(name: str, ts, cg: Cgroups, budget: int, interval: float,
                        "tls_key": str(key), "tls_ca": str(cert), "token_file": str(token)},
         "nodes": [{"name": "host", "memory_bytes": budget, "backend": "linux",
                    "cgroup_roots": [str(cg.root)]}],
-        "tenants": [{"name": t.name, "node": "host", "cgroup": t.name,
-                     "floor_bytes": budget // 16,
-                     "policies": t.policies if name == "autopilot" else ["linux"],
-                     **({"slo": {"min_throughput": slos[t.name],
-                                 "source": {"url": f"http://127.0.0.1:{t.port}/metrics",
-                                            "metric": "cachepilot_app_operations",
-                                            "labels": {"name": t.name}}}}
-                        if t.name in slos else {})} for t in ts]}
+        "tenants": [{**nt, "node": "host", "floor_bytes": budget // 16,
+                     **({"slo": {"min_throughput": slos[nt["name"]]}}
+                        if nt["name"] in slos else {})}
+                    for nt in node_tenants(name, ts)]}
 
 
 def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port: int,
-                 tls) -> dict:
+                 tls, standalone: bool = False) -> dict:
+    """The agent's config: following the controller, or `standalone` with
+    the tenants of its own (agent_sampling: curves, no decisions)."""
     key, cert, token = tls
     curves = sorted({p for t in ts for p in t.policies}) if name == "autopilot" else ["linux"]
-    return {
+    cfg = {
         "node_id": "host", "roots": [str(cg.root)], "interval_s": interval,
         "memory": budget, "policies": curves,
         "sampling": {"rate": SAMPLING_RATE, "slices": 4},
         "safety": {"floor": budget // 16, "anon_margin": 16 * MiB, "max_step": budget // 4},
-        "prometheus": {"port": 0},
-        "tenants": [{"name": t.name, "cgroup": t.name,
-                     # curves for the policies the controller may choose
-                     # for this tenant only
-                     "policies": t.policies if name == "autopilot" else ["linux"],
-                     **({"policy_threads": t.threads} if t.threads else {}),
-                     "throughput": {"source": "prometheus",
-                                    "url": f"http://127.0.0.1:{t.port}/metrics",
-                                    "metric": "cachepilot_app_operations",
-                                    "labels": {"name": t.name}, "timeout_s": 10}}
-                    for t in ts],
-        "controller": {"address": f"127.0.0.1:{port}", "token_file": str(token),
-                       "ca_file": str(cert), "server_name": "localhost"}}
+        "prometheus": {"port": 0}}
+    if standalone:
+        cfg["tenants"] = node_tenants(name, ts)
+    else:
+        cfg["controller"] = {"address": f"127.0.0.1:{port}", "token_file": str(token),
+                             "ca_file": str(cert), "server_name": "localhost"}
+    return cfg
 
 
 def running(cg: Cgroups, name: str) -> str:
@@ -477,9 +485,8 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
         port = free_port()
         tls = make_tls(work)
         acfg = agent_config("autopilot" if name == "agent_sampling" else name,
-                            ts, cg, budget, interval, port, tls)
-        if name == "agent_sampling":
-            del acfg["controller"]
+                            ts, cg, budget, interval, port, tls,
+                            standalone=name == "agent_sampling")
         (work / "agent.yaml").write_text(yaml.safe_dump(acfg))
     if name in CONTROLLED:
         (work / "controller.yaml").write_text(yaml.safe_dump(

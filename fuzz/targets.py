@@ -232,12 +232,15 @@ def fuzz_config(data: bytes, scratch: Path) -> None:
 def fuzz_report(data: bytes, scratch: Path) -> None:
     """A ReportRequest's bytes as the controller's gRPC server receives
     them, through report_from_pb and apply_result_from_pb: the objects, or
-    a protobuf DecodeError or WireError.  A report that decodes encodes
-    back to the same message."""
+    a protobuf DecodeError or WireError; a tenant whose curves are
+    malformed keeps its report without them.  A report that decodes
+    encodes back to the same message."""
     from cachepilot.protocol import cachepilot_pb2 as pb
     msg = pb.ReportRequest.FromString(data)
     for r in msg.reports:
         rep = wire.report_from_pb(r)
+        # a malformed curve refuses that tenant's curves, not the report
+        assert not (rep.refused and rep.curves), "refused curves were kept"
         again = wire.report_from_pb(wire.report_to_pb(rep))
         assert again.tenant == rep.tenant and len(again.curves) == len(rep.curves)
         for a, b in zip(rep.curves, again.curves):

@@ -174,6 +174,16 @@ class AdminStub:
                 request_serializer=cachepilot__pb2.DecisionLogRequest.SerializeToString,
                 response_deserializer=cachepilot__pb2.DecisionLogReply.FromString,
                 _registered_method=True)
+        self.WhatIf = channel.unary_unary(
+                '/cachepilot.v1.Admin/WhatIf',
+                request_serializer=cachepilot__pb2.WhatIfRequest.SerializeToString,
+                response_deserializer=cachepilot__pb2.WhatIfReply.FromString,
+                _registered_method=True)
+        self.SetMode = channel.unary_unary(
+                '/cachepilot.v1.Admin/SetMode',
+                request_serializer=cachepilot__pb2.SetModeRequest.SerializeToString,
+                response_deserializer=cachepilot__pb2.ModeReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -209,6 +219,18 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WhatIf(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetMode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -236,6 +258,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DecisionLog,
                     request_deserializer=cachepilot__pb2.DecisionLogRequest.FromString,
                     response_serializer=cachepilot__pb2.DecisionLogReply.SerializeToString,
+            ),
+            'WhatIf': grpc.unary_unary_rpc_method_handler(
+                    servicer.WhatIf,
+                    request_deserializer=cachepilot__pb2.WhatIfRequest.FromString,
+                    response_serializer=cachepilot__pb2.WhatIfReply.SerializeToString,
+            ),
+            'SetMode': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMode,
+                    request_deserializer=cachepilot__pb2.SetModeRequest.FromString,
+                    response_serializer=cachepilot__pb2.ModeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -373,6 +405,60 @@ class Admin:
             '/cachepilot.v1.Admin/DecisionLog',
             cachepilot__pb2.DecisionLogRequest.SerializeToString,
             cachepilot__pb2.DecisionLogReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WhatIf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cachepilot.v1.Admin/WhatIf',
+            cachepilot__pb2.WhatIfRequest.SerializeToString,
+            cachepilot__pb2.WhatIfReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cachepilot.v1.Admin/SetMode',
+            cachepilot__pb2.SetModeRequest.SerializeToString,
+            cachepilot__pb2.ModeReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,8 +1,11 @@
 """Opening a gRPC channel to the controller and authenticating on it.
 
 TLS by default (a root certificate to trust, optionally the name to
-expect); plaintext only when asked for, for loopback demos.  Every call
-carries the token in TOKEN_HEADER as a bearer credential.
+expect); plaintext only when asked for, for loopback demos.  A caller
+proves who it is with its own certificate and key (mutual TLS: a node's
+certificate names the node, an admin's carries the admin role), or, with
+a controller set up for a shared token, with the token in TOKEN_HEADER as
+a bearer credential on every call.
 """
 from __future__ import annotations
 
@@ -12,15 +15,32 @@ TOKEN_HEADER = "authorization"
 
 
 def make_channel(target: str, root_cert: bytes | None = None, server_name: str | None = None,
-                 insecure: bool = False) -> grpc.Channel:
+                 insecure: bool = False,
+                 identity: tuple[bytes, bytes] | None = None) -> grpc.Channel:
+    """identity: (certificate PEM, key PEM) to present (mutual TLS)."""
     options = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", 64 << 20),
                ("grpc.max_send_message_length", 64 << 20)]
     if insecure:
         return grpc.insecure_channel(target, options=options)
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
-    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=root_cert),
-                               options=options)
+    cert, key = identity if identity is not None else (None, None)
+    creds = grpc.ssl_channel_credentials(root_certificates=root_cert, private_key=key,
+                                         certificate_chain=cert)
+    return grpc.secure_channel(target, creds, options=options)
+
+
+def read_identity(cert_path, key_path, what: str = "certificate") -> tuple[bytes, bytes]:
+    """(certificate, key) PEM from their files; a UserError names the one
+    that cannot be read."""
+    from cachepilot.core.errors import UserError
+    out = []
+    for path, kind in ((cert_path, what), (key_path, "key")):
+        try:
+            out.append(open(path, "rb").read())
+        except OSError as err:
+            raise UserError(f"{path}: cannot read the {kind}: {err.strerror}") from None
+    return out[0], out[1]
 
 
 def token_metadata(token: str | None) -> tuple:

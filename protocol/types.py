@@ -33,7 +33,9 @@ class TenantReport:
     usage_file_bytes: int
     usage_anon_bytes: int
     policy: str                       # policy in force ("linux" = kernel default)
-    throughput: float                 # from the tenant's throughput source
+    # from the tenant's throughput source; None when the source did not
+    # answer (unknown is not 0: 0 would read as a starving tenant)
+    throughput: float | None
     miss_ratio: float                 # observed over the interval
     curves: list[MRC] = field(default_factory=list)
     # curves are against the limit an operator would set: the agent has
@@ -42,6 +44,23 @@ class TenantReport:
     policy_capacity_pages: int = 0    # pages our cache_ext policy was sized
                                       # for (0: none of ours runs)
     policy_overflow_pages: int = 0    # pages it had no room for since loaded
+    throughput_error: str = ""        # why throughput is None
+    # Set where the report is received, never sent: why part of it was
+    # refused (a malformed curve refuses that tenant's curves, not the
+    # node's report; a malformed entry stands in for itself by the last
+    # one taken, without curves).
+    refused: str = ""
+
+    @property
+    def held_reason(self) -> str:
+        """Why the controller must hold this tenant where it is this round
+        ("" when nothing stops it deciding)."""
+        if self.refused:
+            return f"refused: {self.refused}"
+        if self.throughput is None:
+            return "throughput unknown" + (f": {self.throughput_error}"
+                                           if self.throughput_error else "")
+        return ""
 
 
 @dataclass

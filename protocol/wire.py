@@ -1,9 +1,11 @@
 """Conversion between protocol/types.py dataclasses and their protobuf mirrors.
 
-Converting *from* the wire is also where untrusted input is checked: a curve
+Converting *from* the wire is also where untrusted input is checked, one
+tenant at a time: a tenant entry whose numbers are not valid raises
+WireError (the controller refuses that entry and holds the tenant); a curve
 that is not a valid MRC (sizes not strictly increasing, NaN, ratios outside
-[0, 1], mismatched lengths) raises WireError, which the controller turns into
-INVALID_ARGUMENT before anything is recorded.
+[0, 1], mismatched lengths) refuses that tenant's curves, which the report
+then carries without, saying why (TenantReport.refused).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 
 from cachepilot.models.mrc import MRC
 from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol.tenant import NodeTenant
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 
@@ -97,6 +100,7 @@ def node_info_from_pb(msg: pb.NodeInfo) -> NodeInfo:
 # -- reports -----------------------------------------------------------------
 _RATE_FIELDS = ("interval_s", "accesses_per_s", "inserts_per_s", "removals_per_s",
                 "refaults_per_s", "throughput", "miss_ratio")
+MAX_ERROR_TEXT = 500
 # non-negative integers: bytes, and pages where the name says so
 _COUNT_FIELDS = ("limit_bytes", "usage_file_bytes", "usage_anon_bytes",
                  "policy_capacity_pages", "policy_overflow_pages")
@@ -104,9 +108,11 @@ _COUNT_FIELDS = ("limit_bytes", "usage_file_bytes", "usage_anon_bytes",
 
 def report_to_pb(report: TenantReport) -> pb.TenantReport:
     msg = pb.TenantReport(tenant=report.tenant, cgroup=report.cgroup, policy=report.policy,
-                          curves=[curve_to_pb(c) for c in report.curves])
+                          curves=[curve_to_pb(c) for c in report.curves],
+                          throughput_unknown=report.throughput is None,
+                          throughput_error=report.throughput_error[:MAX_ERROR_TEXT])
     for name in _RATE_FIELDS:
-        setattr(msg, name, float(getattr(report, name)))
+        setattr(msg, name, float(getattr(report, name) or 0.0))
     for name in _COUNT_FIELDS:
         setattr(msg, name, int(getattr(report, name)))
     return msg
@@ -129,12 +135,42 @@ def report_from_pb(msg: pb.TenantReport) -> TenantReport:
         if v < 0:
             raise WireError(f"{where}: {name} must be non-negative")
         values[name] = int(v)
-    if len(msg.curves) > MAX_CURVES_PER_TENANT:
-        raise WireError(f"{where}: {len(msg.curves)} curves, more than {MAX_CURVES_PER_TENANT}")
-    curves = [curve_from_pb(c, f"{where} curve {i} ({c.policy})")
-              for i, c in enumerate(msg.curves)]
+    if msg.throughput_unknown:
+        values["throughput"] = None
+    refused = ""
+    try:
+        if len(msg.curves) > MAX_CURVES_PER_TENANT:
+            raise WireError(f"{where}: {len(msg.curves)} curves, more than "
+                            f"{MAX_CURVES_PER_TENANT}")
+        curves = [curve_from_pb(c, f"{where} curve {i} ({c.policy})")
+                  for i, c in enumerate(msg.curves)]
+    except WireError as err:
+        curves, refused = [], str(err)
     return TenantReport(tenant=msg.tenant, cgroup=msg.cgroup, policy=msg.policy,
-                        curves=curves, **values)
+                        curves=curves, throughput_error=msg.throughput_error[:MAX_ERROR_TEXT],
+                        refused=refused, **values)
+
+
+# -- tenants a node is given ---------------------------------------------------
+def tenant_to_pb(t: NodeTenant) -> pb.TenantAssignment:
+    return pb.TenantAssignment(name=t.name, spec_json=t.model_dump_json(exclude_none=True))
+
+
+def tenant_from_pb(msg: pb.TenantAssignment) -> NodeTenant:
+    """The tenant a controller assigned, checked by the same model a
+    stand-alone agent's config uses; WireError names what is wrong."""
+    from pydantic import ValidationError
+
+    from cachepilot.core.config import format_errors
+    try:
+        t = NodeTenant.model_validate_json(msg.spec_json or "{}")
+    except ValidationError as err:
+        raise WireError(format_errors(f"tenant {msg.name!r} from the controller",
+                                      err)) from None
+    if t.name != msg.name:
+        raise WireError(f"tenant {msg.name!r} from the controller: its spec names "
+                        f"{t.name!r}")
+    return t
 
 
 # -- directives and their results --------------------------------------------

@@ -21,6 +21,7 @@ COMMAND_MODULES = {
     "cachepilot.run": ("run",),
     "cachepilot.controller.plan_cli": ("plan",),
     "cachepilot.doctor": ("doctor",),
+    "cachepilot.certs": ("certs",),
 }
 
 

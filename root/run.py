@@ -21,6 +21,7 @@ import numpy as np
 from cachepilot.agent.client import NodeClient
 from cachepilot.controller.config import load_config
 from cachepilot.controller.service import serve
+from cachepilot.controller.store import MemoryStore, SQLiteStore
 from cachepilot.core.errors import UserError
 from cachepilot.protocol.types import Directive
 from cachepilot.sim.backend import SimBackend
@@ -75,7 +76,10 @@ def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None
     # Loopback only, on a free port: the demo never listens beyond this host.
     # The nodes step in lock-step on a virtual clock, so a slow interval in
     # wall time says nothing about a node being lost: no wall-clock watch.
-    served = serve(run_cfg, listen="127.0.0.1:0", engine=engine, watch_lost=False)
+    # A run keeps its state in memory unless the config names a state path.
+    store = SQLiteStore(spec.state_path) if spec.state_path is not None else MemoryStore()
+    served = serve(run_cfg, listen="127.0.0.1:0", engine=engine, watch_lost=False,
+                   store=store)
     target = f"{'localhost' if root else '127.0.0.1'}:{served.port}"
     clients = {}
     try:

@@ -227,6 +227,17 @@ class SimBackend:
     def tick(self) -> None:
         """Nothing between intervals: the virtual clock moves in collect()."""
 
+    def assign(self, tenants) -> None:
+        """A sim node is built from the controller's own config, so the
+        tenants it is assigned are those it emulates; a different list
+        means the node was started from another config."""
+        names = sorted(t.name for t in tenants)
+        if names != sorted(self.tenants):
+            raise UserError(f"sim node {self.node.name}: the controller assigns tenants "
+                            f"{', '.join(names) or 'none'}, but this node emulates "
+                            f"{', '.join(sorted(self.tenants))}: start it from the "
+                            f"controller's config")
+
     def collect(self) -> list[TenantReport]:
         return [t.step() for t in self.tenants.values()]
 

@@ -98,6 +98,9 @@ class FakeBackend:
     def info(self):
         return NodeInfo(self.node, self.memory, 0, True, ["lru", "fifo"], "sim")
 
+    def assign(self, tenants):
+        self.assigned = [t.name for t in tenants]
+
     def collect(self):
         return [report(t, self.limits[t], self.policies[t]) for t in self.limits]
 

@@ -174,15 +174,18 @@ def test_prometheus_throughput_counter_rate_and_gauge():
                 "source": "prometheus", "url": url, "metric": "app_requests",
                 "labels": {"route": "/a"}}}]}).tenants[0].throughput
         src = PrometheusSource(spec)
-        assert src.read(10.0) == 0.0            # first read: no rate yet
+        assert src.read(10.0) is None           # first read: no rate yet, not 0
+        assert "first read" in src.error
         _Metrics.body = _Metrics.body.replace('"/a"} 100', '"/a"} 300')
         assert src.read(12.0) == pytest.approx(100.0)
         gauge = spec.model_copy(update={"metric": "app_qps", "kind": "gauge", "labels": {}})
         assert PrometheusSource(gauge).read(1.0) == 42.5
     finally:
         server.shutdown()
-    # an unreachable source is logged and reads as zero, never raises
-    assert PrometheusSource(spec).read(20.0) == 0.0
+    # an unreachable source is logged and reads as unknown (never 0, which
+    # would read as a starving tenant), and never raises
+    down = PrometheusSource(spec)
+    assert down.read(20.0) is None and down.error
 
 
 def test_cache_ext_detection_reads_btf_type_names(tmp_path):
@@ -349,7 +352,7 @@ def test_agent_follows_a_controller_over_tls_with_a_token(tmp_path):
     (tmp_path / "token").write_text(TOKEN + "\n")
     agent_cfg = tmp_path / "agent.yaml"
     agent_cfg.write_text(
-        f"node_id: n1\nroots: [{root}]\ncgroups: ['*']\ninterval_s: 0.3\n"
+        f"node_id: n1\nroots: [{root}]\ninterval_s: 0.3\n"
         f"memory: 64MiB\nprometheus: {{port: 0}}\n"
         f"safety: {{floor: 16MiB, anon_margin: 4MiB}}\n"
         f"controller: {{address: 'localhost:{served.port}', token_file: token, "

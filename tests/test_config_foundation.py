@@ -60,10 +60,13 @@ def test_both_configs_word_the_same_mistake_alike(tmp_path):
 
 def test_the_agents_paths_are_relative_to_its_file(tmp_path):
     agent = tmp_path / "agent.yaml"
-    agent.write_text("roots: [/x]\ncgroups: [a]\ncache_ext: {policy_dir: pol}\n"
-                     "controller: {address: 'h:1', token_file: t, ca_file: /ca.pem}\n")
+    agent.write_text("roots: [/x]\ncache_ext: {policy_dir: pol}\n"
+                     "controller: {address: 'h:1', token_file: t, ca_file: /ca.pem,\n"
+                     "             cert_file: n.crt, key_file: keys/n.key}\n")
     cfg = load_agent(agent)
     assert cfg.cache_ext.policy_dir == tmp_path.resolve() / "pol"
     assert cfg.controller.token_file == tmp_path.resolve() / "t"
+    assert cfg.controller.cert_file == tmp_path.resolve() / "n.crt"
+    assert cfg.controller.key_file == tmp_path.resolve() / "keys" / "n.key"
     assert cfg.controller.ca_file == Path("/ca.pem")
     assert cfg.cache_ext.pin_root == Path("/sys/fs/bpf/cachepilot")   # not a file path

@@ -261,3 +261,36 @@ def test_best_static_serves_slos_first():
     choice, score = e2e_vm.best_static(table, ts, 200 * MiB, {"b": 25})
     assert choice == {"a": ("linux", 50 * MiB), "b": ("linux", 150 * MiB)}
     assert score == pytest.approx((0.8 + 1.5) / 2)
+
+
+@pytest.mark.parametrize("name", ["limits_only", "autopilot", "agent_sampling"])
+def test_the_run_configs_are_valid_where_the_loaders_read_them(tmp_path, monkeypatch, name):
+    """The controller's and the agent's configs of every configuration, for
+    the real tenant list, through the loaders the processes use: tenants in
+    the controller's config when there is one, in the agent's when it runs
+    alone (agent_sampling); kv's scanner rule reaches its node."""
+    from cachepilot.agent.config import config_from_dict as agent_cfg
+    from cachepilot.controller.config import config_from_dict as controller_cfg
+    monkeypatch.setattr(e2e_lib.shutil, "which", lambda _: "/bin/true")
+    sizes = {"search": 100 * MiB, "zipf": 320 * MiB, "stream": 512 * MiB,
+             "kv_keys": 500_000, "kv_skew": e2e_vm.KV_SKEW}
+    ts = e2e_lib.tenants(tmp_path, sizes, 60, phased=True, policies=e2e_vm.ALLOWED)
+    for port, t in enumerate(ts, 9000):
+        t.port = port
+    cg = e2e_lib.Cgroups(tmp_path / "cg", 2)
+    tls = (tmp_path / "key.pem", tmp_path / "cert.pem", tmp_path / "token")
+    alone = name == "agent_sampling"
+    policy_name = "autopilot" if alone else name
+    agent = agent_cfg(e2e_lib.agent_config(policy_name, ts, cg, 320 * MiB, 10.0, 1, tls,
+                                           standalone=alone))
+    if alone:
+        assert agent.controller is None and [t.name for t in agent.tenants] == \
+            [t.name for t in ts]
+        return
+    assert agent.controller is not None and agent.tenants == []
+    ctl = controller_cfg(e2e_lib.controller_config(name, ts, cg, 320 * MiB, 10.0, 1, tls,
+                                                   {"kv": 300.0}))
+    kv = ctl.tenant("kv")
+    assert kv.slo.min_throughput == 300.0 and kv.throughput.source == "prometheus"
+    assert kv.policy_threads is not None
+    assert kv.policies == (e2e_vm.ALLOWED["kv"] if name == "autopilot" else ["linux"])

@@ -501,3 +501,31 @@ def test_odd_report_values_do_not_break_a_round():
     # b had no limit ("all it may have"): it is brought down by at most the step
     assert limits["b"] >= GiB - 0.1 * GiB - 4096
     assert {x.tenant: x.policy for x in d.directives["n1"]}["c"] in POLS
+
+
+def test_unknown_throughput_holds_the_tenant_and_never_raises_its_limit():
+    # x's SLO needs 0.5 of the node and it sits at 0.1: a report with its
+    # throughput would raise it.  While its throughput source does not
+    # answer (None, never 0) it is held where it is, policy and limit.
+    synth = {"x": tenant("x", 0.8, 0.9, policies=("linux", "lfu"), better={"lfu": 1.5}),
+             "z": tenant("z", 0.9, 1.6)}
+    slo = synth["x"].throughput(float(synth["x"].curves["linux"].at(0.5 * PAGES)))
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}},
+                {"name": "z", "node": "n1"}], max_step_fraction=1.0)
+    loop = Loop(cfg, synth, limits={"x": GiB // 10, "z": GiB // 2})
+    real = loop.reports
+    def scrape_fails(nodes=None):
+        out = real(nodes)
+        for r in out["n1"]:
+            if r.tenant == "x":
+                r.throughput, r.throughput_error = None, "connection refused"
+        return out
+    loop.reports = scrape_fails
+    for _ in range(4):
+        d = loop.step()
+        x = next(t for t in d.directives["n1"] if t.tenant == "x")
+        assert (x.limit_bytes, x.policy) == (GiB // 10, "linux")
+        assert "held: throughput unknown: connection refused" in x.reason
+    loop.reports = real
+    loop.step()
+    assert loop.limit["x"] > GiB // 4

@@ -339,13 +339,13 @@ def test_prometheus_source_reads_a_positive_rate():
                                     metric="cachepilot_app_operations",
                                     labels={"name": "loop"})
         src = PrometheusSource(spec)
-        assert src.read(time.monotonic()) == 0.0    # first read: no rate yet
+        assert src.read(time.monotonic()) is None   # first read: no rate yet (not 0)
         time.sleep(1.0)
         rate = src.read(time.monotonic())
         assert 5 < rate < 40                        # ~ one line per 0.05 s + sh
         other = PrometheusSource(spec.model_copy(update={"labels": {"name": "x"}}))
         other.read(0.0)
-        assert other.read(1.0) == 0.0               # no such series
+        assert other.read(1.0) is None and "no sample" in other.error   # no such series
     finally:
         p.send_signal(signal.SIGTERM)
         p.communicate(timeout=30)

@@ -123,7 +123,7 @@ def test_a_bad_line_after_a_split_block_is_named_by_its_own_number(tmp_path):
 def test_the_config_and_report_targets_pass_their_seeds_and_refuse_garbage(tmp_path, name):
     """Their seeds (the project's configs, reports of generated curves) go
     through the target; hostile bytes end in the target's own clear error,
-    and a report whose curve lies is refused, not decoded."""
+    and a report whose curve lies keeps its report without its curves."""
     from fuzz.targets import TARGETS
     from cachepilot.protocol import cachepilot_pb2 as pb
     t = TARGETS[name]
@@ -138,9 +138,13 @@ def test_the_config_and_report_targets_pass_their_seeds_and_refuse_garbage(tmp_p
         lying = pb.Curve(policy="lru", method="exact", rate=0.5, sizes_pages=[4, 2],
                          miss_ratio=[1.0, 0.5])
         hostile = [b"\xff\xff\xff", pb.ReportRequest(reports=[pb.TenantReport(
-            tenant="a", curves=[lying])]).SerializeToString(),
-            pb.ReportRequest(reports=[pb.TenantReport(tenant="a", miss_ratio=2.0)])
-            .SerializeToString()]
+            tenant="a", miss_ratio=2.0)]).SerializeToString()]
+        # the lying curve is refused, the rest of the tenant's report kept
+        from cachepilot.protocol import wire
+        rep = wire.report_from_pb(pb.TenantReport(tenant="a", curves=[lying]))
+        assert rep.curves == [] and "not strictly increasing" in rep.refused
+        t.run(pb.ReportRequest(reports=[pb.TenantReport(tenant="a", curves=[lying])])
+              .SerializeToString(), tmp_path / "in")
     for h in hostile:
         with pytest.raises(t.expected):
             t.run(h, tmp_path / "in")

@@ -44,10 +44,12 @@ def test_a_broken_manifest_is_refused():
 def test_configmaps_hold_configs_the_loaders_accept():
     maps = {d["metadata"]["name"]: d["data"] for _, d in documents() if d["kind"] == "ConfigMap"}
     acfg = agent_config(yaml.safe_load(maps["cachepilot-agent"]["agent.yaml"]), "agent.yaml")
-    assert acfg.tenants[0].pod is not None and acfg.controller is not None
+    assert acfg.tenants == [] and acfg.controller is not None
     ccfg = controller_config(yaml.safe_load(maps["cachepilot-controller"]["controller.yaml"]),
                              "controller.yaml")
     assert ccfg.controller.metrics_port == 9465
+    # the controller's config names the tenant's pod; the agent receives it
+    assert ccfg.tenants[0].node_tenant().pod is not None
 
 
 def test_agent_has_capabilities_not_privilege_and_the_host_paths():

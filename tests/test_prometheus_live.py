@@ -172,7 +172,7 @@ def stack_of(tmp_path, procs, ports) -> dict:
         make_v2(root / name, current=20 * MiB, file=16 * MiB, anon=1 * MiB)
     (tmp_path / "token").write_text(TOKEN + "\n")
     (tmp_path / "agent.yaml").write_text(yaml.safe_dump({
-        "node_id": "n1", "roots": [str(root)], "cgroups": ["*"], "interval_s": 0.5,
+        "node_id": "n1", "roots": [str(root)], "interval_s": 0.5,
         "memory": "64MiB", "prometheus": {"address": "127.0.0.1", "port": ports["agent_metrics"]},
         "safety": {"floor": "16MiB", "anon_margin": "4MiB"},
         "controller": {"address": f"localhost:{ports['grpc']}", "token_file": "token",

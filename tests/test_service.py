@@ -130,25 +130,53 @@ def _bad_curve(kind):
 
 @pytest.mark.parametrize("kind", ["non-monotone", "nan", "above-one", "mismatched", "negative",
                                   "oversized"])
-def test_malformed_curve_is_refused_and_changes_nothing(tls_server, kind):
+def test_a_malformed_curve_refuses_that_tenants_curves_only(tls_server, kind):
+    """The report is taken tenant by tenant: the tenant with the malformed
+    curve is held (its curves refused, logged, counted), the other tenant
+    is decided on, and the node stays live."""
     cfg, served = tls_server
     ch, node, admin, md = stubs(cfg, served)
     session = register(node, md)
     good = wire.report_to_pb(report("n1-t0", limit=8 << 20))
     node.Report(pb.ReportRequest(node_id="n1", session=session, seq=1, reports=[good]),
                 metadata=md, timeout=5)
-    before = served.controller.registry.nodes["n1"].tenants["n1-t0"]
-    rounds = served.controller.rounds
     bad = wire.report_to_pb(report("n1-t0", limit=32 << 20))
     bad.curves.append(_bad_curve(kind))
     other = wire.report_to_pb(report("n1-t1", limit=32 << 20))
-    code, details = code_of(lambda: node.Report(
-        pb.ReportRequest(node_id="n1", session=session, seq=2, reports=[other, bad]),
-        metadata=md, timeout=5))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "n1-t0" in details
-    rec = served.controller.registry.nodes["n1"]
-    assert rec.tenants["n1-t0"] is before and "n1-t1" not in rec.tenants
-    assert served.controller.rounds == rounds and rec.reports == 1
+    reply = node.Report(pb.ReportRequest(node_id="n1", session=session, seq=2,
+                                         reports=[other, bad]), metadata=md, timeout=5)
+    assert [(r.tenant, "n1-t0" in r.reason) for r in reply.refused] == [("n1-t0", True)]
+    c = served.controller
+    rec = c.registry.nodes["n1"]
+    assert rec.state == "reporting" and rec.reports == 2 and c.rounds == 2
+    assert rec.tenants["n1-t0"].curves == [] and rec.tenants["n1-t0"].refused
+    assert "n1-t1" in rec.tenants and rec.tenants["n1-t1"].curves
+    assert c.held["n1-t0"].startswith("refused: tenant 'n1-t0' curve")
+    assert c.held["n1-t1"] == ""
+    assert any(e.kind == "refused" and e.tenant == "n1-t0" for e in c.log)
+    assert b'cachepilot_refused_report_entries_total{node="n1"} 1.0' in c.metrics.exposition()
+    ch.close()
+
+
+def test_a_malformed_entry_is_held_at_its_last_report(tls_server):
+    """An entry whose numbers are not valid (NaN miss ratio) is refused;
+    the tenant stands in by its last taken report, without curves."""
+    cfg, served = tls_server
+    ch, node, admin, md = stubs(cfg, served)
+    session = register(node, md)
+    node.Report(pb.ReportRequest(node_id="n1", session=session, seq=1,
+                                 reports=[wire.report_to_pb(report("n1-t0", limit=8 << 20))]),
+                metadata=md, timeout=5)
+    before = served.controller.registry.nodes["n1"].tenants["n1-t0"]
+    bad = wire.report_to_pb(report("n1-t0", limit=32 << 20))
+    bad.miss_ratio = math.nan
+    reply = node.Report(pb.ReportRequest(node_id="n1", session=session, seq=2, reports=[bad]),
+                        metadata=md, timeout=5)
+    assert [r.tenant for r in reply.refused] == ["n1-t0"]
+    assert "miss_ratio" in reply.refused[0].reason
+    # the echo engine restates what it is given: the last taken limit
+    assert [(d.tenant, d.limit_bytes) for d in reply.directives] == [("n1-t0", 8 << 20)]
+    assert served.controller.registry.nodes["n1"].tenants["n1-t0"] is before
     ch.close()
 
 
@@ -165,17 +193,20 @@ def test_replayed_report_is_refused(tls_server):
     ch.close()
 
 
-def test_report_naming_a_tenant_of_another_node_is_refused(tmp_path):
+def test_an_entry_naming_a_tenant_of_another_node_is_refused(tmp_path):
     cfg = small_config(tmp_path, nodes=("n1", "n2"))
     served = serve(cfg, engine=EchoEngine())
     try:
         ch, node, admin, md = stubs(cfg, served)
         session = register(node, md)
         req = pb.ReportRequest(node_id="n1", session=session, seq=1,
-                               reports=[wire.report_to_pb(report("n2-t0"))])
-        code, details = code_of(lambda: node.Report(req, metadata=md, timeout=5))
-        assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown tenant" in details
-        assert served.controller.registry.nodes["n1"].tenants == {}
+                               reports=[wire.report_to_pb(report("n2-t0")),
+                                        wire.report_to_pb(report("n1-t0"))])
+        reply = node.Report(req, metadata=md, timeout=5)
+        assert [(r.tenant, r.reason) for r in reply.refused] == [
+            ("n2-t0", "not a tenant of this node in the controller's config")]
+        assert [d.tenant for d in reply.directives] == ["n1-t0"]
+        assert list(served.controller.registry.nodes["n1"].tenants) == ["n1-t0"]
         ch.close()
     finally:
         served.stop(0)
@@ -411,7 +442,7 @@ def test_admin_tenants_shows_running_and_directed_policies_and_the_nodes_answer(
         view = json.loads(admin_cli("--json", "tenants"))
         t0 = next(t for t in view["tenants"] if t["name"] == "n1-t0")
         assert (t0["running_policy"], t0["policy"], t0["applied"]) == ("lru", "fifo", "refused")
-        assert "advisory" not in t0
+        assert t0["advisory"] is False
         assert next(t for t in view["tenants"] if t["name"] == "n2-t1")["advisory"] is True
         status = admin_cli("status")
         n2 = next(ln for ln in status.splitlines() if ln.strip().startswith("n2"))

@@ -15,6 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from cachepilot.agent import threads
+from cachepilot.protocol import tenant as tenant_schema
 from cachepilot.agent.cgroups import CgroupError, CgroupGone
 from cachepilot.agent.threads import (POLICY_ROLES, ThreadRule, match,
                                       policy_tids, threads_in)
@@ -96,10 +97,10 @@ def test_bad_rules_are_refused(rule, expect):
 
 
 def test_comm_glob_length_counts_what_a_name_must_hold():
-    assert threads._min_len("rocksdb:low*") == 11
-    assert threads._min_len("a[bc]?*") == 3          # a set is one character
-    assert threads._min_len("[abc") == 4             # unclosed: literal
-    assert threads._min_len("*" * 40) == 0
+    assert tenant_schema._min_len("rocksdb:low*") == 11
+    assert tenant_schema._min_len("a[bc]?*") == 3          # a set is one character
+    assert tenant_schema._min_len("[abc") == 4             # unclosed: literal
+    assert tenant_schema._min_len("*" * 40) == 0
     ThreadRule(comm="fifteen_chars_x")               # exactly 15: fine
     ThreadRule(comm="[a-z][a-z][a-z][a-z][a-z]*")    # long text, few characters
 

@@ -106,6 +106,9 @@ class LinuxBackend:
         self.default_policy = kernel_default_policy()
         self.memory_bytes = cfg.memory or mem_total_bytes()
         self.policies = self._policies()
+        # the tenants to watch: the config's (stand-alone), or those the
+        # controller assigns at registration (assign())
+        self.tenants = list(cfg.tenants)
         self.watched: dict[str, Watched] = {}       # tenant -> Watched
         self.sampler = sampler
         self.stats_only_reason: str | None = None
@@ -142,14 +145,35 @@ class LinuxBackend:
             else:
                 self.actuator = act
         self._refresh()
+        self._adopt()
+
+    def _adopt(self):
         if self.actuator is not None:
             for line in self.actuator.adopt({w.cgid: w.path for w in self.watched.values()}):
                 log.info("cache_ext: %s", line)
+
+    def assign(self, tenants) -> None:
+        """The tenants the controller names for this node (its config is
+        the one list): watch those, and stop watching any other."""
+        known = self._known_policies()
+        for t in tenants:
+            extra = [p for p in t.policies or [] if p not in known]
+            if extra:
+                log.warning("tenant %s: no curves for %s (this agent's engine has no such "
+                            "policy)", t.name, ", ".join(extra))
+        self.tenants = list(tenants)
+        self._refresh()
+        self._adopt()
 
     # -- what we watch -------------------------------------------------------
     def _policies(self) -> list[str]:
         if self.cfg.policies:
             return list(self.cfg.policies)
+        return self._known_policies()
+
+    @staticmethod
+    def _known_policies() -> list[str]:
+        """Every policy the MRC engine can build a curve for."""
         try:
             from cachepilot.models.builder import MRCBuilder  # noqa: F401
             from cachepilot.models.runtime import available_policies
@@ -162,7 +186,7 @@ class LinuxBackend:
         roots = self.cfg.roots
         want = {}
         listed = None
-        for spec in self.cfg.tenants:
+        for spec in self.tenants:
             if spec.pod is not None:
                 if listed is None:
                     listed = self._list_pods()
@@ -228,8 +252,10 @@ class LinuxBackend:
                 continue
             builder = None
             if self.sampler is not None:
-                policies = spec.policies if spec is not None and spec.policies \
-                    else self.policies
+                known = self._known_policies()
+                policies = [p for p in spec.policies if p in known] \
+                    if spec is not None and spec.policies else []
+                policies = policies or self.policies
                 max_pages = (self.cfg.max_cache or self.memory_bytes) // PAGE_SIZE
                 builder = make_builder(policies, rate=self.cfg.sampling.rate,
                                        max_pages=max_pages,
@@ -421,9 +447,10 @@ class LinuxBackend:
             # stats-only: the v1 charge counter stands in for insertions
             accesses, inserts, removals = 0, max(0, stats.pgpgin - prev.pgpgin), 0
         refaults = max(0, stats.refaults - prev.refaults)
-        throughput = accesses / dt
+        throughput, why_unknown = accesses / dt, ""
         if w.throughput is not None:
             throughput = w.throughput.read(now)
+            why_unknown = w.throughput.error if throughput is None else ""
         w.last_time, w.last_stats = now, stats
         capacity, overflow = self._policy_room(w)
         return TenantReport(
@@ -434,7 +461,7 @@ class LinuxBackend:
             usage_file_bytes=stats.file_bytes, usage_anon_bytes=stats.anon_bytes,
             policy=w.policy, throughput=throughput,
             miss_ratio=min(1.0, inserts / accesses) if accesses else 0.0,
-            curves=curves, policy_capacity_pages=capacity,
+            curves=curves, throughput_error=why_unknown, policy_capacity_pages=capacity,
             policy_overflow_pages=overflow)
 
     def _policy_room(self, w: Watched) -> tuple[int, int]:

@@ -46,17 +46,20 @@ __all__ = ["decide", "keep_freed_memory", "FLAT", "Decision", "EngineState", "Lo
 
 def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
            node_memory: dict[str, int] | None = None,
-           advisory_nodes: Collection[str] = ()) -> Decision:
+           advisory_nodes: Collection[str] = (), recommend: Collection[str] = ()) -> Decision:
     """One decision round over the live nodes' reports (see the module doc).
 
     node_memory overrides the config's memory per node (e.g. the capacity
     a node registered with); nodes in neither are ignored with a note.
     advisory_nodes names the nodes that cannot swap policies (the service
-    knows from their registration); every other node is taken to swap."""
+    knows from their registration); every other node is taken to swap.
+    recommend names the tenants whose directives are only recommendations
+    (recommend mode): decided and logged, not expected to take effect."""
     state.round += 1
     ctl = config.control
     specs, node_specs = _indexes(state, config)
-    rnd = gather_rows(state, reports, specs, node_specs, node_memory, advisory_nodes)
+    rnd = gather_rows(state, reports, specs, node_specs, node_memory, advisory_nodes,
+                      recommend)
     fit_models(state, rnd, ctl)
     bank_curves(rnd, ctl)
     size_bounds(rnd, ctl)

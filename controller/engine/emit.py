@@ -37,7 +37,14 @@ def emit(state: EngineState, R: Round, ctl) -> Decision:
         p = col.pred_target[i]
         if col.has_slo[i] and col.has_curve[i] and not (p >= col.slo[i] * (1 - 1e-9)):
             cause = ("infeasible within its ceiling and the model" if not col.feasible[i]
-                     else "not enough memory on the node after higher-priority SLOs")
+                     else "not enough memory on the node after higher-priority SLOs"
+                     if col.feasible_now[i] else
+                     f"no memory meets it this round; its last need stays until "
+                     f"{ctl.slo_feasibility_rounds} rounds in a row agree")
+            share = col.infeasible_share[i]
+            if share > 0:
+                cause += (f"; no memory meets it in {share:.0%} of the last "
+                          f"{len(st.slo_history)} rounds")
             violations.append(Violation(spec.name, node, col.slo[i], p, col.slo[i] - p,
                                         cause))
         _log_changes(state, R, col, i, limit_b, reason, log)
@@ -45,6 +52,12 @@ def emit(state: EngineState, R: Round, ctl) -> Decision:
         st.target_bytes = int(col.target[i]) * PAGE_SIZE
         st.limit_bytes = limit_b
         st.last_round = R.number
+        if col.has_curve[i] and not R.recommend[i]:
+            st.pred_m = R.m_new[i].item()
+            st.pred_policy = R.row_policy[col.alloc_row[i]]
+            st.pred_pages = limit_b / PAGE_SIZE
+        else:
+            st.pred_m = st.pred_policy = st.pred_pages = None
         arow = col.alloc_row[i]
         plan_rows.append((spec.name, node, ch.policy,
                           R.row_policy[arow] if col.has_curve[i] else None,
@@ -67,7 +80,7 @@ class _Columns:
     def __init__(self, R: Round, ctl):
         for name in ("new", "current", "target", "lb", "x_lo", "slo", "has_slo",
                      "has_curve", "granted", "feasible", "alloc_row", "pred_target",
-                     "pred_new", "pred_old", "score"):
+                     "pred_new", "pred_old", "score", "infeasible_share", "feasible_now"):
             setattr(self, name, getattr(R, name).tolist())
         to_mib = PAGE_SIZE / MIB
         need = np.where(np.isfinite(R.need), R.need, 0)
@@ -83,7 +96,9 @@ def _reason(R: Round, col: _Columns, i: int) -> str:
     ch, advisory = R.choices[i], R.advisory[ni]
     new, cur, tgt = col.new[i], col.current[i], col.target[i]
     why = []
-    if not col.has_curve[i]:
+    if R.held[i]:
+        why.append(f"held: {R.held[i]}")
+    elif not col.has_curve[i]:
         why.append(f"no curve for the running {r.policy} yet: limit held"
                    if advisory else "no curve yet: limit held")
     elif col.has_slo[i]:
@@ -94,12 +109,16 @@ def _reason(R: Round, col: _Columns, i: int) -> str:
             why.append(f"SLO {col.slo[i]:g}/s not met")
     if col.has_curve[i] and tgt > col.x_lo[i] + 0.5:
         why.append(f"+{col.extra_mib[i]} MiB for throughput")
+    if R.shrink_held is not None and R.shrink_held[i]:
+        why.append("a shrink waits until the next round's target agrees")
     if new == cur and abs(tgt - cur) >= 1:
         why.append(f"held: {col.target_mib[i]} MiB is within the hysteresis")
     elif abs(tgt - new) >= 1:
         why.append(f"stepping toward {col.target_mib[i]} MiB")
     if advisory and ch.policy != r.policy:
         why.append(f"advisory: the node cannot swap policies; {r.policy} keeps running")
+    if R.recommend[i]:
+        why.append("recommend mode: not sent")
     if ch.reason != "keep" and ch.reason:
         why.append(ch.reason)
     return "; ".join(why)
@@ -109,10 +128,14 @@ def _log_changes(state: EngineState, R: Round, col: _Columns, i: int, limit_b: i
                  reason: str, log: list) -> None:
     """Log what changed for a tenant, with its predicted effect."""
     ni, spec, r = R.rows[i]
-    node, ch, advisory = R.nodes[ni], R.choices[i], R.advisory[ni]
+    node, ch = R.nodes[ni], R.choices[i]
+    advisory = R.advisory[ni] or R.recommend[i]
     prev_limit = r.limit_bytes
     moved = limit_b != prev_limit and abs(limit_b - prev_limit) >= col.hysteresis_bytes[ni]
     switched = ch.switched and not advisory
+    if R.recommend[i]:
+        _log_recommendation(state, R, col, i, limit_b, reason, log)
+        return
     if ch.switched and advisory:
         # A recommendation: the node keeps running what it runs, so there
         # is no effect to observe.  Predictions: each policy's score.
@@ -124,7 +147,7 @@ def _log_changes(state: EngineState, R: Round, col: _Columns, i: int, limit_b: i
             R.number, node, spec.name, "policy", R.before_pol[i], ch.policy, reason,
             predicted=pa_, predicted_before=pb_,
             predicted_gain=(pa_ / pb_ - 1.0) if pb_ and pa_ is not None else None,
-            observed_before=float(r.throughput)), observe=False)
+            observed_before=_num(r.throughput)), observe=False)
     if not (switched or moved):
         return
     verdict = R.verdicts[i]
@@ -135,12 +158,31 @@ def _log_changes(state: EngineState, R: Round, col: _Columns, i: int, limit_b: i
     gain = (pa_ / pb_ - 1.0) if pb_ and pa_ is not None else None
     e = LogEntry(R.number, node, spec.name, kind, before, after, reason,
                  predicted=pa_, predicted_before=pb_, predicted_gain=gain,
-                 observed_before=float(r.throughput))
+                 observed_before=_num(r.throughput))
     if kind == "watchdog":
         e.predicted_miss = {verdict.new: verdict.predicted_new,
                             verdict.old: verdict.predicted_old}
         e.observed_miss = verdict.observed
     _record(state, log, e)
+
+
+def _log_recommendation(state: EngineState, R: Round, col: _Columns, i: int, limit_b: int,
+                        reason: str, log: list) -> None:
+    """Recommend mode: log the directive that would have been sent, when it
+    differs from what runs and from the last one logged.  Nothing takes
+    effect, so there is no effect to observe."""
+    ni, spec, r = R.rows[i]
+    st, ch = R.tstates[i], R.choices[i]
+    differs = ch.policy != r.policy or (
+        limit_b != r.limit_bytes and abs(limit_b - r.limit_bytes) >= col.hysteresis_bytes[ni])
+    if not differs or (st.limit_bytes, st.policy) == (limit_b, ch.policy):
+        return
+    pb_, pa_ = _num(col.pred_old[i]), _num(col.pred_new[i])
+    _record(state, log, LogEntry(
+        R.number, R.nodes[ni], spec.name, "recommend", f"{r.limit_bytes} {r.policy}",
+        f"{limit_b} {ch.policy}", reason, predicted=pa_, predicted_before=pb_,
+        predicted_gain=(pa_ / pb_ - 1.0) if pb_ and pa_ is not None else None,
+        observed_before=_num(r.throughput)), observe=False)
 
 
 def _plans(plan_rows, need_rows_l) -> dict[str, TenantPlan]:
@@ -159,7 +201,7 @@ def _plans(plan_rows, need_rows_l) -> dict[str, TenantPlan]:
 
 
 def _num(v) -> float | None:
-    return v if v is not None and math.isfinite(v) else None
+    return float(v) if v is not None and math.isfinite(v) else None
 
 
 def _record(state: EngineState, log: list, entry: LogEntry, observe: bool = True) -> None:
@@ -178,8 +220,8 @@ def _observe_effects(state: EngineState, rows, rnd: int, log: list) -> None:
         return
     for _, spec, r in rows:
         items = state.pending.get(spec.name)
-        if not items:
-            continue
+        if not items or r.throughput is None:
+            continue        # unknown throughput: wait for a report that says
         keep = []
         for item in items:
             entry, wait = item

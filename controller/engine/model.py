@@ -106,3 +106,23 @@ def miss_ratio_for(a, b, min_throughput):
         budget = np.where(s > 0, 1.0 / np.where(s > 0, s, 1.0), np.inf) - a
         return np.where(b > 0, budget / np.where(b > 0, b, 1.0),
                         np.where(budget >= 0, np.inf, -np.inf))
+
+
+def relative_spread(obs_m: np.ndarray, obs_y: np.ndarray, count: np.ndarray,
+                    a: np.ndarray, b: np.ndarray, min_points: int) -> np.ndarray:
+    """Per tenant, the standard deviation of its observed seconds per
+    operation around the fitted model (a + b m), relative to the model's
+    mean: how far one interval's throughput strays from what the model
+    says at the same miss ratio.  Demand that varies over time (a trace
+    replay, phases) shows up here, as does plain measurement noise.  0
+    for a tenant with fewer than `min_points` observations."""
+    w = obs_m.shape[1] if obs_m.ndim == 2 else 0
+    mask = np.arange(w)[None, :] < count[:, None]
+    fit = a[:, None] + b[:, None] * obs_m
+    resid = np.where(mask, obs_y - fit, 0.0)
+    n = np.maximum(count, 1).astype(np.float64)
+    mean_fit = np.where(mask, fit, 0.0).sum(1) / n
+    sd = np.sqrt((resid * resid).sum(1) / np.maximum(n - 1, 1))
+    out = np.where((count >= max(min_points, 2)) & (mean_fit > 0), sd / np.where(
+        mean_fit > 0, mean_fit, 1.0), 0.0)
+    return np.where(np.isfinite(out), out, 0.0)

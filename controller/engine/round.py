@@ -9,6 +9,8 @@ can be tested on a Round built by hand.
 """
 from __future__ import annotations
 
+import copy
+
 import math
 from dataclasses import dataclass, field
 
@@ -38,9 +40,16 @@ class Round:
     rows: list = field(default_factory=list)  # (node index, tenant spec, report)
     node_of: np.ndarray = None
     tstates: list[TenantState] = field(default_factory=list)
+    recommend: list[bool] = field(default_factory=list)  # per row: directives are advice
+    held: list[str] = field(default_factory=list)        # per row: why it is held, or ""
     # fit_models: the throughput model's seconds per op at m = 0, and per unit m
     a: np.ndarray = None
     b: np.ndarray = None
+    spread: np.ndarray = None               # relative spread around the model
+    m_spread: np.ndarray = None             # miss ratio above the curve's predictions
+    # False: a round that only predicts (engine/whatif.py): it reads the
+    # tenants' state and changes none of it
+    learn: bool = True
     # bank_curves: one bank row per (tenant, allowed policy with a curve)
     bank: CurveBank = None
     row_tenant: np.ndarray = None
@@ -69,6 +78,10 @@ class Round:
     feasible: np.ndarray = None
     need: np.ndarray = None          # least size meeting the SLO within bounds
     need_safe: np.ndarray = None     # ... with headroom
+    headroom: np.ndarray = None      # the headroom's fraction of the SLO
+    feasible_now: np.ndarray = None  # this round's own verdict (feasible: in force)
+    shrink_held: np.ndarray = None   # step_limits: a shrink not yet confirmed
+    infeasible_share: np.ndarray = None  # share of recent rounds no size met the SLO
     need_best: np.ndarray = None     # for an SLO no size meets: where it flattens
     # allocate_memory
     target: np.ndarray = None
@@ -80,6 +93,7 @@ class Round:
     pred_target: np.ndarray = None
     pred_new: np.ndarray = None
     pred_old: np.ndarray = None
+    m_new: np.ndarray = None         # the allocation's curve at the new limit
 
     @property
     def n(self) -> int:
@@ -92,10 +106,12 @@ class Round:
 
 
 def gather_rows(state: EngineState, reports, specs, node_specs, node_memory,
-                advisory_nodes) -> Round:
+                advisory_nodes, recommend=()) -> Round:
     """The live nodes and their known tenants, in sorted order; what is
     ignored (unknown nodes and tenants, a tenant reported twice) becomes a
-    note."""
+    note.  A row is held (its limit and policy stay) when its report says
+    why (TenantReport.held_reason: throughput unknown, curves refused); its
+    directives are only recommendations when its tenant is in `recommend`."""
     R = Round(state.round)
     memory = []
     seen: set[str] = set()
@@ -121,6 +137,8 @@ def gather_rows(state: EngineState, reports, specs, node_specs, node_memory,
     R.mem_pages = np.asarray(memory, dtype=np.float64)
     R.node_of = np.fromiter((ni for ni, _, _ in R.rows), dtype=np.int64, count=R.n)
     R.advisory = [n in advisory_nodes for n in R.nodes]
+    R.recommend = [spec.name in recommend for _, spec, _ in R.rows]
+    R.held = [r.held_reason for _, _, r in R.rows]
     R.node_policies = [set(node_specs[n].policies) if n in node_specs and
                        node_specs[n].policies is not None else None for n in R.nodes]
     return R
@@ -148,7 +166,7 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         R.tstates.append(st)
     slots = np.fromiter((t.slot for t in R.tstates), dtype=np.int64, count=R.n)
-    thr_obs = R.column(lambda s, r: r.throughput)
+    thr_obs = R.column(lambda s, r: math.nan if r.throughput is None else r.throughput)
     m_obs = R.column(lambda s, r: r.miss_ratio)
     acc = R.column(lambda s, r: r.accesses_per_s)
     valid = (thr_obs > 0) & np.isfinite(thr_obs) & (m_obs >= 0) & (m_obs <= 1) & (acc > 0)
@@ -156,8 +174,37 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     R.a, R.b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
                                  priors[:, 0], priors[:, 1],
                                  ctl.model_min_points, ctl.model_min_spread)
-    for t, ai, bi, fi in zip(R.tstates, R.a.tolist(), R.b.tolist(), fitted.tolist()):
-        t.a, t.b, t.fitted = ai, bi, fi
+    R.spread = model.relative_spread(obs.m[slots], obs.y[slots], obs.count[slots], R.a, R.b,
+                                     ctl.model_min_points)
+    for t, ai, bi, fi, sp in zip(R.tstates, R.a.tolist(), R.b.tolist(), fitted.tolist(),
+                                 R.spread.tolist()):
+        t.a, t.b, t.fitted, t.spread = ai, bi, fi, sp
+    _track_curve_error(R)
+
+
+M_ERRORS = 20       # rounds of curve prediction errors kept per tenant
+
+
+def _track_curve_error(R: Round) -> None:
+    """How far each tenant's observed miss ratio came out from what its
+    curve predicted, last round, for the limit and policy it now runs
+    (only when it runs what was directed: a refused or unapplied directive
+    says nothing about the curve).  R.m_spread is, over the last M_ERRORS
+    rounds, those errors' standard deviation plus their mean where the
+    curve was optimistic on average: a tenant whose demand varies over
+    time (a trace replay, a phase) misses more than one interval's curve
+    says in some intervals, and this is by how much."""
+    R.m_spread = np.zeros(R.n)
+    for i, (_, _, r) in enumerate(R.rows):
+        st = R.tstates[i]
+        if st.pred_m is not None and r.policy == st.pred_policy and \
+                r.throughput is not None and 0.0 <= r.miss_ratio <= 1.0 and \
+                abs(r.limit_bytes / PAGE_SIZE - (st.pred_pages or 0.0)) <= \
+                max(1.0, 0.01 * (st.pred_pages or 0.0)):
+            st.m_errors = (list(st.m_errors) + [r.miss_ratio - st.pred_m])[-M_ERRORS:]
+        if len(st.m_errors) >= 3:
+            e = np.asarray(st.m_errors)
+            R.m_spread[i] = max(float(e.mean()), 0.0) + float(e.std(ddof=1))
 
 
 def bank_curves(R: Round, ctl) -> None:
@@ -229,14 +276,25 @@ def choose_policies(R: Round, ctl) -> None:
     score_l, current_l = R.score.tolist(), R.current.tolist()
     for i, (ni, spec, r) in enumerate(R.rows):
         mine = R.row_of[i]
-        cur, ch, verdict = _choose(R.tstates[i], r, R.advisory[ni], R.allowed_of[i],
+        if R.held[i]:
+            # nothing to decide on: the limit (no curve to allocate on) and
+            # the policy stay, and no streak or probation moves
+            R.choices.append(PolicyChoice(r.policy, False, None, 0.0, "keep"))
+            R.verdicts.append(None)
+            R.before_pol.append(r.policy)
+            continue
+        advice = R.advisory[ni] or R.recommend[i]
+        cur, ch, verdict = _choose(R.tstates[i], r, advice, R.allowed_of[i],
                                    {p: score_l[k] for p, k in mine.items()},
                                    current_l[i], ctl)
         R.choices.append(ch)
         R.verdicts.append(verdict)
         R.before_pol.append(cur)
         k_run = int(R.run_row[i])
-        if R.advisory[ni]:
+        if R.recommend[i] and not R.advisory[ni]:
+            # advice a node could follow: sized for the policy advised
+            R.alloc_row[i] = mine.get(ch.policy, k_run)
+        elif R.advisory[ni]:
             R.alloc_row[i] = k_run
         elif ch.switched or k_run < 0:
             R.alloc_row[i] = mine.get(ch.policy, -1)
@@ -250,9 +308,10 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     """One tenant's policy for this round: (the policy in force, the
     choice, the watchdog's verdict or None).
 
-    In force is what the node reports running -- except on an advisory
-    node, where nothing we direct ever runs and the autopilot follows its
-    own last recommendation instead.  A switch the node carried out goes on
+    In force is what the node reports running -- except where directives
+    are advice (an advisory node, a tenant in recommend mode): nothing we
+    direct runs there, and the autopilot follows its own last
+    recommendation instead.  A switch the node carried out goes on
     probation; a failed probation sends the tenant back to the old policy."""
     if advisory:
         cur = st.policy if st.policy is not None else r.policy
@@ -276,7 +335,14 @@ def size_slos(R: Round, ctl) -> None:
     """Read the allocation's curve backwards for the least size meeting
     each SLO (and, for the record, every policy's curve); with headroom
     where the SLO is feasible; for an SLO no size meets, the size where
-    the curve gets within FLAT of its lowest miss ratio."""
+    the curve gets within FLAT of its lowest miss ratio.
+
+    Feasibility is debounced (_debounce_feasibility): a round's verdict
+    rests on one sampled curve and a model fitted on noisy intervals, and
+    taken as it comes it would move a tenant between its SLO's need and
+    its curve's best every other round.  The headroom is the tenant's own
+    observed spread (R.spread, `slo_headroom_sigmas` of it), at least
+    `slo_headroom`."""
     bank, a, b, lb, ub, alloc_row = R.bank, R.a, R.b, R.lb, R.ub, R.alloc_row
     R.slo = R.column(lambda s, r: s.slo.min_throughput if s.slo is not None else 0.0)
     R.has_slo = R.column(lambda s, r: s.slo is not None, dtype=bool)
@@ -290,11 +356,22 @@ def size_slos(R: Round, ctl) -> None:
         need = np.full(R.n, np.inf)
     need = np.where(has_slo & (slo <= 0), 0.0, need)
     R.feasible = np.isfinite(need) & (np.maximum(need, lb) <= ub)
+    R.feasible_now = R.feasible.copy()
     R.need = np.where(R.feasible, np.maximum(need, lb), np.inf)
+    _debounce_feasibility(R, ctl)
     R.need_safe = R.need.copy()
-    hr = np.flatnonzero(R.feasible & has_slo & (slo > 0))
-    if len(hr) and ctl.slo_headroom > 0:
-        m_safe = model.miss_ratio_for(a[hr], b[hr], slo[hr] * (1 + ctl.slo_headroom))
+    spread = R.spread if R.spread is not None else np.zeros(R.n)
+    R.headroom = np.maximum(ctl.slo_headroom, ctl.slo_headroom_sigmas * spread)
+    R.headroom = np.minimum(R.headroom, MAX_HEADROOM)
+    m_spread = R.m_spread if R.m_spread is not None else np.zeros(R.n)
+    hr = np.flatnonzero(R.feasible & has_slo & (slo > 0) & R.has_curve &
+                        ((R.headroom > 0) | (m_spread > 0)))
+    if len(hr):
+        m_safe = model.miss_ratio_for(a[hr], b[hr], slo[hr] * (1 + R.headroom[hr]))
+        # and below the SLO's miss ratio by the curve's own observed error
+        m_star = model.miss_ratio_for(a[hr], b[hr], slo[hr])
+        m_safe = np.where(m_star >= 0, np.minimum(
+            m_safe, m_star - ctl.slo_headroom_sigmas * m_spread[hr]), m_safe)
         safe = bank.size_for(alloc_row[hr], m_safe)
         safe = np.where(m_safe < 0, np.inf, safe)
         R.need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, R.need[hr], ub[hr]),
@@ -306,6 +383,44 @@ def size_slos(R: Round, ctl) -> None:
         floor_m = bank.ys[bank.end(rows_h)]
         R.need_best[hopeless] = np.clip(bank.size_for(rows_h, floor_m + FLAT),
                                         lb[hopeless], ub[hopeless])
+
+
+MAX_HEADROOM = 1.0      # an SLO is never sized for more than twice itself
+SLO_HISTORY = 20        # rounds of feasibility verdicts kept per tenant
+
+
+def _debounce_feasibility(R: Round, ctl) -> None:
+    """Make R.feasible / R.need the verdict in force rather than this
+    round's own: a change takes effect once `slo_feasibility_rounds`
+    rounds in a row agree on it.  Until then a tenant judged feasible
+    keeps the need it had when last judged so (within its bounds now),
+    and one judged infeasible stays served as infeasible.  R.infeasible_share
+    is, per row, the share of its last SLO_HISTORY rounds whose own verdict
+    was that no size meets the SLO (reported with its violations)."""
+    k = ctl.slo_feasibility_rounds
+    R.infeasible_share = np.zeros(R.n)
+    for i in np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve).tolist():
+        st = R.tstates[i]
+        now = bool(R.feasible[i])
+        if not R.learn:
+            st = copy.deepcopy(st)      # a prediction reads the verdict, changes nothing
+        st.slo_history = (list(st.slo_history) + [now])[-SLO_HISTORY:]
+        R.infeasible_share[i] = st.slo_history.count(False) / len(st.slo_history)
+        if st.slo_feasible is None or now == st.slo_feasible:
+            st.slo_feasible, st.slo_disagree = now, 0
+        else:
+            st.slo_disagree += 1
+            if st.slo_disagree >= k:
+                st.slo_feasible, st.slo_disagree = now, 0
+        if st.slo_feasible and now:
+            st.slo_need_pages = float(R.need[i])
+        elif st.slo_feasible and not now:
+            held = st.slo_need_pages if st.slo_need_pages is not None else R.ub[i]
+            R.need[i] = float(np.clip(held, R.lb[i], R.ub[i]))
+            R.feasible[i] = True
+        elif not st.slo_feasible and now:
+            R.need[i] = np.inf
+            R.feasible[i] = False
 
 
 def allocate_memory(R: Round, ctl) -> None:
@@ -343,10 +458,37 @@ def allocate_memory(R: Round, ctl) -> None:
 
 def step_limits(R: Round, ctl) -> None:
     """Move limits toward the targets under the step limit and hysteresis,
-    never below the safety bounds."""
+    never below the safety bounds; a shrink only once it is confirmed
+    (_confirm_shrinks)."""
+    _confirm_shrinks(R, ctl)
     new = allocate.step_limit(R.node_of, R.mem_pages, R.current, R.target, R.lb, R.ub,
                               ctl.max_step_fraction, ctl.hysteresis)
     R.new = np.maximum(new, R.lb)
+
+
+def _confirm_shrinks(R: Round, ctl) -> None:
+    """For a tenant with an SLO, a target below the limit in force counts
+    only as far as the last `shrink_after_rounds` rounds' targets all
+    agree: the target becomes the largest of them, never above the limit
+    in force.  One interval's curve (a phase's first window, a sampled
+    curve's noise) can make a tenant's memory look useless for a round;
+    taken at once, that moved a tenant 179 -> 97 -> 177 MiB in
+    consecutive rounds.  A tenant without an SLO gives memory up at once
+    (an SLO's growth does not wait for it), growth is never delayed, and
+    the step and safety bounds still apply after this."""
+    k = ctl.shrink_after_rounds
+    R.shrink_held = np.zeros(R.n, dtype=bool)
+    for i in np.flatnonzero(R.has_curve & R.has_slo).tolist():
+        st = R.tstates[i]
+        raw = float(R.target[i])
+        recent = list(st.recent_targets)[-(k - 1):] if k > 1 else []
+        st.recent_targets = (recent + [raw])[-max(k - 1, 1):] if k > 1 else []
+        if raw >= R.current[i] or len(recent) < k - 1:
+            continue
+        agreed = min(max(recent + [raw]), float(R.current[i]))
+        if agreed > raw:
+            R.target[i] = agreed
+            R.shrink_held[i] = True
 
 
 def predict(R: Round) -> None:
@@ -356,11 +498,13 @@ def predict(R: Round) -> None:
     R.pred_new = np.full(R.n, np.nan)
     R.pred_old = np.full(R.n, np.nan)
     a, b, bank = R.a, R.b, R.bank
+    R.m_new = np.full(R.n, np.nan)
     cr = np.flatnonzero(R.has_curve)
     if len(cr):
         ar = R.alloc_row[cr]
         R.pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.target[cr]))
-        R.pred_new[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.new[cr]))
+        R.m_new[cr] = bank.miss_at(ar, R.new[cr])
+        R.pred_new[cr] = model.throughput(a[cr], b[cr], R.m_new[cr])
     orr = np.flatnonzero(R.run_row >= 0)
     if len(orr):
         R.pred_old[orr] = model.throughput(a[orr], b[orr],

@@ -31,6 +31,25 @@ class TenantState:
     # policies held off after a switch back -> the last of `rounds` they are.
     probation: Probation | None = None
     held_until: dict[str, int] = field(default_factory=dict)
+    # The SLO's feasibility, debounced (engine/round.py size_slos): the
+    # verdict in force, the rounds in a row that disagreed with it, the
+    # need it had when last feasible (pages), and each round's own verdict
+    # over the last SLO_HISTORY rounds (True: a size met it).
+    slo_feasible: bool | None = None
+    slo_disagree: int = 0
+    slo_need_pages: float | None = None
+    slo_history: list[bool] = field(default_factory=list)
+    spread: float = 0.0             # relative spread of throughput around the model
+    # the allocation's targets (pages) of the last rounds, before a shrink
+    # is confirmed (engine/round.py _confirm_shrinks)
+    recent_targets: list[float] = field(default_factory=list)
+    # what the curve said the miss ratio would be at the limit last
+    # directed (under that policy), and how far the observed miss ratio
+    # came out above such predictions in the last rounds
+    pred_m: float | None = None
+    pred_policy: str | None = None
+    pred_pages: float | None = None
+    m_errors: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +146,11 @@ class Observations:
             self.next = np.concatenate((self.next, np.zeros(grow, dtype=np.int64)))
         self.used += 1
         return self.used - 1
+
+    def add_many(self, slot: int, m: np.ndarray, y: np.ndarray) -> None:
+        """Several observations of one tenant (a restored history)."""
+        for mi, yi in zip(m[-self.window:].tolist(), y[-self.window:].tolist()):
+            self.add(np.array([slot]), np.array([mi]), np.array([yi]))
 
     def add(self, slots: np.ndarray, m: np.ndarray, y: np.ndarray) -> None:
         col = self.next[slots]

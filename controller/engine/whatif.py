@@ -1,0 +1,127 @@
+"""What-if: the engine's answers to an operator's question, with nothing
+changed.
+
+    tenant(...)     one tenant at another limit and/or policy: the miss
+                    ratio its current curve for that policy gives at the
+                    limit, the throughput its fitted model gives at that
+                    miss ratio, and whether that meets its SLO;
+    node_free(...)  a node giving up some memory: the round's allocation
+                    (SLOs first, then marginal throughput) with the node's
+                    memory as it is and with that much less, and what each
+                    tenant would get under each.
+
+Both read the last reports (their curves) and the engine's state (the
+fitted throughput models) and write nothing: the allocation runs the
+round's own steps (engine/round.py) on a Round built here, without the
+steps that learn (fitting, the autopilot's streaks, the watchdog), so
+every tenant stays on the policy it runs.  The curves are read as they
+are, not shifted by their sampling error as the allocation's safety
+margin reads them: a prediction is the best estimate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cachepilot.controller.engine import model
+from cachepilot.controller.engine.round import (allocate_memory, bank_curves, gather_rows,
+                                                size_bounds, size_slos)
+from cachepilot.controller.engine.types import EngineState, TenantState
+from cachepilot.models.mrc import PAGE_SIZE
+
+
+@dataclass
+class Prediction:
+    tenant: str
+    node: str
+    policy: str
+    limit_bytes: int
+    miss_ratio: float
+    throughput: float
+    slo: float | None               # the SLO's minimum throughput, if it has one
+    fitted: bool                    # the model comes from data, not the prior
+
+    @property
+    def slo_met(self) -> bool | None:
+        return None if self.slo is None else self.throughput >= self.slo
+
+
+class WhatIfError(ValueError):
+    """A question the current state cannot answer (said in words)."""
+
+
+def _model(state: EngineState, name: str, spec, ctl):
+    st = state.tenants.get(name)
+    if st is not None and (st.a > 0 or st.b > 0):
+        return st.a, st.b, st.fitted
+    p = spec.model or ctl.prior          # never decided on: the prior as written
+    return p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency, False
+
+
+def tenant(state: EngineState, spec, report, ctl, limit_bytes: int | None = None,
+           policy: str | None = None) -> Prediction:
+    """`spec`'s tenant at `limit_bytes` (default: the limit in force) under
+    `policy` (default: the one running), from `report`'s curves."""
+    if report is None:
+        raise WhatIfError(f"tenant {spec.name!r} has not been reported yet: no curves")
+    policy = policy or report.policy
+    curves = {c.policy: c for c in report.curves}
+    if policy not in curves:
+        have = ", ".join(sorted(curves)) or "none"
+        raise WhatIfError(f"tenant {spec.name!r}: no curve for policy {policy!r} in its "
+                          f"last report (curves: {have})")
+    limit = int(limit_bytes) if limit_bytes else int(report.limit_bytes)
+    if limit <= 0:
+        raise WhatIfError(f"tenant {spec.name!r} has no limit in force: give --limit")
+    m = float(curves[policy].at(limit / PAGE_SIZE))
+    a, b, fitted = _model(state, spec.name, spec, ctl)
+    thr = float(model.throughput(a, b, m))
+    slo = spec.slo.min_throughput if spec.slo is not None else None
+    return Prediction(spec.name, spec.node, policy, limit, m, thr, slo, fitted)
+
+
+def node_free(state: EngineState, config, node: str, reports, memory_bytes: int,
+              free_bytes: int, advisory: bool = False):
+    """[(before, after)] Predictions per tenant of `node`: the allocation at
+    `memory_bytes` and at `memory_bytes - free_bytes`."""
+    if not 0 < free_bytes < memory_bytes:
+        raise WhatIfError(f"node {node!r}: --free must be more than 0 and less than its "
+                          f"{memory_bytes} bytes")
+    if not reports:
+        raise WhatIfError(f"node {node!r} has not reported: no curves")
+    before = _allocate(state, config, node, reports, memory_bytes, advisory)
+    after = _allocate(state, config, node, reports, memory_bytes - free_bytes, advisory)
+    return list(zip(before, after))
+
+
+def _allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
+              advisory: bool) -> list[Prediction]:
+    ctl = config.control
+    specs = {t.name: t for t in config.tenants}
+    nodes = {n.name: n for n in config.nodes}
+    R = gather_rows(state, {node: reports}, specs, nodes, {node: memory_bytes},
+                    {node} if advisory else ())
+    R.learn = False
+    R.tstates = [state.tenants.get(spec.name) or TenantState() for _, spec, _ in R.rows]
+    R.spread = np.array([t.spread for t in R.tstates], dtype=np.float64)
+    ab = [_model(state, spec.name, spec, ctl) for _, spec, _ in R.rows]
+    R.a = np.array([x[0] for x in ab], dtype=np.float64)
+    R.b = np.array([x[1] for x in ab], dtype=np.float64)
+    bank_curves(R, ctl)
+    size_bounds(R, ctl)
+    R.alloc_row = np.where(np.array([not h for h in R.held], dtype=bool), R.run_row, -1)
+    R.has_curve = R.alloc_row >= 0
+    size_slos(R, ctl)
+    allocate_memory(R, ctl)
+    out = []
+    for i, (_, spec, r) in enumerate(R.rows):
+        curve = next((c for c in r.curves if c.policy == r.policy), None)
+        # allocated as the round allocates; predicted on the curve as it is
+        mi = float(curve.at(R.target[i])) if R.has_curve[i] and curve is not None \
+            else float(r.miss_ratio)
+        thr = float(model.throughput(R.a[i], R.b[i], mi))
+        out.append(Prediction(spec.name, node, r.policy, int(R.target[i]) * PAGE_SIZE, mi,
+                              thr, spec.slo.min_throughput if spec.slo else None,
+                              bool(ab[i][2])))
+    return out

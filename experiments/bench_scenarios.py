@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""SLOs on scenarios the controller was not shaped on (issue 15, item 7).
+
+Runs every config in configs/scenarios/ (tenants replaying both shared
+traces, phase changes, every policy allowed, nodes of different sizes)
+three ways, same seeds, side by side:
+
+    equal      the static equal split, kernel default policy
+    fixed      the autopilot as it was before item 7: a fixed 5 % SLO
+               headroom, an SLO's feasibility taken as each round judges it
+               (slo_headroom_sigmas 0, slo_feasibility_rounds 1)
+    autopilot  the autopilot as configured (headroom from the tenant's
+               observed spread, feasibility debounced)
+
+and prints per SLO the share of intervals after warm-up it was met, the
+check the issue asks for (every SLO the equal split meets in >= 95 % of
+intervals is met by the autopilot in >= 95 %), the aggregate throughput
+against the equal split, and per SLO tenant how often its limit swung
+back (a move of >= 5 % of the node's memory followed at once by one the
+other way).
+
+Writes experiments/results/scenarios.json and scenarios.png.
+Usage: experiments/bench_scenarios.py [--intervals N] [--only NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from cachepilot.controller.config import load_config
+from cachepilot.run import run_autopilot, run_static_equal, summarise
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "configs" / "scenarios"
+RESULTS = ROOT / "experiments" / "results"
+TARGET = 0.95           # the issue's share of intervals
+SWING = 0.05            # of the node's memory: a move that counts toward a swing
+
+
+def swings(limits: list[int], memory: int) -> int:
+    """Moves of >= SWING x memory followed at once by one the other way."""
+    d = [b - a for a, b in zip(limits, limits[1:])]
+    big = SWING * memory
+    return sum(1 for x, y in zip(d, d[1:]) if abs(x) >= big and abs(y) >= big and x * y < 0)
+
+
+def run_scenario(path: Path, intervals: int) -> dict:
+    cfg = load_config(path)
+    warmup = cfg.control.warmup_intervals if intervals > cfg.control.warmup_intervals else 0
+    fixed_cfg = cfg.model_copy(deep=True)
+    fixed_cfg.control.slo_headroom_sigmas = 0.0
+    fixed_cfg.control.slo_feasibility_rounds = 1
+    runs, seconds = {}, {}
+    for name, fn in (("equal", lambda: run_static_equal(cfg, intervals)),
+                     ("fixed", lambda: run_autopilot(fixed_cfg, intervals)[0]),
+                     ("autopilot", lambda: run_autopilot(cfg, intervals)[0])):
+        started = time.monotonic()
+        runs[name] = summarise(cfg, fn(), warmup)
+        seconds[name] = time.monotonic() - started
+    memory = {n.name: n.memory_bytes for n in cfg.nodes}
+    slos = []
+    for i, t in enumerate(cfg.tenants):
+        if t.slo is None:
+            continue
+        row = {"tenant": t.name, "node": t.node, "slo": t.slo.min_throughput}
+        for name, (tenants, _) in runs.items():
+            rec = tenants[i]
+            row[name] = rec["met_fraction"]
+            if name != "equal":
+                row[f"{name}_swings"] = swings([h["limit_bytes"] for h in rec["history"]],
+                                               memory[t.node])
+        row["required"] = row["equal"] >= TARGET
+        row["ok"] = row["autopilot"] >= TARGET if row["required"] else None
+        slos.append(row)
+    totals = {name: total for name, (_, total) in runs.items()}
+    return {
+        "scenario": path.stem, "config": str(path.relative_to(ROOT)),
+        "intervals": intervals, "warmup_intervals": warmup,
+        "nodes": {n.name: n.memory_bytes for n in cfg.nodes},
+        "slos": slos, "aggregate_throughput": totals,
+        "ratio_vs_equal": {k: totals[k] / totals["equal"] for k in ("fixed", "autopilot")},
+        "check_passed": all(r["ok"] is not False for r in slos),
+        "seconds": seconds,
+    }
+
+
+def plot(results: list[dict], out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 4), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        names = [s["tenant"] for s in r["slos"]]
+        x = np.arange(len(names))
+        for k, (key, colour) in enumerate((("equal", "#999999"), ("fixed", "#e0a040"),
+                                           ("autopilot", "#3070c0"))):
+            ax.bar(x + (k - 1) * 0.27, [100 * s[key] for s in r["slos"]], 0.27,
+                   label=key, color=colour)
+        ax.axhline(100 * TARGET, color="black", lw=0.8, ls="--")
+        ax.set_xticks(x, names)
+        ax.set_ylim(0, 105)
+        ratio = r["ratio_vs_equal"]
+        ax.set_title(f"{r['scenario']}: aggregate {ratio['autopilot']:.2f}x equal "
+                     f"(fixed {ratio['fixed']:.2f}x)", fontsize=9)
+        ax.set_ylabel("% of intervals the SLO is met")
+    axes[0][0].legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--intervals", type=int, default=100)
+    ap.add_argument("--only", nargs="*", help="scenario names (default: all)")
+    args = ap.parse_args(argv)
+    paths = sorted(SCENARIOS.glob("*.yaml"))
+    if args.only:
+        paths = [p for p in paths if p.stem in args.only]
+        if not paths:
+            print(f"bench_scenarios: no scenario named {' '.join(args.only)} in "
+                  f"{SCENARIOS}", file=sys.stderr)
+            return 2
+    results = []
+    for i, path in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {path.stem}: {args.intervals} intervals x 3 runs ...",
+              flush=True)
+        r = run_scenario(path, args.intervals)
+        results.append(r)
+        ratio = r["ratio_vs_equal"]
+        print(f"  aggregate vs equal split: autopilot {ratio['autopilot']:.2f}x, "
+              f"fixed headroom {ratio['fixed']:.2f}x")
+        for s in r["slos"]:
+            verdict = "-" if s["ok"] is None else "ok" if s["ok"] else "MISSED"
+            print(f"  SLO {s['tenant']:8} {s['slo']:>9,.0f}/s met: equal "
+                  f"{100 * s['equal']:5.1f}%  fixed {100 * s['fixed']:5.1f}% "
+                  f"(swings {s['fixed_swings']})  autopilot {100 * s['autopilot']:5.1f}% "
+                  f"(swings {s['autopilot_swings']})  check {verdict}")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "scenarios" if not args.only else "scenarios-" + "-".join(p.stem for p in paths)
+    (RESULTS / f"{name}.json").write_text(json.dumps(
+        {"intervals": args.intervals, "target": TARGET, "scenarios": results}, indent=1))
+    plot(results, RESULTS / f"{name}.png")
+    passed = all(r["check_passed"] for r in results)
+    print(f"every SLO the equal split meets in >= {TARGET:.0%} of intervals is met by the "
+          f"autopilot in >= {TARGET:.0%}: {'yes' if passed else 'NO'}")
+    print(f"wrote {RESULTS / (name + '.json')} and .png")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
