@@ -273,7 +273,7 @@ def test_the_run_configs_are_valid_where_the_loaders_read_them(tmp_path, monkeyp
     from cachepilot.controller.config import config_from_dict as controller_cfg
     monkeypatch.setattr(e2e_lib.shutil, "which", lambda _: "/bin/true")
     sizes = {"search": 100 * MiB, "zipf": 320 * MiB, "stream": 512 * MiB,
-             "kv_keys": 500_000, "kv_skew": e2e_vm.KV_SKEW}
+             "kv_keys": 500_000, "kv_bytes": 200 * MiB, "kv_skew": e2e_vm.KV_SKEW}
     ts = e2e_lib.tenants(tmp_path, sizes, 60, phased=True, policies=e2e_vm.ALLOWED)
     for port, t in enumerate(ts, 9000):
         t.port = port
