@@ -92,7 +92,7 @@ class ControlSpec(Strict):
     # `slo_headroom_sigmas` times the observed relative spread of the
     # tenant's throughput around its model, and at least `slo_headroom`.
     slo_headroom: float = Field(0.05, ge=0, le=1)
-    slo_headroom_sigmas: float = Field(2.0, ge=0, le=10)
+    slo_headroom_sigmas: float = Field(1.0, ge=0, le=10)
     # Whether an SLO can be met at all is judged every round on a noisy
     # curve and model; a change of that verdict takes effect only after
     # this many rounds in a row agree, so a tenant's memory does not swing

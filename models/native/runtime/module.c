@@ -374,8 +374,11 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef runtime_module = {
-	PyModuleDef_HEAD_INIT, "_runtime",
-	"cache_ext policy runtime (native)", -1, module_methods,
+	PyModuleDef_HEAD_INIT,
+	.m_name = "_runtime",
+	.m_doc = "cache_ext policy runtime (native)",
+	.m_size = -1,
+	.m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__runtime(void)
