@@ -4,7 +4,7 @@
 # of the file, with no policy, the no-op policy and FIFO, interleaved over
 # several rounds.  Each run's fio JSON goes to the log between markers.
 #   bench-fio.sh ROUNDS SECONDS
-B=/cachepilot/bpf
+. /cachepilot/testlib.sh
 CG=/sys/fs/cgroup
 ROUNDS=${1:-3}
 RUNTIME=${2:-15}
@@ -16,19 +16,11 @@ echo 16M >$CG/bench/memory.max
 cxtest mkfile $FILE 64 || exit 1
 
 run() {	# run CONFIG ROUND
-	sync
-	echo 3 >/proc/sys/vm/drop_caches
+	drop_caches
 	if [ $1 != none ]; then
 		cxtest attach $B/$1.bpf.o $CG/bench /sys/fs/bpf/bench || return 1
 	fi
-	# fio (and the job it forks) runs inside the cgroup
-	sh -c "echo \$\$ >$CG/bench/cgroup.procs && exec fio --name=rr \
-		--filename=$FILE --rw=randread --bs=4k --ioengine=psync \
-		--fadvise_hint=random --time_based --runtime=$RUNTIME --eta=never \
-		--output-format=json --output=/tmp/fio.json" || return 1
-	echo "FIO-BEGIN $1 $2"
-	cat /tmp/fio.json
-	echo "FIO-END"
+	fio_randread $CG/bench $FILE $RUNTIME "$1 $2" || return 1
 	echo "MEMORY $1 current=$(cat $CG/bench/memory.current) max=$(cat $CG/bench/memory.max)"
 	if [ $1 != none ]; then
 		echo "STATS $1 $(tr '\n' ' ' <$CG/bench/memory.cache_ext)"

@@ -30,13 +30,7 @@ fio --version || exit 1
 run() {	# run POLICY ROUND
 	drop_caches
 	policyctl attach $CG/bench "$1" || return 1
-	sh -c "echo \$\$ >$CG/bench/cgroup.procs && exec fio --name=rr \
-		--filename=$FILE --rw=randread --bs=4k --ioengine=psync \
-		--fadvise_hint=random --time_based --runtime=$RUNTIME --eta=never \
-		--output-format=json --output=/tmp/fio.json" || return 1
-	echo "FIO-BEGIN $1 $2"
-	cat /tmp/fio.json
-	echo "FIO-END"
+	fio_randread $CG/bench $FILE $RUNTIME "$1 $2" || return 1
 	echo "STATS $1 $2 $(tr '\n' ' ' <$CG/bench/memory.cache_ext)"
 	echo "PROGS $1 $2 $(in_host / bpftool -j prog show | tr -d '\n')"
 	policyctl detach $CG/bench >/dev/null

@@ -32,6 +32,20 @@ release_percpu() {
 	done
 }
 
+# fio_randread CGDIR FILE SECONDS TAG: fio's 4 KiB random reads of FILE
+# (psync, readahead off through --fadvise_hint=random) from inside CGDIR
+# (fio and the job it forks) for SECONDS; its JSON goes to the log between
+# "FIO-BEGIN TAG" and "FIO-END", where the host's benchmark reads it
+fio_randread() {
+	sh -c "echo \$\$ >$1/cgroup.procs && exec fio --name=rr \
+		--filename=$2 --rw=randread --bs=4k --ioengine=psync \
+		--fadvise_hint=random --time_based --runtime=$3 --eta=never \
+		--output-format=json --output=/tmp/fio.json" || return 1
+	echo "FIO-BEGIN $4"
+	cat /tmp/fio.json
+	echo "FIO-END"
+}
+
 # summary NAME: the "NAME: X passed, Y failed" line; true when none failed
 summary() {
 	echo "$1: $passes passed, $fails failed"
