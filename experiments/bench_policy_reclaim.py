@@ -152,7 +152,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     kernel = REPO / "kernel" / "out" / "build" / "arch" / "x86" / "boot" / "bzImage"
     if args.log:
-        log = args.log.read_text(errors="replace")
+        try:
+            log = args.log.read_text(errors="replace")
+        except OSError as err:
+            print(f"bench_policy_reclaim: error: {args.log}: {err.strerror}", file=sys.stderr)
+            return 2
     elif not kernel.exists() or not (REPO / "bpf" / "out" / "policyctl").exists():
         print("bench_policy_reclaim: skipped: needs the cache_ext kernel (make kernel) "
               "and the policy loader (make build)")
