@@ -277,7 +277,7 @@ def sampler_stack_of(tmp_path, procs, ports, root, cg, data) -> dict:
     procs.start(setpriv_without_bpf() + agent_config("stats", ports["stats"], 1 << 22),
                 "agent-stats")
     procs.start([sys.executable, Path(__file__).parent / "watchdog_revert_run.py",
-                 ports["ctl"], 0.5], "revert")
+                 ports["ctl"], 0.5, tmp_path / "revert-go"], "revert")
     prom = start_prometheus(procs, {"cachepilot-agent": [ports["drops"], ports["stats"]],
                                     "cachepilot-controller": [ports["ctl"]]},
                             ports["prom"])
@@ -306,7 +306,13 @@ def test_drops_stats_only_and_a_revert_fire_live(sampler_stack):
     assert not any(a["alertname"] == "CachepilotAgentStatsOnly" and a["instance"] == drops_at
                    for a in alerts(prom))
 
-    # the watchdog undoes the lying policy's switch, counted from 0
+    # the watchdog undoes the lying policy's switch, counted from 0: the
+    # run goes on only once Prometheus holds the counter at 0 (a first
+    # sample taken after the revert would show no increase)
+    wait_for("the revert counter scraped at 0", lambda: any(
+        r["metric"].get("tenant") == "victim" and float(r["value"][1]) == 0
+        for r in query(prom, "cachepilot_watchdog_reverts_total")))
+    (tmp / "revert-go").touch()
     wait_for("CachepilotPolicyReverted for the victim", lambda: any(
         a["alertname"] == "CachepilotPolicyReverted" and a.get("tenant") == "victim"
         for a in alerts(prom)), timeout=120)
