@@ -460,35 +460,35 @@ int BPF_PROG(on_get_pages, struct address_space *mapping, unsigned long index,
 	return 0;
 }
 
+/* The counters of the watched cgroup that charges folio, else NULL. */
+static __always_inline struct cp_counters *folio_counters(struct folio *folio)
+{
+	struct cp_cpu *cpu = this_cpu_state();
+
+	return cpu ? watched(cpu, folio_memcg_css(folio)) : NULL;
+}
+
 SEC("tp_btf/mm_filemap_add_to_page_cache")
 int BPF_PROG(on_add_folio, struct folio *folio)
 {
-	struct cp_cpu *cpu = this_cpu_state();
-	struct cp_counters *c;
+	struct cp_counters *c = folio_counters(folio);
 
-	if (!cpu)
-		return 0;
-	c = watched(cpu, folio_memcg_css(folio));
-	if (!c)
-		return 0;
-	c->inserts += 1ULL << folio_order_of(folio);
-	c->insert_events++;
+	if (c) {
+		c->inserts += 1ULL << folio_order_of(folio);
+		c->insert_events++;
+	}
 	return 0;
 }
 
 SEC("tp_btf/mm_filemap_delete_from_page_cache")
 int BPF_PROG(on_delete_folio, struct folio *folio)
 {
-	struct cp_cpu *cpu = this_cpu_state();
-	struct cp_counters *c;
+	struct cp_counters *c = folio_counters(folio);
 
-	if (!cpu)
-		return 0;
-	c = watched(cpu, folio_memcg_css(folio));
-	if (!c)
-		return 0;
-	c->removals += 1ULL << folio_order_of(folio);
-	c->removal_events++;
+	if (c) {
+		c->removals += 1ULL << folio_order_of(folio);
+		c->removal_events++;
+	}
 	return 0;
 }
 
