@@ -98,6 +98,11 @@ class ControlSpec(Strict):
     # this many rounds in a row agree, so a tenant's memory does not swing
     # between its SLO's need and its curve's best every other round.
     slo_feasibility_rounds: int = Field(3, ge=1, le=100)
+    # A tenant whose SLO no size meets takes no memory ahead of the others:
+    # in the marginal stage its modelled gains count this many times, so it
+    # wins the memory that moves it toward its SLO unless another tenant
+    # would gain more than that many times as much from it (1: none).
+    slo_shortfall_weight: float = Field(2.0, ge=1, le=100)
     # An SLO tenant's limit shrinks only as far as the targets of this many
     # rounds in a row agree (1: at once); growth is never delayed, and a
     # tenant without an SLO shrinks at once.

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from cachepilot.controller.engine.emit import emit
-from cachepilot.controller.engine.round import (FLAT, allocate_memory, bank_curves,
+from cachepilot.controller.engine.round import (allocate_memory, bank_curves,
                                                 choose_policies, fit_models,
                                                 gather_rows, predict, size_bounds,
                                                 size_slos, step_limits)
@@ -40,7 +40,7 @@ from cachepilot.controller.engine.types import (Decision, EngineState, LogEntry,
                                                 TenantPlan, TenantState, Violation)
 from cachepilot.protocol.types import TenantReport
 
-__all__ = ["decide", "keep_freed_memory", "FLAT", "Decision", "EngineState", "LogEntry",
+__all__ = ["decide", "keep_freed_memory", "Decision", "EngineState", "LogEntry",
            "TenantPlan", "TenantState", "Violation"]
 
 

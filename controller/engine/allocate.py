@@ -11,8 +11,10 @@ in 4 KiB pages as floats; `node` gives each row's node index):
    (control.slo_headroom), so that noise in one interval does not miss it.
    A need that does not fit is skipped rather than half-served: half an
    SLO's memory buys no attainment and would starve the next tenant.  An
-   SLO no size can meet is still the operator's wish: last, such a tenant
-   is raised toward the size where its curve stops improving.
+   SLO no size can meet is weighed in stage 2 instead (its gains count
+   more there, control.slo_shortfall_weight): raised ahead of everyone to
+   where its curve flattens, it took memory that bought it nothing where
+   its throughput was bound by CPU, not misses.
 
 2. distribute: what is left goes where modelled aggregate throughput gains
    most.  Each tenant's throughput-vs-size points are read on the curve's
@@ -47,8 +49,7 @@ from cachepilot.controller.engine.curves import miss_at
 from cachepilot.controller.engine.model import throughput
 
 
-def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
-               need_best=None):
+def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None):
     """Returns (x_lo, granted): the size each tenant is raised to before the
     marginal stage and whether its SLO need was granted.
 
@@ -59,10 +60,6 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
     granted tenants are raised toward it, again by priority, only with
     memory left once every SLO that fits has its plain need -- headroom for
     one never costs another its SLO.
-    need_best: optionally, for SLOs no size meets (need is inf), the size
-    that comes closest (where the curve stops improving); such tenants are
-    raised toward it, by priority, with what is left after that -- partly
-    if need be, since every page moves them closer.
     """
     x_lo = lb.copy()
     granted = np.zeros(len(lb), dtype=bool)
@@ -88,10 +85,6 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
             granted[i] = True
     if need_safe is not None:
         raise_toward(seq[granted[seq]].tolist(), need_safe)
-    if need_best is not None:
-        best = np.flatnonzero(has_slo & ~np.isfinite(need) & np.isfinite(need_best))
-        raise_toward(best[np.lexsort((order[best], -priority[best], node[best]))].tolist(),
-                     need_best)
     return x_lo, granted
 
 

@@ -23,7 +23,6 @@ from cachepilot.controller.engine.types import EngineState, Observations, Tenant
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import TenantReport
 
-FLAT = 0.01                # miss ratio within which a curve has stopped improving
 
 
 @dataclass
@@ -82,7 +81,6 @@ class Round:
     feasible_now: np.ndarray = None  # this round's own verdict (feasible: in force)
     shrink_held: np.ndarray = None   # step_limits: a shrink not yet confirmed
     infeasible_share: np.ndarray = None  # share of recent rounds no size met the SLO
-    need_best: np.ndarray = None     # for an SLO no size meets: where it flattens
     # allocate_memory
     target: np.ndarray = None
     x_lo: np.ndarray = None          # sizes after the SLO stage
@@ -334,8 +332,8 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
 def size_slos(R: Round, ctl) -> None:
     """Read the allocation's curve backwards for the least size meeting
     each SLO (and, for the record, every policy's curve); with headroom
-    where the SLO is feasible; for an SLO no size meets, the size where
-    the curve gets within FLAT of its lowest miss ratio.
+    where the SLO is feasible.  An SLO no size meets gets no size here: it
+    is weighed in the marginal stage instead (allocate_memory).
 
     Feasibility is debounced (_debounce_feasibility): a round's verdict
     rests on one sampled curve and a model fitted on noisy intervals, and
@@ -376,13 +374,6 @@ def size_slos(R: Round, ctl) -> None:
         safe = np.where(m_safe < 0, np.inf, safe)
         R.need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, R.need[hr], ub[hr]),
                                    R.need[hr])
-    R.need_best = np.full(R.n, np.inf)
-    hopeless = np.flatnonzero(has_slo & R.has_curve & (slo > 0) & ~R.feasible)
-    if len(hopeless):
-        rows_h = alloc_row[hopeless]
-        floor_m = bank.ys[bank.end(rows_h)]
-        R.need_best[hopeless] = np.clip(bank.size_for(rows_h, floor_m + FLAT),
-                                        lb[hopeless], ub[hopeless])
 
 
 MAX_HEADROOM = 1.0      # an SLO is never sized for more than twice itself
@@ -434,7 +425,7 @@ def allocate_memory(R: Round, ctl) -> None:
     R.x_lo, R.granted = allocate.serve_slos(
         node_of, R.mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
         R.need, R.has_slo & has_curve, R.column(lambda s, r: s.priority), order,
-        R.need_safe, R.need_best)
+        R.need_safe)
     over = np.bincount(node_of, weights=lb, minlength=nn) > R.mem_pages
     for ni in np.flatnonzero(over).tolist():
         R.notes.append(f"node {R.nodes[ni]!r}: floors and anonymous memory (+ margin) add "
@@ -452,6 +443,12 @@ def allocate_memory(R: Round, ctl) -> None:
         t_eq = model.throughput(a_w, b_w, R.bank.miss_at(R.alloc_row[cr], R.equal[cr]))
         k = np.where(np.isfinite(t_eq) & (t_eq > 0), t_eq, 1.0)
         a_w, b_w = a_w * k, b_w * k
+    # an SLO no size meets: its gains count slo_shortfall_weight times
+    # (throughput(a / w, b / w, m) = w throughput(a, b, m)), so it wins what
+    # moves it toward the SLO but cannot starve a tenant that gains more
+    w = np.where(R.has_slo[cr] & (R.slo[cr] > 0) & ~R.feasible[cr],
+                 ctl.slo_shortfall_weight, 1.0)
+    a_w, b_w = a_w / w, b_w / w
     R.target[cr] = allocate.distribute(node_of[cr], budget, R.x_lo[cr], R.ub[cr],
                                        pxs, pys, a_w, b_w)
 
