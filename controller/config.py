@@ -73,6 +73,12 @@ class ControlSpec(Strict):
     # gain exceeds `autopilot_threshold` for `autopilot_k` intervals in a row.
     autopilot_threshold: float = Field(0.05, ge=0)
     autopilot_k: int = Field(3, ge=1)
+    # The policy that runs no hooks: the kernel's own.  A tenant on another
+    # policy goes back to it when that policy no longer beats it by more
+    # than half of `autopilot_threshold` for `autopilot_k` intervals in a
+    # row -- a cache_ext policy costs CPU on every access, which no curve
+    # shows, so it has to earn it.  None: no policy is preferred.
+    autopilot_baseline: str | None = "linux"
     # Model watchdog (engine/watchdog.py): after a switch, watch the first
     # `watchdog_intervals` intervals the new policy is reported running; if
     # its mean observed miss ratio exceeds what the old policy's curve

@@ -539,3 +539,56 @@ def test_unknown_throughput_holds_the_tenant_and_never_raises_its_limit():
     loop.reports = real
     loop.step()
     assert loop.limit["x"] > GiB // 4
+
+
+def test_a_policy_that_no_longer_earns_its_hooks_goes_back_to_the_kernels_own():
+    # s3fifo wins, then the tenant's curves converge (its data comes to
+    # fit: every policy scores the same); a cache_ext policy then costs CPU
+    # for nothing, and the autopilot goes back to linux after K rounds --
+    # unless no baseline is configured.
+    def run(baseline):
+        synth = {"a": tenant("a", 0.8, 0.8, POLS, better={"s3fifo": 1.6, "lru": 0.9}),
+                 "b": tenant("b", 0.8, 0.8, POLS)}
+        loop = Loop(make([{"name": n, "node": "n1"} for n in "ab"], autopilot_k=3,
+                         autopilot_baseline=baseline), synth)
+        for _ in range(4):
+            loop.step()
+        assert loop.policy["a"] == "s3fifo"
+        synth["a"].curves = {p: power_curve(p, 0.8 * PAGES, 0.8, 0.01, PAGES) for p in POLS}
+        seen = []
+        for _ in range(5):
+            loop.step()
+            seen.append(loop.policy["a"])
+        return loop, seen
+
+    loop, seen = run("linux")
+    assert seen == ["s3fifo", "s3fifo", "linux", "linux", "linux"]
+    back = [e for d in loop.decisions for e in d.log if e.kind == "policy"][-1]
+    assert (back.before, back.after) == ("s3fifo", "linux")
+    assert "runs no policy hooks" in back.message
+    _, seen = run(None)
+    assert seen == ["s3fifo"] * 5
+
+
+def test_a_lead_over_the_kernels_own_inside_the_threshold_keeps_the_policy():
+    # the dead band: a lead over linux of more than half the threshold
+    # (here 4 % against a 5 % threshold) is not enough to switch to the
+    # policy, nor little enough to leave it
+    from cachepilot.controller.engine.autopilot import choose_policy
+    from cachepilot.controller.engine.types import TenantState
+    allowed = ["linux", "s3fifo"]
+    st = TenantState()
+    for _ in range(6):
+        ch = choose_policy("s3fifo", allowed, {"linux": 100.0, "s3fifo": 104.0}, st,
+                           0.05, 3, baseline="linux")
+        assert ch.policy == "s3fifo" and not ch.switched
+    st = TenantState()
+    for _ in range(6):
+        ch = choose_policy("linux", allowed, {"linux": 100.0, "s3fifo": 104.0}, st,
+                           0.05, 3, baseline="linux")
+        assert ch.policy == "linux" and not ch.switched
+    # at a lead of 2 % it goes back, after K rounds
+    st = TenantState()
+    got = [choose_policy("s3fifo", allowed, {"linux": 100.0, "s3fifo": 102.0}, st,
+                         0.05, 3, baseline="linux") for _ in range(3)]
+    assert [c.switched for c in got] == [False, False, True] and got[-1].policy == "linux"

@@ -9,6 +9,14 @@ K windows.  A policy the tenant is not (or no longer) allowed is left at
 once.  Policies the watchdog holds off (engine/watchdog.py) are treated as
 not allowed for as long as it holds them.  Ties go to the policy in force,
 then to the alphabetically first, so the choice is deterministic.
+
+One policy is preferred, the baseline (the kernel's own): it runs no BPF
+hooks, and a cache_ext policy's hooks cost CPU on every access that no
+curve shows -- a file cached whole scores the same under every policy,
+yet runs slower under any but the kernel's.  A tenant on another policy
+goes back to the baseline once that policy's lead over it stays within
+half the threshold for K rounds; the half is the dead band that keeps a
+lead near the threshold from switching back and forth.
 """
 from __future__ import annotations
 
@@ -29,13 +37,15 @@ class PolicyChoice:
 
 def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
                   st: TenantState, threshold: float, k: int,
-                  held_off: Collection[str] = ()) -> PolicyChoice:
+                  held_off: Collection[str] = (), baseline: str | None = None
+                  ) -> PolicyChoice:
     """Update st's streak and say which policy to direct.
 
     current: the policy in force (decide() says which that is);
     allowed: policies the tenant may use (sorted); scores: modelled
     throughput at the current size for each allowed policy with a curve;
-    held_off: policies the watchdog does not let it use for now."""
+    held_off: policies the watchdog does not let it use for now;
+    baseline: the policy to go back to when no other earns its hooks."""
     if held_off:
         allowed = [p for p in allowed if p not in held_off]
         scores = {p: v for p, v in scores.items() if p not in held_off}
@@ -53,9 +63,14 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
     base = scores.get(current)
     gain = float("inf") if not base else top / base - 1.0
     if best == current or gain <= threshold:
+        if baseline is not None and current != baseline and scores.get(baseline) and base:
+            return _back_to_baseline(current, baseline, base / scores[baseline] - 1.0,
+                                     st, threshold, k, best, gain)
         st.streak, st.streak_policy = 0, None
         return PolicyChoice(current, False, best, max(gain, 0.0) if best != current else 0.0,
                             "keep")
+    if st.streak_policy is not None and st.streak_policy == baseline != best:
+        st.streak = 0               # the rounds counted were toward the baseline
     st.streak += 1
     st.streak_policy = best
     if st.streak >= k:
@@ -65,4 +80,27 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
                             f"{best} beats {current} ({what}) for {k} intervals")
     return PolicyChoice(current, False, best, gain,
                         f"{best} beats {current} by {gain:.1%} "
+                        f"({st.streak}/{k} intervals)")
+
+
+def _back_to_baseline(current: str, baseline: str, lead: float, st: TenantState,
+                      threshold: float, k: int, best: str, gain: float) -> PolicyChoice:
+    """The baseline is allowed and scored, and no policy beats the one in
+    force by the threshold: count the rounds in which the policy in force
+    leads the baseline by at most half the threshold."""
+    if lead > threshold / 2:
+        st.streak, st.streak_policy = 0, None
+        return PolicyChoice(current, False, best, max(gain, 0.0) if best != current else 0.0,
+                            "keep")
+    if st.streak_policy != baseline:
+        st.streak = 0
+    st.streak += 1
+    st.streak_policy = baseline
+    if st.streak >= k:
+        st.streak, st.streak_policy = 0, None
+        return PolicyChoice(baseline, True, best, -lead,
+                            f"{current} leads {baseline} by {lead:+.1%} only, for {k} "
+                            f"intervals: back to {baseline}, which runs no policy hooks")
+    return PolicyChoice(current, False, best, 0.0,
+                        f"{current} leads {baseline} by {lead:+.1%} only "
                         f"({st.streak}/{k} intervals)")

@@ -314,7 +314,7 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     if advisory:
         cur = st.policy if st.policy is not None else r.policy
         return cur, choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold,
-                                  ctl.autopilot_k), None
+                                  ctl.autopilot_k, baseline=ctl.autopilot_baseline), None
     cur = r.policy
     verdict = watchdog.check(st, r, limit_pages, ctl.watchdog_intervals,
                              ctl.watchdog_margin, ctl.watchdog_cooldown)
@@ -323,7 +323,7 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
         return cur, PolicyChoice(verdict.old, True, verdict.old, 0.0,
                                  f"watchdog: back to {verdict.old}: {verdict.reason}"), verdict
     ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
-                       watchdog.held_off(st))
+                       watchdog.held_off(st), ctl.autopilot_baseline)
     if ch.switched and cur in allowed:
         watchdog.start(st, ch.policy, cur)
     return cur, ch, verdict
