@@ -259,6 +259,16 @@ typedef struct {
 	int busy;	/* a feed runs without the GIL; refuse concurrent use */
 } StackDistObject;
 
+/* -1, with the error set, while a feed holds the object. */
+static int sd_busy(StackDistObject *self)
+{
+	if (!self->busy)
+		return 0;
+	PyErr_SetString(PyExc_RuntimeError,
+			"StackDist is being fed by another thread");
+	return -1;
+}
+
 /* Called with the GIL held, so the check and the set cannot race. */
 static int sd_enter(StackDistObject *self)
 {
@@ -266,12 +276,7 @@ static int sd_enter(StackDistObject *self)
 		PyErr_SetString(PyExc_RuntimeError, "StackDist not initialised");
 		return -1;
 	}
-	if (self->busy) {
-		PyErr_SetString(PyExc_RuntimeError,
-				"StackDist is being fed by another thread");
-		return -1;
-	}
-	return 0;
+	return sd_busy(self);
 }
 
 static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
@@ -302,11 +307,8 @@ static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_ValueError, "threshold must be positive");
 		return -1;
 	}
-	if (self->busy) {
-		PyErr_SetString(PyExc_RuntimeError,
-				"StackDist is being fed by another thread");
+	if (sd_busy(self))
 		return -1;
-	}
 	if (self->ready)
 		cp_sd_free(&self->sd);
 	self->ready = 0;
