@@ -468,27 +468,36 @@ static __always_inline struct cp_counters *folio_counters(struct folio *folio)
 	return cpu ? watched(cpu, folio_memcg_css(folio)) : NULL;
 }
 
+/* A folio of a watched cgroup entering (in) or leaving the page cache:
+ * its pages and one event. */
+static __always_inline void count_folio(struct folio *folio, bool in)
+{
+	struct cp_counters *c = folio_counters(folio);
+	__u64 pages;
+
+	if (!c)
+		return;
+	pages = 1ULL << folio_order_of(folio);
+	if (in) {
+		c->inserts += pages;
+		c->insert_events++;
+	} else {
+		c->removals += pages;
+		c->removal_events++;
+	}
+}
+
 SEC("tp_btf/mm_filemap_add_to_page_cache")
 int BPF_PROG(on_add_folio, struct folio *folio)
 {
-	struct cp_counters *c = folio_counters(folio);
-
-	if (c) {
-		c->inserts += 1ULL << folio_order_of(folio);
-		c->insert_events++;
-	}
+	count_folio(folio, true);
 	return 0;
 }
 
 SEC("tp_btf/mm_filemap_delete_from_page_cache")
 int BPF_PROG(on_delete_folio, struct folio *folio)
 {
-	struct cp_counters *c = folio_counters(folio);
-
-	if (c) {
-		c->removals += 1ULL << folio_order_of(folio);
-		c->removal_events++;
-	}
+	count_folio(folio, false);
 	return 0;
 }
 

@@ -24,7 +24,6 @@ Writes experiments/results/bench_policies.json and bench_policies.png.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,8 @@ import numpy as np
 from cachepilot.models import policy_fidelity as fid
 from cachepilot.models import runtime
 from cachepilot.models.traces.readers import read_keys
+
+import study_output
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared" / "traces"
@@ -180,10 +181,7 @@ def main(argv=None) -> int:
         print(f"{n:>12}: " + ", ".join(f"{t} {v:.4f}" for t, v in d.items()) +
               f"   (largest {max(d.values()):.4f})")
     result["speed"] = speed()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_policies.json").write_text(json.dumps(result, indent=1))
-    plot(result, RESULTS / "bench_policies.png")
-    print(f"wrote {RESULTS / 'bench_policies.json'} and bench_policies.png")
+    study_output.write(RESULTS / "bench_policies", result, lambda png: plot(result, png))
     return 0
 
 

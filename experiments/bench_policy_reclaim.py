@@ -33,6 +33,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import study_output
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
@@ -187,14 +189,11 @@ def main(argv=None) -> int:
         print(f"{p:>13} {t['reclaim_vs_fifo']:12.2f}x {t['hooks_vs_fifo']:12.2f}x "
               f"{t['cpu_per_read_vs_fifo']:12.2f}x   ({t['reclaim_ns_per_page']:.0f} / "
               f"{t['hooks_ns_per_page']:.0f} ns, {t['cpu_us_per_read']:.0f} us)")
-    RESULTS.mkdir(exist_ok=True)
     out = {"what": "fio randread 4 KiB, psync, readahead off, 64 MiB file, cgroup "
                    "memory.max 16 MiB, BPF statistics per policy program, qemu TCG",
            "rounds": args.rounds, "seconds_per_run": args.seconds,
            "host_load_average": os.getloadavg(), "policies": table}
-    (RESULTS / "bench_policy_reclaim.json").write_text(json.dumps(out, indent=1))
-    plot(table, RESULTS / "bench_policy_reclaim.png")
-    print(f"wrote {RESULTS / 'bench_policy_reclaim.json'} and bench_policy_reclaim.png")
+    study_output.write(RESULTS / "bench_policy_reclaim", out, lambda png: plot(table, png))
     return 0
 
 

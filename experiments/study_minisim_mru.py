@@ -39,7 +39,7 @@ import numpy as np
 from cachepilot.models import generators as gen
 from cachepilot.models import runtime
 from cachepilot.models.mruchain import MRUChain, exact_miss_ratios
-from cachepilot.models.shards import SALT_SEED, hash_salts, rate_threshold
+from cachepilot.models.shards import hash_salts, rate_threshold
 
 import study_output
 
@@ -183,9 +183,8 @@ def main(argv=None) -> int:
               f" {fmt('miniature'):>20s} {fmt('chain'):>20s} {fmt('timed'):>20s}"
               f"  {o['miniature']['mean'] / max(o['chain']['mean'], 1e-12):5.1f}x"
               f"  {r['chain_every_access_sampled']:.4f}", flush=True)
-    doc = study_output.salted_run(args.rate, args.salts, SALT_SEED, t0, workloads=results,
-                                  sizes="12 log-spaced, 1-100 % of unique pages")
-    study_output.write(args.out, doc, lambda png: plot(results, args.rate, png))
+    study_output.write_salted(args, t0, lambda png: plot(results, args.rate, png),
+                              workloads=results, sizes="12 log-spaced, 1-100 % of unique pages")
     return 0
 
 

@@ -42,7 +42,7 @@ import numpy as np
 
 from cachepilot.models.exact import (COLD, as_keys, misses_from_distances,
                                     stack_distances)
-from cachepilot.models.shards import SALT_SEED, hash64, hash_salts, rate_threshold, shards_mrc
+from cachepilot.models.shards import hash64, hash_salts, rate_threshold, shards_mrc
 
 import study_output
 
@@ -153,9 +153,8 @@ def main(argv=None) -> int:
     if not results:
         print("error: no reference trace found under " + str(TRACES), file=sys.stderr)
         return 1
-    doc = study_output.salted_run(args.rate, args.salts, SALT_SEED, t0, traces=results,
-                                  sizes="50 log-spaced, 1-100 % of unique pages")
-    study_output.write(args.out, doc, lambda png: plot(results, args.rate, png))
+    study_output.write_salted(args, t0, lambda png: plot(results, args.rate, png),
+                              traces=results, sizes="50 log-spaced, 1-100 % of unique pages")
     return 0
 
 

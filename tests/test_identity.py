@@ -108,12 +108,23 @@ def test_a_node_with_its_own_certificate_registers_and_receives_its_tenants(depl
     client.close()
 
 
+def _register_n2_refused(deployment, who):
+    """Registers node n2 with `who`'s certificate; checks that the call is
+    refused and n2's session kept.  Returns the channel, the node stub and
+    the refusal's details."""
+    tmp, path, cfg, served = deployment
+    before = served.controller.registry.nodes["n2"].session
+    ch, node, _ = _stubs(cfg, served, who)
+    code, details = _refused(lambda: _register(node, "n2"))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert served.controller.registry.nodes["n2"].session == before
+    return ch, node, details
+
+
 def test_a_node_certificate_used_by_another_nodes_agent_is_refused(deployment):
     tmp, path, cfg, served = deployment
     before = served.controller.registry.nodes["n2"].session
-    ch, node, _ = _stubs(cfg, served, "node-n1")
-    code, details = _refused(lambda: _register(node, "n2"))
-    assert code == grpc.StatusCode.PERMISSION_DENIED
+    ch, node, details = _register_n2_refused(deployment, "node-n1")
     assert "for node 'n2'" in details and "certificate of node 'n1'" in details
     # a report naming n2 with n1's certificate, too
     code, _ = _refused(lambda: node.Report(pb.ReportRequest(node_id="n2", session="x", seq=1),
@@ -143,13 +154,8 @@ def test_an_admin_call_with_a_node_credential_is_refused(deployment):
 
 
 def test_a_node_call_with_the_admin_credential_is_refused(deployment):
-    tmp, path, cfg, served = deployment
-    before = served.controller.registry.nodes["n2"].session
-    ch, node, _ = _stubs(cfg, served, "admin")
-    code, details = _refused(lambda: _register(node, "n2"))
-    assert code == grpc.StatusCode.PERMISSION_DENIED
+    ch, _, details = _register_n2_refused(deployment, "admin")
     assert "node calls need a node certificate" in details and "admin" in details
-    assert served.controller.registry.nodes["n2"].session == before
     ch.close()
 
 

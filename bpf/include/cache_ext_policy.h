@@ -16,7 +16,8 @@
  * to check a new one (`cachepilot policy check`); the runnable example is
  * bpf/policies/template/policy.bpf.c.
  *
- * HOW TO WRITE A POLICY (see bpf/policies/fifo.bpf.c for the smallest one)
+ * HOW TO WRITE A POLICY (bpf/policies/lru.bpf.c is the smallest, on the
+ * one-list skeleton CP_ONE_LIST below; the template spells everything out)
  *
  *   #include "cache_ext_policy.h"
  *
@@ -136,9 +137,15 @@
  *   bpf_loop(n, cb, data, 0)   n calls of cb(i, data), until it returns 1
  *   cp_first_access(&fresh)   the insertion's access (below)
  *   cp_page_add(map, folio, value)  a new page's entry; counts a full map
+ *   cp_page_of(map, folio), cp_page_del(map, folio)  find, drop that entry
+ *   cp_count_reuse(), cp_count_use(), cp_use_score()  a page's use count:
+ *                      an access's step, and a score from it
+ *   cp_lists_create(memcg, lists, n)  n eviction lists at init
  *   cp_take            walk callback proposing every page it is shown
  *   cp_propose(ectx, folio)  propose one folio outside a walk
- *   cp_sample_*()      random samples of the pages a policy holds
+ *   cp_sample_*(), CP_SAMPLER  random samples of the pages a policy holds
+ *   CP_ONE_LIST(p), CP_ONE_LIST_OPS(p), CP_TAKE_HEAD(p),
+ *   CP_TAIL_ON_ACCESS(p)  the skeleton of a one-list policy (fifo, lru)
  *
  *   The read that brings a page in reaches the policy twice (folio_added,
  *   then folio_accessed: see the host, above).  A policy that counts reuse
@@ -231,29 +238,23 @@ struct cp_btf_anchor cp_btf_anchor
 #define CP_STATE_DECL(type) type cp_state_data
 #define CP_STATE cp_state_data
 
+/* A map of type mtype; the optional last argument adds fields (flags). */
+#define CP_BPF_MAP(name, mtype, ktype, vtype, max, ...)		\
+	struct {						\
+		__uint(type, mtype);				\
+		__VA_ARGS__					\
+		__uint(max_entries, max);			\
+		__type(key, ktype);				\
+		__type(value, vtype);				\
+	} name SEC(".maps")
 /* Hash maps allocate on demand: max_entries is a bound, not a cost. */
-#define CP_HASH_MAP(name, ktype, vtype, max)			\
-	struct {						\
-		__uint(type, BPF_MAP_TYPE_HASH);		\
-		__uint(map_flags, BPF_F_NO_PREALLOC);		\
-		__uint(max_entries, max);			\
-		__type(key, ktype);				\
-		__type(value, vtype);				\
-	} name SEC(".maps")
-#define CP_LRU_HASH_MAP(name, ktype, vtype, max)		\
-	struct {						\
-		__uint(type, BPF_MAP_TYPE_LRU_HASH);		\
-		__uint(max_entries, max);			\
-		__type(key, ktype);				\
-		__type(value, vtype);				\
-	} name SEC(".maps")
-#define CP_ARRAY_MAP(name, ktype, vtype, max)			\
-	struct {						\
-		__uint(type, BPF_MAP_TYPE_ARRAY);		\
-		__uint(max_entries, max);			\
-		__type(key, ktype);				\
-		__type(value, vtype);				\
-	} name SEC(".maps")
+#define CP_HASH_MAP(name, ktype, vtype, max)				\
+	CP_BPF_MAP(name, BPF_MAP_TYPE_HASH, ktype, vtype, max,		\
+		   __uint(map_flags, BPF_F_NO_PREALLOC);)
+#define CP_LRU_HASH_MAP(name, ktype, vtype, max) \
+	CP_BPF_MAP(name, BPF_MAP_TYPE_LRU_HASH, ktype, vtype, max)
+#define CP_ARRAY_MAP(name, ktype, vtype, max) \
+	CP_BPF_MAP(name, BPF_MAP_TYPE_ARRAY, ktype, vtype, max)
 
 /*
  * Maps sized from the capacity.  Each carries a read-only marker,
@@ -825,6 +826,115 @@ static int __attribute__((unused)) cp_take(int idx, struct cache_ext_list_node *
 }
 
 /*
+ * The skeleton of a one-list policy (FIFO, LRU, and the test policies that
+ * misbehave on top of them): CP_ONE_LIST(p) declares the state, one list
+ * in CP_STATE.list, and the callbacks p_init, which creates it, and
+ * p_folio_added, which adds each new page at its tail; CP_TAKE_HEAD(p)
+ * adds p_evict_folios, which proposes pages from the head, and
+ * CP_TAIL_ON_ACCESS(p) p_folio_accessed, which moves a page read to the
+ * tail (LRU order).  A policy with more state declares its own, with a
+ * `__u64 list`, and takes the callbacks alone from CP_ONE_LIST_OPS(p).
+ * The policy writes what differs and names every callback in its
+ * CP_POLICY.
+ */
+#define CP_ONE_LIST(p)							\
+	struct p##_state {						\
+		__u64 list;						\
+	};								\
+	CP_STATE_DECL(struct p##_state);				\
+	CP_ONE_LIST_OPS(p)
+#define CP_ONE_LIST_OPS(p)						\
+	s32 BPF_STRUCT_OPS_SLEEPABLE(p##_init, struct mem_cgroup *memcg) \
+	{								\
+		CP_STATE.list = cache_ext_list_create(memcg);		\
+		return CP_STATE.list ? 0 : -1;				\
+	}								\
+	void BPF_STRUCT_OPS(p##_folio_added, struct folio *folio)	\
+	{								\
+		cache_ext_list_add_tail(CP_STATE.list, folio);		\
+	}
+#define CP_TAKE_HEAD(p)							\
+	void BPF_STRUCT_OPS(p##_evict_folios,				\
+			    struct cache_ext_eviction_ctx *ectx,	\
+			    struct mem_cgroup *memcg)			\
+	{								\
+		cache_ext_list_iterate(memcg, CP_STATE.list, cp_take, ectx); \
+	}
+#define CP_TAIL_ON_ACCESS(p)						\
+	void BPF_STRUCT_OPS(p##_folio_accessed, struct folio *folio)	\
+	{								\
+		cache_ext_list_move(CP_STATE.list, folio, true);	\
+	}
+
+/* A page's entry in a per-page map (CP_PAGE_MAP), or NULL. */
+static __always_inline void *cp_page_of(void *map, struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+
+	return bpf_map_lookup_elem(map, &id);
+}
+
+/* Drop a page's entry from a per-page map (folio_evicted's usual work). */
+static __always_inline void cp_page_del(void *map, struct folio *folio)
+{
+	__u64 id = cp_folio_id(folio);
+
+	bpf_map_delete_elem(map, &id);
+}
+
+/* Create n eviction lists into lists[]: 0, or -1 when one fails. */
+static __always_inline int cp_lists_create(struct mem_cgroup *memcg,
+					   __u64 *lists, int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++) {
+		lists[i] = cache_ext_list_create(memcg);
+		if (!lists[i])
+			return -1;
+	}
+	return 0;
+}
+
+/*
+ * A page's access, in a policy that counts reuse: page is a per-page
+ * value with a `fresh` byte (see cp_first_access) and a counter field
+ * `count`.  False for the read that brought the page in; otherwise
+ * page->count grows, saturating at max, and true.  Macros here keep each
+ * policy's own layout and names of its value.
+ */
+#define cp_count_reuse(page, count, max) ({				\
+	bool __cp_reuse = !cp_first_access(&(page)->fresh);		\
+	if (__cp_reuse && (page)->count < (max))			\
+		(page)->count++;					\
+	__cp_reuse;							\
+})
+
+/*
+ * The same for LFU-like policies: ticks the policy's access clock `now`;
+ * a page with an entry (page may be NULL) gets `stamp` set to it and
+ * `freq` counted by cp_count_reuse.  True when the access was a reuse.
+ */
+#define cp_count_use(page, now, max) ({					\
+	bool __cp_used = false;						\
+	(now)++;							\
+	if ((page)) {							\
+		(page)->stamp = (now);					\
+		__cp_used = cp_count_reuse(page, freq, max);		\
+	}								\
+	__cp_used;							\
+})
+
+/*
+ * A score for cache_ext_list_score from such a page: its use count, then
+ * the older last access, in one __s64 (the low time_bits of the stamp);
+ * -1, evicted first, for a page with no entry.
+ */
+#define cp_use_score(page, time_bits)					\
+	((page) ? (__s64)((__u64)(page)->freq << (time_bits) |		\
+			  ((page)->stamp & ((1ULL << (time_bits)) - 1))) : -1)
+
+/*
  * Random samples of the pages a policy holds, as libCacheSim's sampled
  * policies (LHD, Hyperbolic) draw them from their hash table: a list can
  * only be walked from its head, so the pages also sit in a dense table,
@@ -909,6 +1019,40 @@ static __always_inline __u32 cp_sample_pick(void *table, __u32 count)
 	cp_prefetch(table, &slot);
 	return slot;
 }
+
+/*
+ * CP_SAMPLER(name, table, type, max, consider) defines name(draw, n): n
+ * slots (n <= max, a power of two) drawn into draw->slots[] with
+ * cp_sample_pick, then consider(draw, entry, slot) called on the entry of
+ * each, in two bpf_loop passes so that the reads follow the draws (above).
+ * `draw` is a `type *`, whose slots[max] keeps the draw and whose other
+ * fields are consider's.  `table` is the policy's CP_PAGE_ARRAY, its page
+ * count CP_STATE.count.
+ */
+#define CP_SAMPLER(name, table, type, max, consider)			\
+	static long name##_draw(__u32 i, void *data)			\
+	{								\
+		type *draw = data;					\
+									\
+		draw->slots[i & ((max) - 1)] =				\
+			cp_sample_pick(&table, CP_STATE.count);		\
+		return 0;						\
+	}								\
+	static long name##_visit(__u32 i, void *data)			\
+	{								\
+		type *draw = data;					\
+		__u32 slot = draw->slots[i & ((max) - 1)];		\
+		void *e = bpf_map_lookup_elem(&table, &slot);		\
+									\
+		if (e)							\
+			consider(draw, e, slot);			\
+		return 0;						\
+	}								\
+	static __always_inline void name(type *draw, __u32 n)		\
+	{								\
+		bpf_loop(n, name##_draw, draw, 0);			\
+		bpf_loop(n, name##_visit, draw, 0);			\
+	}
 #endif
 
 #endif /* CACHE_EXT_POLICY_H */

@@ -30,11 +30,9 @@ CP_STATE_DECL(struct admit_filter_state);
 /* tid of a registered thread -> 1 */
 CP_HASH_MAP(af_tids, __u32, __u8, AF_MAX_TIDS);
 
-s32 BPF_STRUCT_OPS_SLEEPABLE(admit_filter_init, struct mem_cgroup *memcg)
-{
-	CP_STATE.list = cache_ext_list_create(memcg);
-	return CP_STATE.list ? 0 : -1;
-}
+CP_ONE_LIST_OPS(admit_filter);
+CP_TAKE_HEAD(admit_filter);
+CP_TAIL_ON_ACCESS(admit_filter);
 
 bool BPF_STRUCT_OPS(admit_filter_admit_folio, struct cache_ext_admit_ctx *actx)
 {
@@ -46,23 +44,6 @@ bool BPF_STRUCT_OPS(admit_filter_admit_folio, struct cache_ext_admit_ctx *actx)
 		return false;
 	}
 	return true;
-}
-
-void BPF_STRUCT_OPS(admit_filter_evict_folios,
-		    struct cache_ext_eviction_ctx *ectx,
-		    struct mem_cgroup *memcg)
-{
-	cache_ext_list_iterate(memcg, CP_STATE.list, cp_take, ectx);
-}
-
-void BPF_STRUCT_OPS(admit_filter_folio_added, struct folio *folio)
-{
-	cache_ext_list_add_tail(CP_STATE.list, folio);
-}
-
-void BPF_STRUCT_OPS(admit_filter_folio_accessed, struct folio *folio)
-{
-	cache_ext_list_move(CP_STATE.list, folio, true);
 }
 
 CP_POLICY(admit_filter,

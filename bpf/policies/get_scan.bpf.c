@@ -67,12 +67,7 @@ static bool gs_scan_thread(void)
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(get_scan_init, struct mem_cgroup *memcg)
 {
-	int i;
-
-	for (i = 0; i < GS_LISTS; i++)
-		if (!(CP_STATE.lists[i] = cache_ext_list_create(memcg)))
-			return -1;
-	return 0;
+	return cp_lists_create(memcg, CP_STATE.lists, GS_LISTS);
 }
 
 /* The list of a page of `freq` accesses on its side. */
@@ -87,14 +82,11 @@ static __u64 gs_list(bool scan, __u32 freq)
 
 static __s64 gs_score(int idx, struct cache_ext_list_node *node)
 {
-	__u64 id = cp_folio_id(cache_ext_node_folio(node));
-	struct gs_page *page = bpf_map_lookup_elem(&gs_pages, &id);
+	struct gs_page *page = cp_page_of(&gs_pages,
+					  cache_ext_node_folio(node));
 
 	/* count first, then the older access (as lfu.bpf.c) */
-	if (!page)
-		return -1;
-	return (__s64)((__u64)page->freq << GS_TIME_BITS |
-		       (page->stamp & ((1ULL << GS_TIME_BITS) - 1)));
+	return cp_use_score(page, GS_TIME_BITS);
 }
 
 /* One side's pages, least used first: the lists base .. base + n - 1. */
@@ -126,7 +118,6 @@ void BPF_STRUCT_OPS(get_scan_evict_folios, struct cache_ext_eviction_ctx *ectx,
 void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
 {
 	struct gs_page page = { .stamp = CP_STATE.now, .fresh = 1 };
-	__u64 id = cp_folio_id(folio);
 
 	page.scan = gs_scan_thread();
 	if (cp_page_add(&gs_pages, folio, &page)) {
@@ -134,22 +125,15 @@ void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)
 		return;
 	}
 	if (cache_ext_list_add_tail(gs_list(page.scan, 0), folio))
-		bpf_map_delete_elem(&gs_pages, &id);
+		cp_page_del(&gs_pages, folio);
 }
 
 void BPF_STRUCT_OPS(get_scan_folio_accessed, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-	struct gs_page *page = bpf_map_lookup_elem(&gs_pages, &id);
+	struct gs_page *page = cp_page_of(&gs_pages, folio);
 
-	CP_STATE.now++;
-	if (!page)
+	if (!cp_count_use(page, CP_STATE.now, GS_MAX_FREQ))
 		return;
-	page->stamp = CP_STATE.now;
-	if (cp_first_access(&page->fresh))
-		return;
-	if (page->freq < GS_MAX_FREQ)
-		page->freq++;
 	/* read by a GET: a GET page from now on */
 	if (page->scan && !gs_scan_thread())
 		page->scan = 0;
@@ -158,9 +142,7 @@ void BPF_STRUCT_OPS(get_scan_folio_accessed, struct folio *folio)
 
 void BPF_STRUCT_OPS(get_scan_folio_evicted, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-
-	bpf_map_delete_elem(&gs_pages, &id);
+	cp_page_del(&gs_pages, folio);
 }
 
 CP_POLICY(get_scan,

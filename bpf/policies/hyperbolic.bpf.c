@@ -62,24 +62,13 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(hyperbolic_init, struct mem_cgroup *memcg)
 	return CP_STATE.overflow ? 0 : -1;
 }
 
-static long hyperbolic_pick(__u32 i, void *data)
+static void hyperbolic_consider(struct hyp_draw *draw, struct hyp_entry *e,
+				__u32 slot)
 {
-	struct hyp_draw *draw = data;
-
-	draw->slots[i & (HYP_SAMPLES - 1)] = cp_sample_pick(&hyp_table,
-							    CP_STATE.count);
-	return 0;
-}
-
-static long hyperbolic_sample(__u32 i, void *data)
-{
-	struct hyp_draw *draw = data;
-	__u32 slot = draw->slots[i & (HYP_SAMPLES - 1)];
-	struct hyp_entry *e = bpf_map_lookup_elem(&hyp_table, &slot);
 	__u64 age;
 
-	if (!e || e->proposed_in == CP_STATE.round)
-		return 0;
+	if (e->proposed_in == CP_STATE.round)
+		return;
 	age = CP_STATE.now - e->born + 1;
 	if (age > HYP_MAX_AGE)
 		age = HYP_MAX_AGE;
@@ -89,8 +78,10 @@ static long hyperbolic_sample(__u32 i, void *data)
 		draw->slot = slot;
 		draw->found = true;
 	}
-	return 0;
 }
+
+CP_SAMPLER(hyperbolic_sample, hyp_table, struct hyp_draw, HYP_SAMPLES,
+	   hyperbolic_consider)
 
 void BPF_STRUCT_OPS(hyperbolic_evict_folios,
 		    struct cache_ext_eviction_ctx *ectx,
@@ -108,8 +99,7 @@ void BPF_STRUCT_OPS(hyperbolic_evict_folios,
 		if (n >= ectx->request || n >= CACHE_EXT_MAX_CANDIDATES ||
 		    !CP_STATE.count)
 			break;
-		bpf_loop(HYP_SAMPLES, hyperbolic_pick, &draw, 0);
-		bpf_loop(HYP_SAMPLES, hyperbolic_sample, &draw, 0);
+		hyperbolic_sample(&draw, HYP_SAMPLES);
 		e = draw.found ? bpf_map_lookup_elem(&hyp_table, &draw.slot) :
 				 NULL;
 		if (!e)
@@ -133,10 +123,8 @@ void BPF_STRUCT_OPS(hyperbolic_folio_accessed, struct folio *folio)
 	struct hyp_entry *e = cp_sample_entry(&hyp_slots, &hyp_table, folio);
 
 	CP_STATE.now++;
-	if (!e || cp_first_access(&e->fresh))
-		return;
-	if (e->hits < HYP_MAX_HITS)
-		e->hits++;
+	if (e)
+		cp_count_reuse(e, hits, HYP_MAX_HITS);
 }
 
 void BPF_STRUCT_OPS(hyperbolic_folio_evicted, struct folio *folio)

@@ -46,14 +46,7 @@ CP_PAGE_MAP(lfu_pages, struct lfu_page);
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(lfu_init, struct mem_cgroup *memcg)
 {
-	int i;
-
-	for (i = 0; i < LFU_CLASSES; i++) {
-		CP_STATE.lists[i] = cache_ext_list_create(memcg);
-		if (!CP_STATE.lists[i])
-			return -1;
-	}
-	return 0;
+	return cp_lists_create(memcg, CP_STATE.lists, LFU_CLASSES);
 }
 
 static __u64 lfu_list(__u32 freq)
@@ -64,13 +57,10 @@ static __u64 lfu_list(__u32 freq)
 
 static __s64 lfu_score(int idx, struct cache_ext_list_node *node)
 {
-	__u64 id = cp_folio_id(cache_ext_node_folio(node));
-	struct lfu_page *page = bpf_map_lookup_elem(&lfu_pages, &id);
+	struct lfu_page *page = cp_page_of(&lfu_pages,
+					   cache_ext_node_folio(node));
 
-	if (!page)
-		return -1;
-	return (__s64)((__u64)page->freq << LFU_TIME_BITS |
-		       (page->stamp & ((1ULL << LFU_TIME_BITS) - 1)));
+	return cp_use_score(page, LFU_TIME_BITS);
 }
 
 void BPF_STRUCT_OPS(lfu_evict_folios, struct cache_ext_eviction_ctx *ectx,
@@ -91,34 +81,23 @@ void BPF_STRUCT_OPS(lfu_evict_folios, struct cache_ext_eviction_ctx *ectx,
 void BPF_STRUCT_OPS(lfu_folio_added, struct folio *folio)
 {
 	struct lfu_page page = { .stamp = CP_STATE.now, .fresh = 1 };
-	__u64 id = cp_folio_id(folio);
 	bool tracked = !cp_page_add(&lfu_pages, folio, &page);
 
 	if (cache_ext_list_add_tail(CP_STATE.lists[0], folio) && tracked)
-		bpf_map_delete_elem(&lfu_pages, &id);
+		cp_page_del(&lfu_pages, folio);
 }
 
 void BPF_STRUCT_OPS(lfu_folio_accessed, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-	struct lfu_page *page = bpf_map_lookup_elem(&lfu_pages, &id);
+	struct lfu_page *page = cp_page_of(&lfu_pages, folio);
 
-	CP_STATE.now++;
-	if (!page)
-		return;
-	page->stamp = CP_STATE.now;
-	if (cp_first_access(&page->fresh))
-		return;
-	if (page->freq < LFU_MAX_FREQ)
-		page->freq++;
-	cache_ext_list_move(lfu_list(page->freq), folio, true);
+	if (cp_count_use(page, CP_STATE.now, LFU_MAX_FREQ))
+		cache_ext_list_move(lfu_list(page->freq), folio, true);
 }
 
 void BPF_STRUCT_OPS(lfu_folio_evicted, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-
-	bpf_map_delete_elem(&lfu_pages, &id);
+	cp_page_del(&lfu_pages, folio);
 }
 
 CP_POLICY(lfu,

@@ -214,25 +214,7 @@ static void lhd_consider(struct lhd_pick *pick, struct lhd_entry *e,
 	}
 }
 
-static long lhd_draw(__u32 i, void *data)
-{
-	struct lhd_pick *pick = data;
-
-	pick->slots[i & (LHD_SAMPLES - 1)] = cp_sample_pick(&lhd_table,
-							    CP_STATE.count);
-	return 0;
-}
-
-static long lhd_sample(__u32 i, void *data)
-{
-	struct lhd_pick *pick = data;
-	__u32 slot = pick->slots[i & (LHD_SAMPLES - 1)];
-	struct lhd_entry *e = bpf_map_lookup_elem(&lhd_table, &slot);
-
-	if (e)
-		lhd_consider(pick, e, slot);
-	return 0;
-}
+CP_SAMPLER(lhd_sample, lhd_table, struct lhd_pick, LHD_SAMPLES, lhd_consider)
 
 static long lhd_recent(__u32 i, void *data)
 {
@@ -257,10 +239,8 @@ static struct lhd_entry *lhd_victim(void)
 	struct lhd_entry *e;
 	__u64 density;
 
-	if (CP_STATE.count) {
-		bpf_loop(samples, lhd_draw, &pick, 0);
-		bpf_loop(samples, lhd_sample, &pick, 0);
-	}
+	if (CP_STATE.count)
+		lhd_sample(&pick, samples);
 	bpf_loop(LHD_ADMISSIONS, lhd_recent, &pick, 0);
 	if (!pick.found)
 		return NULL;
@@ -526,10 +506,29 @@ static bool lhd_explore(struct lhd_entry *e)
 	return roll;
 }
 
+/*
+ * A hit (or an eviction) of e, counted at the page's age in its class; an
+ * explorer gives its budget back.  Returns that age.
+ */
+static __u32 lhd_count_event(struct lhd_entry *e, bool hit)
+{
+	__u32 age = lhd_age(e);
+	struct lhd_cell *cell = lhd_cell(e->class, age);
+
+	if (cell) {
+		if (hit)
+			cell->hits += LHD_ONE_EVENT;
+		else
+			cell->evictions += LHD_ONE_EVENT;
+	}
+	if (e->explorer)
+		CP_STATE.explorer_budget++;
+	return age;
+}
+
 void BPF_STRUCT_OPS(lhd_folio_accessed, struct folio *folio)
 {
 	struct lhd_entry *e = cp_sample_entry(&lhd_slots, &lhd_table, folio);
-	struct lhd_cell *cell;
 	struct lhd_rank r;
 	bool inserted;
 	__u32 age;
@@ -537,13 +536,7 @@ void BPF_STRUCT_OPS(lhd_folio_accessed, struct folio *folio)
 	if (e) {
 		inserted = cp_first_access(&e->fresh);
 		if (!inserted) {
-			/* a hit: count it at the page's age, in its class */
-			age = lhd_age(e);
-			cell = lhd_cell(e->class, age);
-			if (cell)
-				cell->hits += LHD_ONE_EVENT;
-			if (e->explorer)
-				CP_STATE.explorer_budget++;
+			age = lhd_count_event(e, true);
 			e->last_last_hit_age = e->last_hit_age;
 			e->last_hit_age = age;
 			e->class = lhd_class(e->last_hit_age +
@@ -570,17 +563,10 @@ void BPF_STRUCT_OPS(lhd_folio_accessed, struct folio *folio)
 void BPF_STRUCT_OPS(lhd_folio_evicted, struct folio *folio)
 {
 	struct lhd_entry *e = cp_sample_entry(&lhd_slots, &lhd_table, folio);
-	struct lhd_cell *cell;
-	__u32 age;
 
 	if (!e)
 		return;
-	age = lhd_age(e);
-	cell = lhd_cell(e->class, age);
-	if (cell)
-		cell->evictions += LHD_ONE_EVENT;
-	if (e->explorer)
-		CP_STATE.explorer_budget++;
+	lhd_count_event(e, false);
 	cp_sample_remove(&lhd_slots, &lhd_table, &CP_STATE.count, folio);
 }
 

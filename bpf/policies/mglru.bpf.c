@@ -93,13 +93,8 @@ static __u64 mg_list(__u64 seq)
 
 s32 BPF_STRUCT_OPS_SLEEPABLE(mglru_init, struct mem_cgroup *memcg)
 {
-	int i;
-
-	for (i = 0; i < MG_NR_GENS; i++) {
-		CP_STATE.lists[i] = cache_ext_list_create(memcg);
-		if (!CP_STATE.lists[i])
-			return -1;
-	}
+	if (cp_lists_create(memcg, CP_STATE.lists, MG_NR_GENS))
+		return -1;
 	CP_STATE.min_seq = 0;
 	CP_STATE.max_seq = MG_MIN_GENS + 1;
 	CP_STATE.tier_idx = MG_NR_TIERS - 1;
@@ -155,8 +150,7 @@ static void mg_inc_min_seq(void)
 static int mg_walk_oldest(int idx, struct cache_ext_list_node *node)
 {
 	struct folio *folio = cache_ext_node_folio(node);
-	__u64 id = cp_folio_id(folio);
-	struct mg_page *page = bpf_map_lookup_elem(&mg_pages, &id);
+	struct mg_page *page = cp_page_of(&mg_pages, folio);
 	__u64 next = CP_STATE.min_seq + 1;
 	__u32 tier;
 
@@ -209,7 +203,6 @@ void BPF_STRUCT_OPS(mglru_folio_added, struct folio *folio)
 {
 	struct mg_page page = { .fresh = 1 };
 	__u64 key = cp_folio_key(folio);
-	__u64 id = cp_folio_id(folio);
 	struct mg_ghost *ghost = bpf_map_lookup_elem(&mg_ghosts, &key);
 	__u64 gens_back = MG_NR_GENS - 1;	/* lru_gen_folio_seq() */
 
@@ -229,7 +222,7 @@ void BPF_STRUCT_OPS(mglru_folio_added, struct folio *folio)
 		return;
 	}
 	if (cache_ext_list_add_tail(mg_list(page.seq), folio)) {
-		bpf_map_delete_elem(&mg_pages, &id);
+		cp_page_del(&mg_pages, folio);
 		return;
 	}
 	CP_STATE.nr_pages[page.seq % MG_NR_GENS]++;
@@ -237,19 +230,15 @@ void BPF_STRUCT_OPS(mglru_folio_added, struct folio *folio)
 
 void BPF_STRUCT_OPS(mglru_folio_accessed, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-	struct mg_page *page = bpf_map_lookup_elem(&mg_pages, &id);
+	struct mg_page *page = cp_page_of(&mg_pages, folio);
 
-	if (!page || cp_first_access(&page->fresh))
-		return;
-	if (page->refs < MG_MAX_REFS)
-		page->refs++;
+	if (page)
+		cp_count_reuse(page, refs, MG_MAX_REFS);
 }
 
 void BPF_STRUCT_OPS(mglru_folio_evicted, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-	struct mg_page *page = bpf_map_lookup_elem(&mg_pages, &id);
+	struct mg_page *page = cp_page_of(&mg_pages, folio);
 	struct mg_ghost ghost;
 	__u64 key;
 
@@ -261,7 +250,7 @@ void BPF_STRUCT_OPS(mglru_folio_evicted, struct folio *folio)
 	CP_STATE.nr_pages[page->seq % MG_NR_GENS]--;
 	key = cp_folio_key(folio);
 	bpf_map_update_elem(&mg_ghosts, &key, &ghost, BPF_ANY);
-	bpf_map_delete_elem(&mg_pages, &id);
+	cp_page_del(&mg_pages, folio);
 }
 
 CP_POLICY(mglru,

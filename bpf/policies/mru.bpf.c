@@ -95,18 +95,14 @@ void BPF_STRUCT_OPS(mru_folio_added, struct folio *folio)
 
 void BPF_STRUCT_OPS(mru_folio_accessed, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-
-	bpf_map_delete_elem(&mru_fresh, &id);
+	cp_page_del(&mru_fresh, folio);
 	cache_ext_list_move(CP_STATE.used, folio, false);
 }
 
 void BPF_STRUCT_OPS(mru_folio_evicted, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-
 	CP_STATE.nr_cached--;
-	bpf_map_delete_elem(&mru_fresh, &id);
+	cp_page_del(&mru_fresh, folio);
 }
 
 CP_POLICY(mru,

@@ -92,9 +92,7 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(s3fifo_init, struct mem_cgroup *memcg)
 
 static struct s3_page *s3_page_of(struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-
-	return bpf_map_lookup_elem(&s3_pages, &id);
+	return cp_page_of(&s3_pages, folio);
 }
 
 static bool s3_in_main(const struct s3_page *page)
@@ -236,7 +234,6 @@ void BPF_STRUCT_OPS(s3fifo_folio_added, struct folio *folio)
 	struct s3_page page = { .fresh = 1,
 				.side = CP_STATE.split ? S3_SMALL : S3_UNSPLIT };
 	__u64 key = cp_folio_key(folio);
-	__u64 id = cp_folio_id(folio);
 	__u64 *left_at = bpf_map_lookup_elem(&s3_ghost, &key);
 	__s64 held = CP_STATE.nr_small + CP_STATE.nr_main;
 
@@ -252,7 +249,7 @@ void BPF_STRUCT_OPS(s3fifo_folio_added, struct folio *folio)
 	}
 	if (cache_ext_list_add_tail(page.side == S3_MAIN ? CP_STATE.main :
 				    CP_STATE.small, folio)) {
-		bpf_map_delete_elem(&s3_pages, &id);
+		cp_page_del(&s3_pages, folio);
 		return;
 	}
 	if (page.side == S3_MAIN)
@@ -265,16 +262,13 @@ void BPF_STRUCT_OPS(s3fifo_folio_accessed, struct folio *folio)
 {
 	struct s3_page *page = s3_page_of(folio);
 
-	if (!page || cp_first_access(&page->fresh))
-		return;
-	if (page->freq < S3_MAX_FREQ)
-		page->freq++;
+	if (page)
+		cp_count_reuse(page, freq, S3_MAX_FREQ);
 }
 
 void BPF_STRUCT_OPS(s3fifo_folio_evicted, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-	struct s3_page *page = bpf_map_lookup_elem(&s3_pages, &id);
+	struct s3_page *page = s3_page_of(folio);
 	__u64 key;
 
 	if (!page)
@@ -288,7 +282,7 @@ void BPF_STRUCT_OPS(s3fifo_folio_evicted, struct folio *folio)
 		bpf_map_update_elem(&s3_ghost, &key, &CP_STATE.ghost_seq,
 				    BPF_ANY);
 	}
-	bpf_map_delete_elem(&s3_pages, &id);
+	cp_page_del(&s3_pages, folio);
 }
 
 CP_POLICY(s3fifo,

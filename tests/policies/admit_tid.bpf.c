@@ -6,38 +6,10 @@
  */
 #include "cache_ext_policy.h"
 
-struct atid_state {
-	__u64 list;
-};
-CP_STATE_DECL(struct atid_state);
+CP_ONE_LIST(atid);
+CP_TAKE_HEAD(atid);
+CP_TAIL_ON_ACCESS(atid);
 CP_ARRAY_MAP(atid_seen, __u32, __u64, 16);
-
-s32 BPF_STRUCT_OPS_SLEEPABLE(atid_init, struct mem_cgroup *memcg)
-{
-	CP_STATE.list = cache_ext_list_create(memcg);
-	return CP_STATE.list ? 0 : -1;
-}
-
-static int atid_take(int idx, struct cache_ext_list_node *node)
-{
-	return CACHE_EXT_ITER_EVICT;
-}
-
-void BPF_STRUCT_OPS(atid_evict_folios, struct cache_ext_eviction_ctx *ectx,
-		    struct mem_cgroup *memcg)
-{
-	cache_ext_list_iterate(memcg, CP_STATE.list, atid_take, ectx);
-}
-
-void BPF_STRUCT_OPS(atid_folio_added, struct folio *folio)
-{
-	cache_ext_list_add_tail(CP_STATE.list, folio);
-}
-
-void BPF_STRUCT_OPS(atid_folio_accessed, struct folio *folio)
-{
-	cache_ext_list_move(CP_STATE.list, folio, true);
-}
 
 bool BPF_STRUCT_OPS(atid_admit_folio, struct cache_ext_admit_ctx *actx)
 {

@@ -7,16 +7,7 @@
  */
 #include "cache_ext_policy.h"
 
-struct bad_claims_state {
-	__u64 list;
-};
-CP_STATE_DECL(struct bad_claims_state);
-
-s32 BPF_STRUCT_OPS_SLEEPABLE(bad_claims_init, struct mem_cgroup *memcg)
-{
-	CP_STATE.list = cache_ext_list_create(memcg);
-	return CP_STATE.list ? 0 : -1;
-}
+CP_ONE_LIST(bad_claims);
 
 void BPF_STRUCT_OPS(bad_claims_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
@@ -31,11 +22,6 @@ void BPF_STRUCT_OPS(bad_claims_evict_folios, struct cache_ext_eviction_ctx *ectx
 	for (i = 1; i < CACHE_EXT_MAX_CANDIDATES; i++)
 		ectx->candidates[i] = first;
 	ectx->nr_candidates = 1000;
-}
-
-void BPF_STRUCT_OPS(bad_claims_folio_added, struct folio *folio)
-{
-	cache_ext_list_add_tail(CP_STATE.list, folio);
 }
 
 CP_POLICY(bad_claims,

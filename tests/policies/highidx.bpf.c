@@ -6,16 +6,7 @@
  */
 #include "cache_ext_policy.h"
 
-struct highidx_state {
-	__u64 list;
-};
-CP_STATE_DECL(struct highidx_state);
-
-s32 BPF_STRUCT_OPS_SLEEPABLE(highidx_init, struct mem_cgroup *memcg)
-{
-	CP_STATE.list = cache_ext_list_create(memcg);
-	return CP_STATE.list ? 0 : -1;
-}
+CP_ONE_LIST(highidx);
 
 static __s64 highidx_score(int idx, struct cache_ext_list_node *node)
 {
@@ -31,11 +22,6 @@ void BPF_STRUCT_OPS(highidx_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
 	cache_ext_list_score(memcg, CP_STATE.list, highidx_score, ectx, 16384);
-}
-
-void BPF_STRUCT_OPS(highidx_folio_added, struct folio *folio)
-{
-	cache_ext_list_add_tail(CP_STATE.list, folio);
 }
 
 CP_POLICY(highidx,

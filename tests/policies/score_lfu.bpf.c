@@ -50,8 +50,7 @@ void BPF_STRUCT_OPS(slfu_folio_added, struct folio *folio)
 
 void BPF_STRUCT_OPS(slfu_folio_accessed, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-	struct slfu_meta *m = bpf_map_lookup_elem(&slfu_meta, &id);
+	struct slfu_meta *m = cp_page_of(&slfu_meta, folio);
 
 	if (m) {
 		m->count++;
@@ -61,9 +60,7 @@ void BPF_STRUCT_OPS(slfu_folio_accessed, struct folio *folio)
 
 void BPF_STRUCT_OPS(slfu_folio_evicted, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-
-	bpf_map_delete_elem(&slfu_meta, &id);
+	cp_page_del(&slfu_meta, folio);
 }
 
 CP_POLICY(score_lfu,

@@ -25,7 +25,8 @@
  *   - per-page metadata in a CP_PAGE_MAP (the loader sizes it to the
  *     cgroup); other maps with CP_HASH_MAP / CP_LRU_HASH_MAP /
  *     CP_ARRAY_MAP; all used through bpf_map_lookup_elem / update /
- *     delete as in any BPF program;
+ *     delete as in any BPF program (cp_page_of / cp_page_del for a
+ *     page's entry);
  *   - stay within the verifier's rules: bounded loops, no signed division,
  *     no pointers stored in maps, no recursion;
  *   - never name a callback parameter `ctx` (BPF_PROG uses that name);
@@ -84,18 +85,16 @@ void BPF_STRUCT_OPS(clock_evict_folios, struct cache_ext_eviction_ctx *ectx,
 void BPF_STRUCT_OPS(clock_folio_added, struct folio *folio)
 {
 	struct clock_page page = { .fresh = 1 };
-	__u64 id = cp_folio_id(folio);
 	/* no room: the page joins unreferenced, so the hand takes it */
 	bool tracked = !cp_page_add(&clock_pages, folio, &page);
 
 	if (cache_ext_list_add_tail(CP_STATE.list, folio) && tracked)
-		bpf_map_delete_elem(&clock_pages, &id);
+		cp_page_del(&clock_pages, folio);
 }
 
 void BPF_STRUCT_OPS(clock_folio_accessed, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-	struct clock_page *page = bpf_map_lookup_elem(&clock_pages, &id);
+	struct clock_page *page = cp_page_of(&clock_pages, folio);
 
 	if (page && !cp_first_access(&page->fresh))
 		page->referenced = 1;
@@ -103,9 +102,7 @@ void BPF_STRUCT_OPS(clock_folio_accessed, struct folio *folio)
 
 void BPF_STRUCT_OPS(clock_folio_evicted, struct folio *folio)
 {
-	__u64 id = cp_folio_id(folio);
-
-	bpf_map_delete_elem(&clock_pages, &id);
+	cp_page_del(&clock_pages, folio);
 }
 
 /* 4. the ops table: the policy's name and its callbacks */

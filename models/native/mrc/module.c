@@ -31,6 +31,33 @@ static int get_u64_buffer(PyObject *obj, Py_buffer *view, int writable)
 	return 0;
 }
 
+/*
+ * The number of index bits of a sketch buffer of `len` bytes; -1, with a
+ * ValueError set, when no sketch has that size.
+ */
+static int sketch_bits(Py_ssize_t len)
+{
+	int bits = 4;
+
+	while (bits <= 18 && ((Py_ssize_t)1 << bits) != len)
+		bits++;
+	if (bits <= 18)
+		return bits;
+	PyErr_Format(PyExc_ValueError,
+		     "a sketch has 2^4 to 2^18 one-byte registers, not %zd", len);
+	return -1;
+}
+
+/* The end of a call on two buffers: both released; NULL if it raised. */
+static PyObject *release_both(Py_buffer *a, Py_buffer *b)
+{
+	PyBuffer_Release(a);
+	PyBuffer_Release(b);
+	if (PyErr_Occurred())
+		return NULL;
+	Py_RETURN_NONE;
+}
+
 static PyObject *py_hash64(PyObject *self, PyObject *arg)
 {
 	unsigned long long x = PyLong_AsUnsignedLongLong(arg);
@@ -66,11 +93,7 @@ static PyObject *py_hash_into(PyObject *self, PyObject *args)
 			h[i] = cp_hash64(k[i]);
 		Py_END_ALLOW_THREADS
 	}
-	PyBuffer_Release(&src);
-	PyBuffer_Release(&dst);
-	if (PyErr_Occurred())
-		return NULL;
-	Py_RETURN_NONE;
+	return release_both(&src, &dst);
 }
 
 /* hll_add(keys, registers): count keys into a HyperLogLog sketch, a
@@ -88,38 +111,19 @@ static PyObject *py_hll_add(PyObject *self, PyObject *args)
 		PyBuffer_Release(&src);
 		return NULL;
 	}
-	unsigned int bits = 0;
+	int bits = sketch_bits(reg.len);
 
-	while (bits < 20 && ((Py_ssize_t)1 << bits) < reg.len)
-		bits++;
-	if (bits < 4 || bits > 18 || ((Py_ssize_t)1 << bits) != reg.len) {
-		PyErr_Format(PyExc_ValueError,
-			     "a sketch has 2^4 to 2^18 one-byte registers, not %zd", reg.len);
-	} else {
+	if (bits >= 0) {
 		const uint64_t *k = src.buf;
 		unsigned char *r = reg.buf;
 		size_t n = src.len / 8;
 
 		Py_BEGIN_ALLOW_THREADS
 		for (size_t i = 0; i < n; i++)
-			cp_hll_add(r, cp_hash64(k[i]), bits);
+			cp_hll_add(r, cp_hash64(k[i]), (unsigned int)bits);
 		Py_END_ALLOW_THREADS
 	}
-	PyBuffer_Release(&src);
-	PyBuffer_Release(&reg);
-	if (PyErr_Occurred())
-		return NULL;
-	Py_RETURN_NONE;
-}
-
-/* The number of index bits of a sketch buffer of `len` bytes, or -1. */
-static int sketch_bits(Py_ssize_t len)
-{
-	int bits = 4;
-
-	while (bits <= 18 && ((Py_ssize_t)1 << bits) != len)
-		bits++;
-	return bits <= 18 ? bits : -1;
+	return release_both(&src, &reg);
 }
 
 static PyObject *py_hll_estimate(PyObject *self, PyObject *arg)
@@ -131,10 +135,7 @@ static PyObject *py_hll_estimate(PyObject *self, PyObject *arg)
 	if (PyObject_GetBuffer(arg, &reg, PyBUF_C_CONTIGUOUS))
 		return NULL;
 	bits = sketch_bits(reg.len);
-	if (bits < 0)
-		PyErr_Format(PyExc_ValueError,
-			     "a sketch has 2^4 to 2^18 one-byte registers, not %zd", reg.len);
-	else
+	if (bits >= 0)
 		est = cp_hll_estimate(reg.buf, (unsigned int)bits);
 	PyBuffer_Release(&reg);
 	if (PyErr_Occurred())
@@ -160,9 +161,7 @@ static PyObject *py_hll_union_matrix(PyObject *self, PyObject *args)
 		PyErr_SetString(PyExc_ValueError,
 				"the sketches do not split into that many slices");
 	else if ((bits = sketch_bits(view.len / slices)) < 0)
-		PyErr_Format(PyExc_ValueError,
-			     "a sketch has 2^4 to 2^18 one-byte registers, not %zd",
-			     view.len / slices);
+		out = NULL;	/* sketch_bits set the error */
 	else if ((size_t)slices > ((size_t)1 << 14))
 		PyErr_SetString(PyExc_ValueError, "at most 16384 slices");
 	else
@@ -260,6 +259,16 @@ typedef struct {
 	int busy;	/* a feed runs without the GIL; refuse concurrent use */
 } StackDistObject;
 
+/* -1, with the error set, while a feed holds the object. */
+static int sd_busy(StackDistObject *self)
+{
+	if (!self->busy)
+		return 0;
+	PyErr_SetString(PyExc_RuntimeError,
+			"StackDist is being fed by another thread");
+	return -1;
+}
+
 /* Called with the GIL held, so the check and the set cannot race. */
 static int sd_enter(StackDistObject *self)
 {
@@ -267,12 +276,7 @@ static int sd_enter(StackDistObject *self)
 		PyErr_SetString(PyExc_RuntimeError, "StackDist not initialised");
 		return -1;
 	}
-	if (self->busy) {
-		PyErr_SetString(PyExc_RuntimeError,
-				"StackDist is being fed by another thread");
-		return -1;
-	}
-	return 0;
+	return sd_busy(self);
 }
 
 static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
@@ -303,11 +307,8 @@ static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_ValueError, "threshold must be positive");
 		return -1;
 	}
-	if (self->busy) {
-		PyErr_SetString(PyExc_RuntimeError,
-				"StackDist is being fed by another thread");
+	if (sd_busy(self))
 		return -1;
-	}
 	if (self->ready)
 		cp_sd_free(&self->sd);
 	self->ready = 0;
