@@ -592,3 +592,38 @@ def test_a_lead_over_the_kernels_own_inside_the_threshold_keeps_the_policy():
     got = [choose_policy("s3fifo", allowed, {"linux": 100.0, "s3fifo": 102.0}, st,
                          0.05, 3, baseline="linux") for _ in range(3)]
     assert [c.switched for c in got] == [False, False, True] and got[-1].policy == "linux"
+
+
+def test_a_lead_that_dips_under_the_threshold_now_and_then_still_switches():
+    # zipf on the cache_ext kernel: lfu and s3fifo ahead by 10-15 % in most
+    # rounds, under the threshold in a round between.  K = 2 leads before
+    # as many rounds without one switch; two misses start the count over.
+    from cachepilot.controller.engine.autopilot import choose_policy
+    from cachepilot.controller.engine.types import TenantState
+    allowed = ["lfu", "linux", "s3fifo"]
+    ahead = [{"linux": 100.0, "lfu": 111.0, "s3fifo": 104.0},
+             {"linux": 100.0, "lfu": 103.0, "s3fifo": 104.0},
+             {"linux": 100.0, "lfu": 105.0, "s3fifo": 112.0}]
+    st = TenantState()
+    got = [choose_policy("linux", allowed, s, st, 0.05, 2, baseline="linux") for s in ahead]
+    assert [c.switched for c in got] == [False, False, True]
+    assert got[-1].policy == "s3fifo"          # the best when the count is reached
+    # lead, two rounds without, lead: no switch (K - 1 misses at most)
+    st = TenantState()
+    seq = [ahead[0], ahead[1], ahead[1], ahead[2]]
+    got = [choose_policy("linux", allowed, s, st, 0.05, 2, baseline="linux") for s in seq]
+    assert not any(c.switched for c in got) and st.streak == 1
+    # K = 3: one lead in every three rounds never adds up
+    st = TenantState()
+    for i in range(12):
+        ch = choose_policy("linux", allowed, ahead[0] if i % 3 == 0 else ahead[1], st,
+                           0.05, 3, baseline="linux")
+        assert not ch.switched
+    # a policy in force that is not the baseline: the streak toward another
+    # survives a round in the dead band too
+    st = TenantState()
+    seq = [{"linux": 100.0, "lfu": 110.0, "s3fifo": 120.0},
+           {"linux": 100.0, "lfu": 110.0, "s3fifo": 113.0},
+           {"linux": 100.0, "lfu": 110.0, "s3fifo": 120.0}]
+    got = [choose_policy("lfu", allowed, s, st, 0.05, 2, baseline="linux") for s in seq]
+    assert [c.switched for c in got] == [False, False, True] and got[-1].policy == "s3fifo"

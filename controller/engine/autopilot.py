@@ -3,9 +3,11 @@
 Each round every allowed policy with a curve is scored by the modelled
 throughput it would give at the tenant's current size.  The best one
 replaces the policy in force only when it beats it by more than
-`autopilot_threshold` (relative) in `autopilot_k` consecutive rounds: a
-single noisy window never flips a policy, a real phase change does within
-K windows.  A policy the tenant is not (or no longer) allowed is left at
+`autopilot_threshold` (relative) in `autopilot_k` rounds before as many
+rounds have not shown it: a single noisy window never flips a policy, a
+real phase change does within K windows, and a lead that dips under the
+threshold now and then (a sampled curve, a noisy fit) still counts -- with
+K = 2, two rounds out of three.  A policy the tenant is not (or no longer) allowed is left at
 once.  Policies the watchdog holds off (engine/watchdog.py) are treated as
 not allowed for as long as it holds them.  Ties go to the policy in force,
 then to the alphabetically first, so the choice is deterministic.
@@ -50,13 +52,13 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
         allowed = [p for p in allowed if p not in held_off]
         scores = {p: v for p, v in scores.items() if p not in held_off}
     if not scores:
-        st.streak, st.streak_policy = 0, None
+        _reset(st)
         return PolicyChoice(current, False, None, 0.0, "no curves to compare")
     top = max(scores.values())
     best = current if scores.get(current, -1.0) >= top * (1 - 1e-12) else \
         min(p for p, v in scores.items() if v >= top * (1 - 1e-12))
     if current not in allowed:
-        st.streak, st.streak_policy = 0, None
+        _reset(st)
         why = "is held off by the watchdog" if current in held_off else \
             "is not an allowed policy"
         return PolicyChoice(best, True, best, float("inf"), f"{current} {why}")
@@ -66,15 +68,15 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
         if baseline is not None and current != baseline and scores.get(baseline) and base:
             return _back_to_baseline(current, baseline, base / scores[baseline] - 1.0,
                                      st, threshold, k, best, gain)
-        st.streak, st.streak_policy = 0, None
+        _miss(st, k, baseline)
         return PolicyChoice(current, False, best, max(gain, 0.0) if best != current else 0.0,
                             "keep")
     if st.streak_policy is not None and st.streak_policy == baseline != best:
-        st.streak = 0               # the rounds counted were toward the baseline
+        st.streak, st.streak_misses = 0, 0   # the rounds counted were toward the baseline
     st.streak += 1
     st.streak_policy = best
     if st.streak >= k:
-        st.streak, st.streak_policy = 0, None
+        _reset(st)
         what = "no curve for it" if base is None else f"+{gain:.1%}"
         return PolicyChoice(best, True, best, gain,
                             f"{best} beats {current} ({what}) for {k} intervals")
@@ -83,21 +85,35 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
                         f"({st.streak}/{k} intervals)")
 
 
+def _reset(st: TenantState) -> None:
+    st.streak, st.streak_policy, st.streak_misses = 0, None, 0
+
+
+def _miss(st: TenantState, k: int, baseline: str | None) -> None:
+    """A round in which no switch looked worth it: a streak toward one
+    survives up to k - 1 such rounds (a streak back to the baseline, which
+    _back_to_baseline counts, does not)."""
+    if st.streak and st.streak_misses + 1 < k and st.streak_policy not in (None, baseline):
+        st.streak_misses += 1
+    else:
+        _reset(st)
+
+
 def _back_to_baseline(current: str, baseline: str, lead: float, st: TenantState,
                       threshold: float, k: int, best: str, gain: float) -> PolicyChoice:
     """The baseline is allowed and scored, and no policy beats the one in
     force by the threshold: count the rounds in which the policy in force
     leads the baseline by at most half the threshold."""
     if lead > threshold / 2:
-        st.streak, st.streak_policy = 0, None
+        _miss(st, k, baseline)
         return PolicyChoice(current, False, best, max(gain, 0.0) if best != current else 0.0,
                             "keep")
     if st.streak_policy != baseline:
-        st.streak = 0
+        _reset(st)
     st.streak += 1
     st.streak_policy = baseline
     if st.streak >= k:
-        st.streak, st.streak_policy = 0, None
+        _reset(st)
         return PolicyChoice(baseline, True, best, -lead,
                             f"{current} leads {baseline} by {lead:+.1%} only, for {k} "
                             f"intervals: back to {baseline}, which runs no policy hooks")

@@ -19,9 +19,9 @@ from cachepilot.controller.engine.watchdog import Probation
 
 # TenantState fields a record carries as they are
 _PLAIN = ("node", "policy", "target_bytes", "limit_bytes", "streak", "streak_policy",
-          "rounds", "held_until", "slo_feasible", "slo_disagree", "slo_need_pages",
-          "slo_history", "spread", "recent_targets", "pred_m", "pred_policy", "pred_pages",
-          "m_errors")
+          "streak_misses", "rounds", "held_until", "slo_feasible", "slo_disagree",
+          "slo_need_pages", "slo_history", "spread", "recent_targets", "pred_m",
+          "pred_policy", "pred_pages", "m_errors")
 
 
 def tenant_record(state: EngineState, name: str) -> dict:

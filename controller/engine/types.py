@@ -23,8 +23,9 @@ class TenantState:
                                     # a recommendation the node cannot follow)
     target_bytes: int | None = None  # where the allocation wants it
     limit_bytes: int | None = None  # limit last directed (after the step)
-    streak: int = 0                 # consecutive rounds a switch looked worth it
+    streak: int = 0                 # rounds a switch looked worth it (autopilot.py)
     streak_policy: str | None = None
+    streak_misses: int = 0          # rounds since the streak began that it did not
     last_round: int = -1
     rounds: int = 0                 # decision rounds this tenant took part in
     # The watchdog (engine/watchdog.py): the switch it is judging, and the
