@@ -630,8 +630,11 @@ def finish_run(run: Run, ts, cg: Cgroups) -> dict:
     if run.ctl is not None:
         for what in ("tenants", "log"):
             try:
+                # the whole decision log: its default is the last 30 entries
+                more = ["--limit", "100000"] if what == "log" else []
                 got = subprocess.run([*CLI, "admin", "--config",
-                                      str(run.work / "controller.yaml"), "--json", what],
+                                      str(run.work / "controller.yaml"), "--json", what,
+                                      *more],
                                      capture_output=True, text=True, cwd=ROOT, timeout=120)
                 extra[f"admin_{what}"] = json.loads(got.stdout)
             except subprocess.TimeoutExpired:
