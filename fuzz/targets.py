@@ -140,20 +140,25 @@ for _fmt in ("txt", "csv", "lis"):
     target(_fmt, seeds=lambda f=_fmt: S.seeds_of(f))(_text_target(_fmt))
 
 
+def _read_binary(data: bytes, scratch: Path, fmt: str):
+    """Read `data` as a binary trace of `fmt`: (the trace, its keys, whether
+    the bytes are zstd-compressed, whose sizes say nothing of the records)."""
+    t = Trace(write(scratch, data), fmt)
+    return t, t.read_all(), data.startswith(ZSTD_MAGIC)
+
+
 @target("oracle", seeds=S.oracle_seeds)
 def fuzz_oracle(data: bytes, scratch: Path) -> None:
-    t = Trace(write(scratch, data), "oracle")
-    keys = t.read_all()
-    if data.startswith(ZSTD_MAGIC):
+    t, keys, packed = _read_binary(data, scratch, "oracle")
+    if packed:
         return
     assert len(data) % 24 == 0 and len(keys) == len(data) // 24 == t.requests
 
 
 @target("cpaccess", seeds=S.cpaccess_seeds)
 def fuzz_cpaccess(data: bytes, scratch: Path) -> None:
-    t = Trace(write(scratch, data), "cpaccess")
-    keys = t.read_all()
-    if data.startswith(ZSTD_MAGIC):
+    t, keys, packed = _read_binary(data, scratch, "cpaccess")
+    if packed:
         return
     body = np.frombuffer(data[32:], records.RECORD_DTYPE)
     assert len(keys) == t.requests == int((body["op"] == records.OP_ACCESS).sum())

@@ -58,6 +58,16 @@ static void die(const char *fmt, ...)
 	exit(1);
 }
 
+/* Open PATH (dying if it cannot be read) and try to load it into the
+ * kernel: the load's error, 0 if it loaded; *objp is set either way. */
+static int open_and_load(const char *path, struct bpf_object **objp)
+{
+	*objp = bpf_object__open_file(path, NULL);
+	if (!*objp)
+		die("cannot open %s: %s", path, strerror(errno));
+	return bpf_object__load(*objp);
+}
+
 /* Open and load OBJ; return its (single) struct_ops map. */
 static struct bpf_map *load_policy(const char *path, struct bpf_object **objp)
 {
@@ -65,10 +75,7 @@ static struct bpf_map *load_policy(const char *path, struct bpf_object **objp)
 	struct bpf_map *map;
 	int err;
 
-	obj = bpf_object__open_file(path, NULL);
-	if (!obj)
-		die("cannot open %s: %s", path, strerror(errno));
-	err = bpf_object__load(obj);
+	err = open_and_load(path, &obj);
 	if (err)
 		die("cannot load %s: %s", path, strerror(-err));
 	bpf_object__for_each_map(map, obj)
@@ -170,10 +177,7 @@ static int cmd_load(const char *objpath)
 	struct bpf_object *obj;
 	int err;
 
-	obj = bpf_object__open_file(objpath, NULL);
-	if (!obj)
-		die("cannot open %s: %s", objpath, strerror(errno));
-	err = bpf_object__load(obj);
+	err = open_and_load(objpath, &obj);
 	bpf_object__close(obj);
 	if (err) {
 		fprintf(stderr, "cxtest: load of %s refused: %s\n", objpath,

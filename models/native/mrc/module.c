@@ -12,6 +12,7 @@
 #include "hllstack.h"
 #include "parse.h"
 #include "stackdist.h"
+#include "pymodule.h"
 
 /* A C-contiguous buffer of 8-byte items (numpy uint64/int64 arrays). */
 static int get_u64_buffer(PyObject *obj, Py_buffer *view, int writable)
@@ -279,6 +280,19 @@ static int sd_enter(StackDistObject *self)
 	return sd_busy(self);
 }
 
+/* sd_enter for a method whose one optional argument is a flag named `name`
+ * (hist's and hll's reset, slices' take): parsed into *flag. */
+static int sd_enter_flag(StackDistObject *self, PyObject *args, PyObject *kw,
+			 const char *name, int *flag)
+{
+	char *names[] = { (char *)name, NULL };
+
+	*flag = 0;
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, flag))
+		return -1;
+	return sd_enter(self);
+}
+
 static int sd_init(StackDistObject *self, PyObject *args, PyObject *kw)
 {
 	static char *names[] = { "threshold", "max_keys", "exact", "slice_refs",
@@ -355,14 +369,11 @@ static PyObject *sd_feed(StackDistObject *self, PyObject *arg)
 /* hist(reset=False) -> bytes of doubles: [cold, bin1, bin2, ...] */
 static PyObject *sd_hist(StackDistObject *self, PyObject *args, PyObject *kw)
 {
-	static char *names[] = { "reset", NULL };
 	int reset = 0;
 	size_t n;
 	PyObject *out;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &reset))
-		return NULL;
-	if (sd_enter(self))
+	if (sd_enter_flag(self, args, kw, "reset", &reset))
 		return NULL;
 	n = self->sd.nbins ? self->sd.nbins : 1;
 	out = PyBytes_FromStringAndSize(NULL, n * sizeof(double));
@@ -376,14 +387,11 @@ static PyObject *sd_hist(StackDistObject *self, PyObject *args, PyObject *kw)
  * empty in exact mode); reset=True starts a new one. */
 static PyObject *sd_hll(StackDistObject *self, PyObject *args, PyObject *kw)
 {
-	static char *names[] = { "reset", NULL };
 	Py_ssize_t len;
 	PyObject *out;
 	int reset = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &reset))
-		return NULL;
-	if (sd_enter(self))
+	if (sd_enter_flag(self, args, kw, "reset", &reset))
 		return NULL;
 	if (!self->sd.hll)
 		return PyBytes_FromStringAndSize(NULL, 0);
@@ -454,14 +462,11 @@ static PyObject *sd_close_slice(StackDistObject *self, PyObject *args, PyObject 
  * first slice numbers; take=True forgets them. */
 static PyObject *sd_slices(StackDistObject *self, PyObject *args, PyObject *kw)
 {
-	static char *names[] = { "take", NULL };
 	struct cp_stackdist *sd = &self->sd;
 	PyObject *out;
 	int take = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &take))
-		return NULL;
-	if (sd_enter(self))
+	if (sd_enter_flag(self, args, kw, "take", &take))
 		return NULL;
 	if (!sd->slice_hll) {
 		PyErr_SetString(PyExc_ValueError, "this StackDist keeps no slices");
@@ -614,19 +619,10 @@ static struct PyModuleDef module_def = {
 
 PyMODINIT_FUNC PyInit__mrc(void)
 {
-	PyObject *m;
+	PyObject *m = cp_module_with_type(&module_def, &StackDistType, "StackDist");
 
-	if (PyType_Ready(&StackDistType) < 0)
-		return NULL;
-	m = PyModule_Create(&module_def);
 	if (!m)
 		return NULL;
-	Py_INCREF(&StackDistType);
-	if (PyModule_AddObject(m, "StackDist", (PyObject *)&StackDistType)) {
-		Py_DECREF(&StackDistType);
-		Py_DECREF(m);
-		return NULL;
-	}
 	PyModule_AddIntConstant(m, "HLL_BITS", CP_HLL_BITS);
 	PyModule_AddIntConstant(m, "HLL_REGS", CP_HLL_REGS);
 	PyModule_AddIntConstant(m, "FMT_TXT", CP_FMT_TXT);

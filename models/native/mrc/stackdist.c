@@ -610,18 +610,13 @@ void cp_sd_clear_keys(struct cp_stackdist *sd)
 
 void cp_sd_free(struct cp_stackdist *sd)
 {
-	free(sd->map.slots);
-	free(sd->tree);
-	free(sd->owner);
-	free(sd->alive);
-	free(sd->heap);
-	free(sd->hist);
-	free(sd->hll);
-	free(sd->stamp);
-	free(sd->rec);
-	free(sd->hll_batch);
-	free(sd->slice_hll);
-	free(sd->slice_accesses);
-	free(sd->slice_first);
+	/* every buffer the struct owns (all from malloc/calloc, any may be NULL) */
+	void *owned[] = { sd->map.slots, sd->tree, sd->owner, sd->alive, sd->heap,
+			  sd->hist, sd->hll, sd->stamp, sd->rec, sd->hll_batch,
+			  sd->slice_hll, sd->slice_accesses, sd->slice_first };
+	size_t i;
+
+	for (i = 0; i < sizeof(owned) / sizeof(owned[0]); i++)
+		free(owned[i]);
 	memset(sd, 0, sizeof(*sd));
 }

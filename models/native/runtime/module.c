@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 
 #include "runtime.h"
+#include "pymodule.h"
 
 typedef struct {
 	PyObject_HEAD
@@ -179,25 +180,6 @@ static PyObject *cache_get_capacity(CacheObject *self, void *closure)
 	return inst ? PyLong_FromUnsignedLongLong(inst->capacity) : NULL;
 }
 
-static int cache_set_capacity(CacheObject *self, PyObject *value,
-			      void *closure)
-{
-	struct cp_instance *inst = usable(self);
-	unsigned long long cap;
-
-	if (!inst)
-		return -1;
-	if (!value) {
-		PyErr_SetString(PyExc_AttributeError, "cannot delete capacity");
-		return -1;
-	}
-	cap = PyLong_AsUnsignedLongLong(value);
-	if (PyErr_Occurred())
-		return -1;
-	cp_instance_set_capacity(inst, cap);
-	return 0;
-}
-
 static PyObject *cache_get_policy(CacheObject *self, void *closure)
 {
 	struct cp_instance *inst = usable(self);
@@ -212,26 +194,49 @@ static PyObject *cache_get_reclaim_batch(CacheObject *self, void *closure)
 	return inst ? PyLong_FromUnsignedLong(inst->reclaim_batch) : NULL;
 }
 
-static int cache_set_reclaim_batch(CacheObject *self, PyObject *value,
-				   void *closure)
+/* A settable unsigned attribute: its name, its range and how a new value
+ * takes effect; one setter serves them all through the getset closure. */
+struct u64_attr {
+	const char *name;
+	unsigned long long lo, hi;
+	void (*apply)(struct cp_instance *inst, unsigned long long v);
+};
+
+static void apply_capacity(struct cp_instance *inst, unsigned long long v)
 {
+	cp_instance_set_capacity(inst, v);
+}
+
+static void apply_reclaim_batch(struct cp_instance *inst, unsigned long long v)
+{
+	inst->reclaim_batch = (__u32)v;
+}
+
+static const struct u64_attr capacity_attr = { "capacity", 0, ~0ULL, apply_capacity };
+static const struct u64_attr reclaim_batch_attr = { "reclaim_batch", 1, 1024,
+						     apply_reclaim_batch };
+
+static int cache_set_u64(CacheObject *self, PyObject *value, void *closure)
+{
+	const struct u64_attr *attr = closure;
 	struct cp_instance *inst = usable(self);
-	unsigned long v;
+	unsigned long long v;
 
 	if (!inst)
 		return -1;
 	if (!value) {
-		PyErr_SetString(PyExc_AttributeError, "cannot delete reclaim_batch");
+		PyErr_Format(PyExc_AttributeError, "cannot delete %s", attr->name);
 		return -1;
 	}
-	v = PyLong_AsUnsignedLong(value);
+	v = PyLong_AsUnsignedLongLong(value);
 	if (PyErr_Occurred())
 		return -1;
-	if (v < 1 || v > 1024) {
-		PyErr_SetString(PyExc_ValueError, "reclaim_batch must be 1..1024");
+	if (v < attr->lo || v > attr->hi) {
+		PyErr_Format(PyExc_ValueError, "%s must be %llu..%llu", attr->name,
+			     attr->lo, attr->hi);
 		return -1;
 	}
-	inst->reclaim_batch = (__u32)v;
+	attr->apply(inst, v);
 	return 0;
 }
 
@@ -254,14 +259,15 @@ static PyMethodDef cache_methods[] = {
 };
 
 static PyGetSetDef cache_getset[] = {
-	{ "capacity", (getter)cache_get_capacity, (setter)cache_set_capacity,
-	  "capacity in pages; lowering it reclaims", NULL },
+	{ "capacity", (getter)cache_get_capacity, (setter)cache_set_u64,
+	  "capacity in pages; lowering it reclaims", (void *)&capacity_attr },
 	{ "policy", (getter)cache_get_policy, NULL, "policy name", NULL },
 	{ "nr_cached", (getter)cache_get_nr_cached, NULL, "pages cached",
 	  NULL },
 	{ "reclaim_batch", (getter)cache_get_reclaim_batch,
-	  (setter)cache_set_reclaim_batch,
-	  "least pages freed when the cache is full (kernel: 32)", NULL },
+	  (setter)cache_set_u64,
+	  "least pages freed when the cache is full (kernel: 32)",
+	  (void *)&reclaim_batch_attr },
 	{ NULL }
 };
 
@@ -383,18 +389,5 @@ static struct PyModuleDef runtime_module = {
 
 PyMODINIT_FUNC PyInit__runtime(void)
 {
-	PyObject *m;
-
-	if (PyType_Ready(&CacheType) < 0)
-		return NULL;
-	m = PyModule_Create(&runtime_module);
-	if (!m)
-		return NULL;
-	Py_INCREF(&CacheType);
-	if (PyModule_AddObject(m, "Cache", (PyObject *)&CacheType) < 0) {
-		Py_DECREF(&CacheType);
-		Py_DECREF(m);
-		return NULL;
-	}
-	return m;
+	return cp_module_with_type(&runtime_module, &CacheType, "Cache");
 }
