@@ -70,7 +70,8 @@ class ControlSpec(Strict):
     # ignored (keeps limits from jittering on noise in the curves).
     hysteresis: float = Field(0.005, ge=0, lt=1)
     # Policy autopilot: switch only when the predicted relative throughput
-    # gain exceeds `autopilot_threshold` for `autopilot_k` intervals in a row.
+    # gain exceeds `autopilot_threshold` in `autopilot_k` intervals before as
+    # many intervals have not shown it (engine/autopilot.py).
     autopilot_threshold: float = Field(0.05, ge=0)
     autopilot_k: int = Field(3, ge=1)
     # The policy that runs no hooks: the kernel's own.  A tenant on another

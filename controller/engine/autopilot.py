@@ -7,10 +7,11 @@ replaces the policy in force only when it beats it by more than
 rounds have not shown it: a single noisy window never flips a policy, a
 real phase change does within K windows, and a lead that dips under the
 threshold now and then (a sampled curve, a noisy fit) still counts -- with
-K = 2, two rounds out of three.  A policy the tenant is not (or no longer) allowed is left at
-once.  Policies the watchdog holds off (engine/watchdog.py) are treated as
-not allowed for as long as it holds them.  Ties go to the policy in force,
-then to the alphabetically first, so the choice is deterministic.
+K = 2, two rounds out of three.  A policy the tenant is not (or no longer)
+allowed is left at once.  Policies the watchdog holds off
+(engine/watchdog.py) are treated as not allowed for as long as it holds
+them.  Ties go to the policy in force, then to the alphabetically first,
+so the choice is deterministic.
 
 One policy is preferred, the baseline (the kernel's own): it runs no BPF
 hooks, and a cache_ext policy's hooks cost CPU on every access that no
