@@ -174,6 +174,29 @@ def read_stats(path) -> CgroupStats:
         mapped_file_bytes=stat.get("file_mapped", 0))
 
 
+def cpu_usage_us(path) -> int | None:
+    """CPU time the cgroup's tasks have used, in microseconds, cumulative;
+    None where it cannot be read.  v2: cpu.stat's usage_usec (there in
+    every cgroup, with or without the cpu controller).  v1: the memory
+    cgroup's namesake in the cpuacct hierarchy (cpuacct.usage, in ns),
+    when one exists at the same relative path."""
+    p = Path(path)
+    try:
+        if (p / "cpu.stat").exists() and not (p / "memory.limit_in_bytes").exists():
+            return read_kv(p / "cpu.stat").get("usage_usec")
+        parts = p.resolve().parts
+        if "memory" not in parts:
+            return None
+        i = parts.index("memory")
+        for name in ("cpuacct", "cpu,cpuacct", "cpuacct,cpu"):
+            q = Path(*parts[:i], name, *parts[i + 1:]) / "cpuacct.usage"
+            if q.exists():
+                return int(_read(q).strip() or 0) // 1000
+    except (CgroupError, OSError, ValueError):
+        return None
+    return None
+
+
 def limit_file(path, knob: str = "max") -> Path:
     """The file that holds the limit: v1 memory.limit_in_bytes; v2 memory.max
     or memory.high (knob)."""

@@ -27,8 +27,9 @@
                     when the MRC engine offers them)
     safety:         {floor, anon_margin, anon_margin_ratio, max_step}
     limit_knob:     v2 only: "max" (memory.max) or "high" (memory.high)
-    cache_ext:      {policy_dir, pin_root}: where policy objects are loaded
-                    from and where their links are pinned in bpffs
+    cache_ext:      {policy_dir, pin_root, calibrate_dir}: where policy
+                    objects are loaded from, where their links are pinned
+                    in bpffs, where the hook-cost measurement's file goes
     prometheus:     {address, port}; port 0 turns the endpoint off
     controller:     {address, cert_file, key_file, ca_file, server_name,
                     token_file, insecure}: the controller to follow, and
@@ -94,9 +95,13 @@ class CacheExt(Strict):
     """Where cache_ext policy objects are loaded from (a directive names a
     policy; only <policy_dir>/<name>.bpf.o can be loaded) and where their
     links are pinned in bpffs.  Defaults: bpf/out/policies beside the agent,
-    /sys/fs/bpf/cachepilot."""
+    /sys/fs/bpf/cachepilot.  `calibrate_dir`: a folder on a disk file
+    system where the agent, at start, writes the small file it reads to
+    measure each policy's cost per cached read (agent/hookcost.py); null
+    turns the measurement off."""
     policy_dir: FilePath | None = None
     pin_root: Path = Path("/sys/fs/bpf/cachepilot")
+    calibrate_dir: Path | None = Path("/var/tmp")
 
 
 class ControllerLink(Strict):

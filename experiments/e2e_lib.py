@@ -41,6 +41,8 @@ CONTROLLED = ("limits_only", "autopilot")
 # than twice the CPU and slowed every tenant more than the better curves
 # helped (README, End to end)
 SAMPLING_RATE = 0.01
+# what the agent and the controller keep above a tenant's anonymous memory
+ANON_MARGIN = 16 * MiB
 # the agent's log line for a directive it applied
 APPLIED = re.compile(r"tenant \S+: (limit \d+ -> \d+ bytes|policy )")
 
@@ -115,6 +117,11 @@ class Cgroups:
             return int(stat["usage_usec"]) / 1e6, int(stat.get("throttled_usec", 0)) / 1e6
         except (OSError, KeyError, ValueError):
             return float("nan"), float("nan")
+
+    def anon_bytes(self, name: str) -> int:
+        """The tenant's anonymous memory now (what no limit can reclaim
+        without swap)."""
+        return cgroups.read_stats(self.root / name).anon_bytes
 
     def limit_file(self, name: str) -> Path:
         return self.root / name / ("memory.limit_in_bytes" if self.version == 1
@@ -396,7 +403,7 @@ def controller_config(name: str, ts, cg: Cgroups, budget: int, interval: float,
     key, cert, token = tls
     return {
         "control": {"interval_s": interval, "max_step_fraction": 0.25, "hysteresis": 0.01,
-                    "warmup_intervals": 2, "anon_margin_bytes": 16 * MiB,
+                    "warmup_intervals": 2, "anon_margin_bytes": ANON_MARGIN,
                     "autopilot_k": 2, "lost_after_intervals": 10,
                     # the tenants count different operations
                     "objective": "relative"},
@@ -411,17 +418,21 @@ def controller_config(name: str, ts, cg: Cgroups, budget: int, interval: float,
 
 
 def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port: int,
-                 tls, standalone: bool = False) -> dict:
+                 tls, standalone: bool = False, calibrate_dir: Path | None = None) -> dict:
     """The agent's config: following the controller, or `standalone` with
-    the tenants of its own (agent_sampling: curves, no decisions)."""
+    the tenants of its own (agent_sampling: curves, no decisions).  The
+    policies' hook costs are measured (agent/hookcost.py) with a file in
+    `calibrate_dir`, where one is given."""
     key, cert, token = tls
     curves = sorted({p for t in ts for p in t.policies}) if name == "autopilot" else ["linux"]
     cfg = {
         "node_id": "host", "roots": [str(cg.root)], "interval_s": interval,
         "memory": budget, "policies": curves,
         "sampling": {"rate": SAMPLING_RATE, "slices": 4},
-        "safety": {"floor": budget // 16, "anon_margin": 16 * MiB, "max_step": budget // 4},
-        "prometheus": {"port": 0}}
+        "safety": {"floor": budget // 16, "anon_margin": ANON_MARGIN,
+                   "max_step": budget // 4},
+        "prometheus": {"port": 0},
+        "cache_ext": {"calibrate_dir": str(calibrate_dir) if calibrate_dir else None}}
     if standalone:
         cfg["tenants"] = node_tenants(name, ts)
     else:
@@ -486,7 +497,8 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
         tls = make_tls(work)
         acfg = agent_config("autopilot" if name == "agent_sampling" else name,
                             ts, cg, budget, interval, port, tls,
-                            standalone=name == "agent_sampling")
+                            standalone=name == "agent_sampling",
+                            calibrate_dir=work if name == "autopilot" else None)
         (work / "agent.yaml").write_text(yaml.safe_dump(acfg))
     if name in CONTROLLED:
         (work / "controller.yaml").write_text(yaml.safe_dump(

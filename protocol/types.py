@@ -45,6 +45,8 @@ class TenantReport:
                                       # for (0: none of ours runs)
     policy_overflow_pages: int = 0    # pages it had no room for since loaded
     throughput_error: str = ""        # why throughput is None
+    cpu_per_s: float = 0.0            # CPU seconds the cgroup used per second
+                                      # (0: not known)
     # Set where the report is received, never sent: why part of it was
     # refused (a malformed curve refuses that tenant's curves, not the
     # node's report; a malformed entry stands in for itself by the last

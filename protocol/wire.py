@@ -99,7 +99,7 @@ def node_info_from_pb(msg: pb.NodeInfo) -> NodeInfo:
 
 # -- reports -----------------------------------------------------------------
 _RATE_FIELDS = ("interval_s", "accesses_per_s", "inserts_per_s", "removals_per_s",
-                "refaults_per_s", "throughput", "miss_ratio")
+                "refaults_per_s", "throughput", "miss_ratio", "cpu_per_s")
 MAX_ERROR_TEXT = 500
 # non-negative integers: bytes, and pages where the name says so
 _COUNT_FIELDS = ("limit_bytes", "usage_file_bytes", "usage_anon_bytes",

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from cachepilot.agent import hookcost
 from cachepilot.agent.backends.linux import LinuxBackend, kernel_has_cache_ext
 from cachepilot.agent.cache_ext import (POLICY_DIR, POLICYCTL, PolicyActuator,
                                         PolicyError, running_policy)
@@ -116,7 +117,8 @@ def config(policy_dir: Path = POLICY_DIR) -> dict:
             "tenants": [{"name": n, "cgroup": n} for n in "abc"],
             "memory": "64MiB", "interval_s": 1,
             "safety": {"floor": "4MiB", "anon_margin": "1MiB", "max_step": "64MiB"},
-            "cache_ext": {"policy_dir": str(policy_dir), "pin_root": str(PINS)}}
+            "cache_ext": {"policy_dir": str(policy_dir), "pin_root": str(PINS),
+                          "calibrate_dir": None}}
 
 
 def backend(policy_dir: Path = POLICY_DIR) -> LinuxBackend:
@@ -370,3 +372,16 @@ def test_policies_are_sized_to_their_cgroup_and_count_what_they_cannot_track(env
     assert act.stats(str(a)).capacity_pages == 2 * limit_pages
     assert act.stats(str(a)).overflow_pages == 0
     assert apply(b, "a", "linux", LIMIT).policy_ok
+
+
+def test_hook_costs_are_measured_per_policy_on_the_live_kernel(env):
+    # every policy's hooks cost a cached read something, and more work in
+    # a hook costs more: s3fifo (a map lookup and a counter per access)
+    # against fifo (nothing on an access)
+    act = PolicyActuator([str(ROOT)], "linux", pin_root=PINS)
+    costs = hookcost.measure(act, ROOT, ["linux", "fifo", "s3fifo"], DATA, rounds=3)
+    print(f"hook costs: a read {costs.baseline_ns:.0f} ns; {costs.ns_per_access}")
+    assert not costs.failed
+    assert set(costs.ns_per_access) == {"fifo", "s3fifo"}
+    assert costs.ns_per_access["s3fifo"] > 0
+    assert not (ROOT / hookcost.SCRATCH).exists()

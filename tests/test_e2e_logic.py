@@ -51,6 +51,14 @@ def test_sweep_table_pools_one_phase_tenants_and_splits_two_phase_ones():
     assert table["a"] == {0: {("linux", 1.0): 15, ("mru", 1.0): 6}}
     assert table["s"] == {0: {("linux", 1.0): 100, ("mru", 1.0): 200},
                           1: {("linux", 1.0): 50, ("mru", 1.0): 10}}
+    # a limit below a tenant's anonymous memory is not swept for it: the
+    # trial leaves it out, and so do the table and the oracle's options
+    trials.append(trial(0, 0.25, {"s": "linux"}, {"s": 90}))
+    table = e2e_vm.sweep_table(trials, ts)
+    assert ("linux", 0.25) not in table["a"][0] and table["s"][0][("linux", 0.25)] == 90
+    assert ("linux", 0.25) not in e2e_vm.sweep_error(trials, ts)["a"][0]
+    choice, _ = e2e_vm.best_static(table, ts, 200 * MiB)
+    assert choice["s"][1] != int(0.25 * 100 * MiB)     # not measured in its phase 1
 
 
 def test_best_static_respects_the_budget_and_weighs_phases():
@@ -82,6 +90,9 @@ def test_nearest_factor():
     assert e2e_vm.nearest_factor(150 * MiB, 80 * MiB) == 2.0
     assert e2e_vm.nearest_factor(70 * MiB, 80 * MiB) == 1.0
     assert e2e_vm.nearest_factor(30 * MiB, 80 * MiB) == 0.5
+    assert e2e_vm.nearest_factor(21 * MiB, 80 * MiB) == 0.25
+    # on the factors' own scale: 115 MiB is nearer 160 than 80 (113 between)
+    assert e2e_vm.nearest_factor(115 * MiB, 80 * MiB) == 2.0
 
 
 def test_two_phase_shell_runs_the_second_command_after_switch(tmp_path):

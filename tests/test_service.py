@@ -453,3 +453,13 @@ def test_admin_tenants_shows_running_and_directed_policies_and_the_nodes_answer(
         assert "refused-by-node" in log and "EPERM" in log
     finally:
         served.stop(0)
+
+
+def test_a_tenants_cpu_crosses_the_wire_and_a_negative_one_is_refused():
+    r = report("n1-t0")
+    r.cpu_per_s = 0.37
+    assert wire.report_from_pb(wire.report_to_pb(r)).cpu_per_s == 0.37
+    msg = wire.report_to_pb(r)
+    msg.cpu_per_s = -1.0
+    with pytest.raises(wire.WireError, match="cpu_per_s"):
+        wire.report_from_pb(msg)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cachepilot.agent import cgroups, damon, pods, threads
+from cachepilot.agent import cgroups, damon, hookcost, pods, threads
 from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
@@ -91,6 +91,7 @@ class Watched:
     last_tick_ns: int | None = None      # monotonic ns of the last counters read
     tids: dict | None = None             # tid maps last written, from thread rules
     overflow_seen: int = 0               # the policy's overflow last reported
+    last_cpu_us: int | None = None       # the cgroup's CPU time at the last report
 
 
 class LinuxBackend:
@@ -144,8 +145,30 @@ class LinuxBackend:
                             self.no_actuation_reason)
             else:
                 self.actuator = act
+        self.hook_ns: dict[str, float] = {}
+        self._calibrate()
         self._refresh()
         self._adopt()
+
+    def _calibrate(self) -> None:
+        """Measure what each policy's hooks cost a cached read here
+        (agent/hookcost.py), before any tenant is watched."""
+        folder = self.cfg.cache_ext.calibrate_dir
+        if self.actuator is None or folder is None:
+            return
+        try:
+            costs = hookcost.measure(self.actuator, self.cfg.roots[0], self.policies, folder)
+        except hookcost.CalibrationError as err:
+            log.warning("policy hook costs not measured (policies are scored on their "
+                        "curves alone): %s", err)
+            return
+        self.hook_ns = dict(costs.ns_per_access)
+        self.hook_ns[self.default_policy] = 0.0
+        for p, why in costs.failed.items():
+            log.warning("policy %s: hook cost not measured: %s", p, why)
+        log.info("policy hook costs per cached read (a read alone: %.0f ns): %s",
+                 costs.baseline_ns, ", ".join(f"{p} +{v:.0f} ns" for p, v in
+                                              sorted(costs.ns_per_access.items())) or "none")
 
     def _adopt(self):
         if self.actuator is not None:
@@ -439,6 +462,9 @@ class LinuxBackend:
             # the limit must also hold what is not page cache (anon + kernel)
             offset_pages = stats.nonfile_bytes // PAGE_SIZE
             curves = [shift_by_anon(c, offset_pages) for c in w.builder.snapshot()]
+            for c in curves:
+                if c.policy in self.hook_ns:
+                    c.meta["hook_ns_per_access"] = self.hook_ns[c.policy]
             # the builder's counts age by control interval (sliding window)
             w.builder.end_window()
         if counted is not None:
@@ -451,7 +477,11 @@ class LinuxBackend:
         if w.throughput is not None:
             throughput = w.throughput.read(now)
             why_unknown = w.throughput.error if throughput is None else ""
-        w.last_time, w.last_stats = now, stats
+        cpu_us = cgroups.cpu_usage_us(w.path)
+        cpu_per_s = (cpu_us - w.last_cpu_us) / 1e6 / dt \
+            if cpu_us is not None and w.last_cpu_us is not None and cpu_us >= w.last_cpu_us \
+            else 0.0
+        w.last_time, w.last_stats, w.last_cpu_us = now, stats, cpu_us
         capacity, overflow = self._policy_room(w)
         return TenantReport(
             tenant=w.tenant, cgroup=w.path, interval_s=dt,
@@ -462,7 +492,7 @@ class LinuxBackend:
             policy=w.policy, throughput=throughput,
             miss_ratio=min(1.0, inserts / accesses) if accesses else 0.0,
             curves=curves, throughput_error=why_unknown, policy_capacity_pages=capacity,
-            policy_overflow_pages=overflow)
+            policy_overflow_pages=overflow, cpu_per_s=cpu_per_s)
 
     def _policy_room(self, w: Watched) -> tuple[int, int]:
         """(capacity, overflow) of the cgroup's cache_ext policy, (0, 0)

@@ -70,8 +70,7 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
             return _back_to_baseline(current, baseline, base / scores[baseline] - 1.0,
                                      st, threshold, k, best, gain)
         _miss(st, k, baseline)
-        return PolicyChoice(current, False, best, max(gain, 0.0) if best != current else 0.0,
-                            "keep")
+        return _keep(current, best, gain, threshold)
     if st.streak_policy is not None and st.streak_policy == baseline != best:
         st.streak, st.streak_misses = 0, 0   # the rounds counted were toward the baseline
     st.streak += 1
@@ -84,6 +83,17 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
     return PolicyChoice(current, False, best, gain,
                         f"{best} beats {current} by {gain:.1%} "
                         f"({st.streak}/{k} intervals)")
+
+
+def _keep(current: str, best: str, gain: float, threshold: float) -> PolicyChoice:
+    """No switch this round; where another policy scores higher, the reason
+    says by how much (the decision log then shows a lead that never
+    reached the threshold)."""
+    if best == current or gain <= 0:
+        return PolicyChoice(current, False, best, 0.0, "keep")
+    return PolicyChoice(current, False, best, gain,
+                        f"{best} leads {current} by {gain:.1%} (a switch needs "
+                        f"{threshold:.0%})")
 
 
 def _reset(st: TenantState) -> None:
@@ -107,8 +117,7 @@ def _back_to_baseline(current: str, baseline: str, lead: float, st: TenantState,
     leads the baseline by at most half the threshold."""
     if lead > threshold / 2:
         _miss(st, k, baseline)
-        return PolicyChoice(current, False, best, max(gain, 0.0) if best != current else 0.0,
-                            "keep")
+        return _keep(current, best, gain, threshold)
     if st.streak_policy != baseline:
         _reset(st)
     st.streak += 1

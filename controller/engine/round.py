@@ -56,6 +56,8 @@ class Round:
     row_of: list[dict[str, int]] = field(default_factory=list)  # policy -> bank row
     allowed_of: list[list[str]] = field(default_factory=list)
     run_row: np.ndarray = None       # bank row of the running policy, or -1
+    row_hook_ns: np.ndarray = None   # per bank row: the policy's hook cost per
+                                     # cached access on the node (NaN: unknown)
     # size_bounds
     limit_now: np.ndarray = None     # the limit in force (0: none)
     equal: np.ndarray = None         # an equal share of the node
@@ -235,6 +237,49 @@ def bank_curves(R: Round, ctl) -> None:
             R.row_policy.append(r.policy)
     R.bank = CurveBank(curves, ctl.curve_error_sigmas)
     R.row_tenant = np.asarray(row_tenant, dtype=np.int64)
+    R.row_hook_ns = np.fromiter((_hook_ns(c) for c in curves), dtype=np.float64,
+                                count=len(curves))
+
+
+MAX_HOOK_NS = 1e6       # a millisecond of hooks per cached access is no figure
+
+
+def _hook_ns(curve) -> float:
+    """The curve's `hook_ns_per_access` (agent/hookcost.py), or NaN where
+    it has none or one no node could have measured."""
+    v = curve.meta.get("hook_ns_per_access") if curve.meta else None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return v if 0.0 <= v <= MAX_HOOK_NS else math.nan
+
+
+MIN_HOOK_FACTOR, MAX_HOOK_FACTOR = 0.5, 4.0
+
+
+def hook_factors(R: Round) -> np.ndarray:
+    """Per bank row, how much the policy's hooks stretch the tenant's time
+    per operation at m = 0 (the model's a) against the policy running now.
+
+    The tenant's own CPU per page access (report: cpu_per_s over
+    accesses_per_s) is what a hit costs it; a policy whose hooks cost h
+    nanoseconds more per access than the running one's adds h to that,
+    so a CPU-bound hit path slows by 1 + h / (CPU per access).  A tenant
+    that waits on its disk has a small a, and the factor barely moves its
+    throughput.  1 where either cost or the tenant's CPU is unknown."""
+    k = np.ones(R.bank.n if R.bank is not None else 0)
+    if not len(k):
+        return k
+    cpu = R.column(lambda s, r: r.cpu_per_s)
+    acc = R.column(lambda s, r: r.accesses_per_s)
+    run = np.where(R.run_row >= 0, R.row_hook_ns[np.maximum(R.run_row, 0)], np.nan)
+    cpu_ns_per_access = np.where((cpu > 0) & (acc > 0),
+                                 cpu * 1e9 / np.where(acc > 0, acc, 1.0), np.nan)
+    t = R.row_tenant
+    extra = R.row_hook_ns - run[t]
+    f = 1.0 + extra / cpu_ns_per_access[t]
+    return np.where(np.isfinite(f), np.clip(f, MIN_HOOK_FACTOR, MAX_HOOK_FACTOR), 1.0)
 
 
 def size_bounds(R: Round, ctl) -> None:
@@ -266,7 +311,7 @@ def choose_policies(R: Round, ctl) -> None:
     bank = R.bank
     if bank.n:
         at = np.minimum(R.ref, R.ub)[R.row_tenant]
-        R.score = model.throughput(R.a[R.row_tenant], R.b[R.row_tenant],
+        R.score = model.throughput(R.a[R.row_tenant] * hook_factors(R), R.b[R.row_tenant],
                                    bank.miss_at(np.arange(bank.n), at))
     else:
         R.score = np.zeros(0)

@@ -36,20 +36,31 @@ class SynthTenant:
     concurrency: float = 1.0
     anon_bytes: int = 0
     extra: dict = field(default_factory=dict)
+    # per policy, the CPU seconds its hooks add to every access (a hit's
+    # path is CPU: t_hit is CPU time, a miss waits on the disk); where set,
+    # the curves carry them as an agent's would and reports the CPU used
+    hook_s: dict[str, float] = field(default_factory=dict)
 
-    def throughput(self, miss_ratio: float) -> float:
-        return self.concurrency / (self.t_hit + miss_ratio * self.t_miss)
+    def throughput(self, miss_ratio: float, policy: str | None = None) -> float:
+        hook = self.hook_s.get(policy, 0.0) if policy else 0.0
+        return self.concurrency / (self.t_hit + hook + miss_ratio * self.t_miss)
 
     def report(self, limit_bytes: int, policy: str, interval_s: float = 1.0) -> TenantReport:
         m = float(self.curves[policy].at(limit_bytes / PAGE_SIZE))
-        thr = self.throughput(m)
+        thr = self.throughput(m, policy)
+        curves = list(self.curves.values())
+        cpu = 0.0
+        if self.hook_s:
+            curves = [MRC(c.sizes, c.miss_ratio, c.policy, c.method, c.rate,
+                          dict(c.meta, hook_ns_per_access=self.hook_s.get(c.policy, 0.0) * 1e9))
+                      for c in curves]
+            cpu = thr * (self.t_hit + self.hook_s.get(policy, 0.0))
         return TenantReport(
             tenant=self.name, cgroup=self.name, interval_s=interval_s,
             accesses_per_s=thr, inserts_per_s=thr * m, removals_per_s=thr * m,
             refaults_per_s=0.0, limit_bytes=int(limit_bytes),
             usage_file_bytes=int(limit_bytes), usage_anon_bytes=self.anon_bytes,
-            policy=policy, throughput=thr, miss_ratio=m,
-            curves=list(self.curves.values()))
+            policy=policy, throughput=thr, miss_ratio=m, curves=curves, cpu_per_s=cpu)
 
 
 def random_tenant(rng: np.random.Generator, name: str, policies: list[str],
