@@ -296,7 +296,7 @@ def test_fixed_size_sampling_lowers_the_kernel_threshold(files):
             (parent / "t").rmdir()
 
 
-def test_a_dead_sampler_leaves_the_agent_in_stats_only_mode(files, caplog):
+def test_a_dead_sampler_means_stats_only_until_the_agent_starts_it_again(files, caplog):
     from cachepilot.agent.backends.linux import LinuxBackend
     from cachepilot.agent.config import config_from_dict
 
@@ -316,7 +316,18 @@ def test_a_dead_sampler_leaves_the_agent_in_stats_only_mode(files, caplog):
             assert report.curves == [] and backend.sampler is None
             assert backend.stats_only_reason
             assert any("stats-only" in r.getMessage() for r in caplog.records)
-            assert backend.collect()[0].tenant == "t"
+            # not again before its retry time ...
+            assert backend.collect()[0].curves == [] and backend.sampler is None
+            # ... and then without a hand restart: counting and curves again
+            backend.sampler_retry_at = 0.0
+            caplog.set_level(logging.INFO, logger="cachepilot.agent")
+            backend.tick()
+            assert backend.sampler is not None and backend.stats_only_reason is None
+            assert backend.sampler_restarts == 1
+            assert any("runs again" in r.getMessage() for r in caplog.records)
+            fio_randread(parent / "t", small, 5_000)
+            (report,) = backend.collect()
+            assert report.accesses_per_s > 0 and report.curves
         finally:
             backend.close()
             (parent / "t").rmdir()

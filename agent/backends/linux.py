@@ -33,6 +33,7 @@ from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantRe
 log = logging.getLogger("cachepilot.agent")
 
 BTF = Path("/sys/kernel/btf/vmlinux")
+SAMPLER_RETRY_S = 10            # between tries to start a dead sampler again
 
 
 def kernel_has_cache_ext(btf: Path = BTF) -> bool:
@@ -113,6 +114,11 @@ class LinuxBackend:
         self.watched: dict[str, Watched] = {}       # tenant -> Watched
         self.sampler = sampler
         self.stats_only_reason: str | None = None
+        # a sampler that ran and died is started again (restart_sampler),
+        # at most once every SAMPLER_RETRY_S; one that never ran is not
+        self.sampler_lost_at: float | None = None
+        self.sampler_retry_at = 0.0
+        self.sampler_restarts = 0
         if self.sampler is None and start_sampler:
             reason = why_unavailable()
             if reason is None:
@@ -273,16 +279,7 @@ class LinuxBackend:
             except CgroupError as err:
                 log.warning("not watching %s: %s", path, err)
                 continue
-            builder = None
-            if self.sampler is not None:
-                known = self._known_policies()
-                policies = [p for p in spec.policies if p in known] \
-                    if spec is not None and spec.policies else []
-                policies = policies or self.policies
-                max_pages = (self.cfg.max_cache or self.memory_bytes) // PAGE_SIZE
-                builder = make_builder(policies, rate=self.cfg.sampling.rate,
-                                       max_pages=max_pages,
-                                       max_samples=self.cfg.sampling.max_samples)
+            builder = self._builder(spec) if self.sampler is not None else None
             tp = None
             if spec is not None and spec.throughput.source == "prometheus":
                 tp = PrometheusSource(spec.throughput)
@@ -306,6 +303,17 @@ class LinuxBackend:
             self._simulate_thread_rules(w)
             log.info("watching %s as tenant %s (cgroup id %d)", path, tenant, cgid)
 
+    def _builder(self, spec):
+        """A tenant's curve builder: the policies it names that the engine
+        knows, else the node's."""
+        known = self._known_policies()
+        policies = [p for p in spec.policies if p in known] \
+            if spec is not None and spec.policies else []
+        policies = policies or self.policies
+        max_pages = (self.cfg.max_cache or self.memory_bytes) // PAGE_SIZE
+        return make_builder(policies, rate=self.cfg.sampling.rate, max_pages=max_pages,
+                            max_samples=self.cfg.sampling.max_samples)
+
     def _drop(self, tenant: str, why: str):
         w = self.watched.pop(tenant)
         gone = ""
@@ -325,11 +333,47 @@ class LinuxBackend:
                 pass
 
     def _lose_sampler(self, why: str):
-        log.error("the sampler stopped (%s); continuing in stats-only mode", why)
+        log.error("the sampler stopped (%s); continuing in stats-only mode, starting "
+                  "it again in %d s", why, SAMPLER_RETRY_S)
         self.stats_only_reason = why
         if self.sampler is not None:
             self.sampler.close()
         self.sampler = None
+        now = time.monotonic()
+        self.sampler_lost_at = self.sampler_lost_at or now
+        self.sampler_retry_at = now + SAMPLER_RETRY_S
+
+    def restart_sampler(self) -> bool:
+        """Start the sampler again after it died (the loader killed, its
+        pipe broken): every watched cgroup is watched again from the
+        counters as they are now, so the first interval after counts only
+        what it saw; curves keep what they had.  Until then, and when this
+        fails, reports are stats-only.  True when it runs again."""
+        if self.sampler is not None or self.sampler_lost_at is None or \
+                time.monotonic() < self.sampler_retry_at:
+            return self.sampler is not None
+        try:
+            s = Sampler(ring_bytes=self.cfg.sampling.ring_bytes)
+            for w in self.watched.values():
+                if w.builder is None:
+                    w.builder = self._builder(w.spec)
+                w.threshold = int(w.builder.threshold)
+                s.watch(w.cgid, w.threshold)
+            now_ns, snap = s.counters()
+        except SamplerUnavailable as err:
+            self.sampler_retry_at = time.monotonic() + SAMPLER_RETRY_S
+            log.warning("the sampler did not start again: %s; next try in %d s",
+                        err, SAMPLER_RETRY_S)
+            return False
+        for w in self.watched.values():
+            w.last_counters = snap.get(w.cgid, (0, Counters()))[1]
+            w.last_tick_ns, w.interval = now_ns, None
+        self.sampler, self.stats_only_reason = s, None
+        self.sampler_restarts += 1
+        log.info("the sampler runs again, %.0f s after it stopped",
+                 time.monotonic() - self.sampler_lost_at)
+        self.sampler_lost_at = None
+        return True
 
     # -- Backend -------------------------------------------------------------
     def info(self) -> NodeInfo:
@@ -349,7 +393,7 @@ class LinuxBackend:
         and sketched since the last tick.  The agent ticks sampling.slices
         times an interval (collect() makes the last tick); the builders'
         "stack" estimator counts every page read by slice from the sketches."""
-        if self.sampler is None:
+        if self.sampler is None and not self.restart_sampler():
             return
         try:
             # the loader hands over the records read before it answers a
