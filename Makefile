@@ -11,7 +11,7 @@ APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-sourc
 APT_LEAN := prometheus
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz sanitize image
+.PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz sanitize image chaos
 
 run: build
 	.venv/bin/cachepilot run --config configs/demo.yaml
@@ -106,6 +106,15 @@ e2e: build kernel
 	kernel/vm -H -m 3G -s 2 -t 4800 -D 2G -d "$(E2E_DISK)" \
 		-W experiments/results -a $(CURDIR) $(foreach a,$(E2E_ARGS),-a $(a)) \
 		kernel/tests/e2e-in-vm.sh
+
+# Faults on real cgroups, counted (experiments/chaos.py): the agent, the
+# controller and the sampler killed and stopped, tenant cgroups deleted and
+# made again, anonymous memory growing toward a limit, the controller's link
+# down; 30 minutes by default.  Writes experiments/results/chaos.{json,png}.
+# Not part of make test.  CHAOS_ARGS: e.g. --minutes 5 --seed 2
+CHAOS_ARGS :=
+chaos: build
+	$(PY) experiments/chaos.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf .venv build *.egg-info out
