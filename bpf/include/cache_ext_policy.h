@@ -140,6 +140,9 @@
  *   cp_page_of(map, folio), cp_page_del(map, folio)  find, drop that entry
  *   cp_count_reuse(), cp_count_use(), cp_use_score()  a page's use count:
  *                      an access's step, and a score from it
+ *   CP_COUNT_LISTS(p, n), cp_count_list(), cp_evict_by_count(),
+ *   CP_USE_SCORER      one list per use count (lfu, get_scan): the state,
+ *                      where a page goes, reclaim
  *   cp_lists_create(memcg, lists, n)  n eviction lists at init
  *   cp_take            walk callback proposing every page it is shown
  *   cp_propose(ectx, folio)  propose one folio outside a walk
@@ -933,6 +936,78 @@ static __always_inline int cp_lists_create(struct mem_cgroup *memcg,
 #define cp_use_score(page, time_bits)					\
 	((page) ? (__s64)((__u64)(page)->freq << (time_bits) |		\
 			  ((page)->stamp & ((1ULL << (time_bits)) - 1))) : -1)
+
+/*
+ * CP_USE_SCORER(name, map, type, time_bits) defines name, a score callback
+ * for cache_ext_list_score: cp_use_score of the node's page, a `type` in
+ * the per-page map `map`.
+ */
+#define CP_USE_SCORER(name, map, type, time_bits)			\
+	static __s64 name(int idx, struct cache_ext_list_node *node)	\
+	{								\
+		type *page = cp_page_of(&map, cache_ext_node_folio(node)); \
+									\
+		return cp_use_score(page, time_bits);			\
+	}
+
+/*
+ * One list per use count (lfu, and each side of get_scan): a group of n
+ * lists, lists[first] .. lists[first + n - 1], holds the pages of count
+ * 0, 1, ..., its last list every count from its own up.  mask, the lists
+ * array's size - 1 (a power of two - 1), bounds each index for the
+ * verifier.
+ */
+
+/*
+ * The skeleton of such a policy: CP_COUNT_LISTS(p, n) declares the state,
+ * n lists in CP_STATE.lists (its groups, one or more) and the access
+ * clock CP_STATE.now of cp_count_use, and the callback p_init, which
+ * creates the lists.
+ */
+#define CP_COUNT_LISTS(p, n)						\
+	struct p##_state {						\
+		__u64 lists[n];						\
+		__u64 now;						\
+	};								\
+	CP_STATE_DECL(struct p##_state);				\
+	s32 BPF_STRUCT_OPS_SLEEPABLE(p##_init, struct mem_cgroup *memcg) \
+	{								\
+		return cp_lists_create(memcg, CP_STATE.lists, n);	\
+	}
+
+/* The group's list for a page of count freq. */
+static __always_inline __u64 cp_count_list(const __u64 *lists, __u32 mask,
+					   __u32 first, __u32 n, __u32 freq)
+{
+	__u32 top = n - 1;
+
+	return lists[cp_mask(first + (freq < top ? freq : top), mask)];
+}
+
+/*
+ * Reclaim from the group: the lists but the last give pages from their
+ * heads, least used first; the last, whose pages differ in count, has a
+ * window of nr_score pages from its head scored by `score` (one of
+ * CP_USE_SCORER's).  Stops once ectx holds its request.
+ */
+static __always_inline void
+cp_evict_by_count(struct cache_ext_eviction_ctx *ectx, struct mem_cgroup *memcg,
+		  const __u64 *lists, __u32 mask, __u32 first, __u32 n,
+		  __s64 (*score)(int idx, struct cache_ext_list_node *node),
+		  __u32 nr_score)
+{
+	__u32 i;
+
+	for (i = 0; i + 1 < n; i++) {
+		if (ectx->nr_candidates >= ectx->request)
+			return;
+		cache_ext_list_iterate(memcg, lists[cp_mask(first + i, mask)],
+				       cp_take, ectx);
+	}
+	if (ectx->nr_candidates < ectx->request)
+		cache_ext_list_score(memcg, lists[cp_mask(first + n - 1, mask)],
+				     score, ectx, nr_score);
+}
 
 /*
  * Random samples of the pages a policy holds, as libCacheSim's sampled

@@ -46,12 +46,7 @@ struct gs_page {
 	__u8 fresh;		/* the access that inserted it is pending */
 };
 
-struct get_scan_state {
-	__u64 lists[GS_LISTS];
-	__u64 now;
-};
-CP_STATE_DECL(struct get_scan_state);
-
+CP_COUNT_LISTS(get_scan, GS_LISTS);
 CP_PAGE_MAP(gs_pages, struct gs_page);
 /* tid of a registered scan thread -> 1 */
 CP_HASH_MAP(gs_tids, __u32, __u8, GS_MAX_TIDS);
@@ -65,54 +60,25 @@ static bool gs_scan_thread(void)
 	return bpf_map_lookup_elem(&gs_tids, &tid) != NULL;
 }
 
-s32 BPF_STRUCT_OPS_SLEEPABLE(get_scan_init, struct mem_cgroup *memcg)
-{
-	return cp_lists_create(memcg, CP_STATE.lists, GS_LISTS);
-}
-
 /* The list of a page of `freq` accesses on its side. */
 static __u64 gs_list(bool scan, __u32 freq)
 {
-	__u32 base = scan ? 0 : GS_SCAN_CLASSES;
-	__u32 top = (scan ? GS_SCAN_CLASSES : GS_GET_CLASSES) - 1;
-
-	return CP_STATE.lists[cp_mask(base + (freq < top ? freq : top),
-				      GS_LISTS - 1)];
+	return cp_count_list(CP_STATE.lists, GS_LISTS - 1,
+			     scan ? 0 : GS_SCAN_CLASSES,
+			     scan ? GS_SCAN_CLASSES : GS_GET_CLASSES, freq);
 }
 
-static __s64 gs_score(int idx, struct cache_ext_list_node *node)
-{
-	struct gs_page *page = cp_page_of(&gs_pages,
-					  cache_ext_node_folio(node));
-
-	/* count first, then the older access (as lfu.bpf.c) */
-	return cp_use_score(page, GS_TIME_BITS);
-}
-
-/* One side's pages, least used first: the lists base .. base + n - 1. */
-static __always_inline void gs_evict_side(__u32 base, __u32 n,
-					  struct cache_ext_eviction_ctx *ectx,
-					  struct mem_cgroup *memcg)
-{
-	__u32 i;
-
-	for (i = 0; i + 1 < n; i++) {
-		if (ectx->nr_candidates >= ectx->request)
-			return;
-		cache_ext_list_iterate(memcg, CP_STATE.lists[cp_mask(base + i, GS_LISTS - 1)],
-				       cp_take, ectx);
-	}
-	if (ectx->nr_candidates < ectx->request)
-		cache_ext_list_score(memcg, CP_STATE.lists[cp_mask(base + n - 1, GS_LISTS - 1)],
-				     gs_score, ectx, GS_NR_SCORE);
-}
+/* count first, then the older access (as lfu.bpf.c) */
+CP_USE_SCORER(gs_score, gs_pages, struct gs_page, GS_TIME_BITS)
 
 void BPF_STRUCT_OPS(get_scan_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
 	/* scan pages first, then GET pages */
-	gs_evict_side(0, GS_SCAN_CLASSES, ectx, memcg);
-	gs_evict_side(GS_SCAN_CLASSES, GS_GET_CLASSES, ectx, memcg);
+	cp_evict_by_count(ectx, memcg, CP_STATE.lists, GS_LISTS - 1, 0,
+			  GS_SCAN_CLASSES, gs_score, GS_NR_SCORE);
+	cp_evict_by_count(ectx, memcg, CP_STATE.lists, GS_LISTS - 1,
+			  GS_SCAN_CLASSES, GS_GET_CLASSES, gs_score, GS_NR_SCORE);
 }
 
 void BPF_STRUCT_OPS(get_scan_folio_added, struct folio *folio)

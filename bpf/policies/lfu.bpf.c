@@ -25,7 +25,6 @@
 #include "cache_ext_policy.h"
 
 #define LFU_CLASSES 16		/* lists: counts 0..14, and 15 or more */
-#define LFU_TOP (LFU_CLASSES - 1)
 #define LFU_NR_SCORE 512	/* window scored in the last list */
 #define LFU_TIME_BITS 40
 #define LFU_MAX_FREQ ((1U << 23) - 1)
@@ -36,46 +35,22 @@ struct lfu_page {
 	__u8 fresh;		/* the access that inserted it is pending */
 };
 
-struct lfu_state {
-	__u64 lists[LFU_CLASSES];
-	__u64 now;
-};
-CP_STATE_DECL(struct lfu_state);
-
+CP_COUNT_LISTS(lfu, LFU_CLASSES);
 CP_PAGE_MAP(lfu_pages, struct lfu_page);
-
-s32 BPF_STRUCT_OPS_SLEEPABLE(lfu_init, struct mem_cgroup *memcg)
-{
-	return cp_lists_create(memcg, CP_STATE.lists, LFU_CLASSES);
-}
 
 static __u64 lfu_list(__u32 freq)
 {
-	return CP_STATE.lists[cp_mask(freq < LFU_TOP ? freq : LFU_TOP,
-				      LFU_CLASSES - 1)];
+	return cp_count_list(CP_STATE.lists, LFU_CLASSES - 1, 0, LFU_CLASSES,
+			     freq);
 }
 
-static __s64 lfu_score(int idx, struct cache_ext_list_node *node)
-{
-	struct lfu_page *page = cp_page_of(&lfu_pages,
-					   cache_ext_node_folio(node));
-
-	return cp_use_score(page, LFU_TIME_BITS);
-}
+CP_USE_SCORER(lfu_score, lfu_pages, struct lfu_page, LFU_TIME_BITS)
 
 void BPF_STRUCT_OPS(lfu_evict_folios, struct cache_ext_eviction_ctx *ectx,
 		    struct mem_cgroup *memcg)
 {
-	int i;
-
-	for (i = 0; i < LFU_TOP; i++) {
-		if (ectx->nr_candidates >= ectx->request)
-			return;
-		cache_ext_list_iterate(memcg, CP_STATE.lists[i], cp_take, ectx);
-	}
-	if (ectx->nr_candidates < ectx->request)
-		cache_ext_list_score(memcg, CP_STATE.lists[LFU_TOP], lfu_score,
-				     ectx, LFU_NR_SCORE);
+	cp_evict_by_count(ectx, memcg, CP_STATE.lists, LFU_CLASSES - 1, 0,
+			  LFU_CLASSES, lfu_score, LFU_NR_SCORE);
 }
 
 void BPF_STRUCT_OPS(lfu_folio_added, struct folio *folio)

@@ -609,13 +609,8 @@ static PyMethodDef module_methods[] = {
 	{ NULL }
 };
 
-static struct PyModuleDef module_def = {
-	PyModuleDef_HEAD_INIT,
-	.m_name = "_mrc",
-	.m_doc = "cachepilot's native MRC core",
-	.m_size = -1,
-	.m_methods = module_methods,
-};
+static struct PyModuleDef module_def =
+	CP_MODULE_DEF("_mrc", "cachepilot's native MRC core", module_methods);
 
 PyMODINIT_FUNC PyInit__mrc(void)
 {

@@ -26,11 +26,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "age_list.h"
 #include "maps.h"
 #include "runtime.h"
 
-/* Every element: LRU links (used by LRU hash maps; the freelist reuses
- * `older`), then the key bytes, then the value bytes. */
+/* Every element: LRU links (an age list, age_list.h, in LRU hash maps;
+ * the freelist reuses `older`), then the key bytes, then the value
+ * bytes. */
 struct cp_elem {
 	struct cp_elem *older, *newer;
 };
@@ -263,34 +265,11 @@ static void elem_free(struct cp_map *m, struct cp_elem *e)
 	m->free_elems = e;
 }
 
-static void lru_unlink(struct cp_map *m, struct cp_elem *e)
-{
-	if (e->older)
-		e->older->newer = e->newer;
-	else
-		m->oldest = e->newer;
-	if (e->newer)
-		e->newer->older = e->older;
-	else
-		m->newest = e->older;
-}
-
-static void lru_push(struct cp_map *m, struct cp_elem *e)
-{
-	e->newer = NULL;
-	e->older = m->newest;
-	if (m->newest)
-		m->newest->newer = e;
-	else
-		m->oldest = e;
-	m->newest = e;
-}
-
 static void lru_touch(struct cp_map *m, struct cp_elem *e)
 {
 	if (m->type == CP_MAP_LRU_HASH && m->newest != e) {
-		lru_unlink(m, e);
-		lru_push(m, e);
+		CP_AGE_UNLINK(m, e);
+		CP_AGE_PUSH(m, e);
 	}
 }
 
@@ -447,7 +426,7 @@ long cp_map_update(struct cp_map *m, const void *key, const void *value,
 	memcpy(ELEM_KEY(s->elem), key, m->key_size);
 	memcpy(ELEM_KEY(s->elem) + m->key_size, value, m->value_size);
 	if (m->type == CP_MAP_LRU_HASH)
-		lru_push(m, s->elem);
+		CP_AGE_PUSH(m, s->elem);
 	m->count++;
 	return 0;
 }
@@ -474,7 +453,7 @@ long cp_map_delete(struct cp_map *m, const void *key)
 	if (!s->elem)
 		return -ENOENT;
 	if (m->type == CP_MAP_LRU_HASH)
-		lru_unlink(m, s->elem);
+		CP_AGE_UNLINK(m, s->elem);
 	elem_free(m, s->elem);
 	m->count--;
 	/* backward-shift deletion keeps probe chains intact without tombstones */

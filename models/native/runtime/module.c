@@ -379,13 +379,8 @@ static PyMethodDef module_methods[] = {
 	{ NULL }
 };
 
-static struct PyModuleDef runtime_module = {
-	PyModuleDef_HEAD_INIT,
-	.m_name = "_runtime",
-	.m_doc = "cache_ext policy runtime (native)",
-	.m_size = -1,
-	.m_methods = module_methods,
-};
+static struct PyModuleDef runtime_module =
+	CP_MODULE_DEF("_runtime", "cache_ext policy runtime (native)", module_methods);
 
 PyMODINIT_FUNC PyInit__runtime(void)
 {

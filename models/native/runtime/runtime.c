@@ -11,6 +11,7 @@
 
 #include "runtime.h"
 #include "maps.h"
+#include "age_list.h"
 
 /* An eviction list: circular, around a sentinel node. */
 struct cp_list {
@@ -552,14 +553,7 @@ static void evict(struct cp_instance *inst, struct folio *f)
 	if (f->node.list)
 		node_unlink(f);
 	table_remove(inst, f);
-	if (f->older)
-		f->older->newer = f->newer;
-	else
-		inst->oldest = f->newer;
-	if (f->newer)
-		f->newer->older = f->older;
-	else
-		inst->newest = f->older;
+	CP_AGE_UNLINK(inst, f);
 	f->cached = 0;
 	free_push(inst, f);
 	inst->nr_cached--;
@@ -639,12 +633,7 @@ static int insert(struct cp_instance *inst, __u64 key)
 	f->index = key;
 	f->cached = 1;
 	f->owner = inst;
-	f->older = inst->newest;
-	if (inst->newest)
-		inst->newest->newer = f;
-	else
-		inst->oldest = f;
-	inst->newest = f;
+	CP_AGE_PUSH(inst, f);
 	inst->nr_cached++;
 	inst->stats.inserts++;
 	if (ops->folio_added)
