@@ -158,14 +158,11 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
                 for t in ts:
                     t.switch_phase()
             for fi, f in enumerate(LIMIT_FACTORS):
-                # a limit the safety rules would never set (below the
-                # tenant's anonymous memory and margin) is not swept: the
-                # tenant keeps its setting, unmeasured
-                below = {t.name for t in ts
-                         if f * share < cg.anon_bytes(t.name) + ANON_MARGIN}
+                limits = {t.name: sweep_limit(f * share, cg.anon_bytes(t.name))
+                          for t in ts}
                 for j in range(width):
                     static = {t.name: (t.policies[(j + fi) % len(t.policies)],
-                                       int(f * share)) for t in ts if t.name not in below}
+                                       limits[t.name]) for t in ts if limits[t.name]}
                     label = f"sweep p{half} x{f:g} " + ",".join(p for p, _ in static.values())
                     try:
                         set_static(ts, cg, static)
@@ -187,6 +184,19 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
     finally:
         finish_run(run, ts, cg)
     return trials
+
+
+def sweep_limit(limit: float, anon: int) -> int:
+    """The limit the sweep sets for a factor's `limit`: no less than the
+    tenant's anonymous memory and margin, as the safety rules never set
+    less (the floor factor is at a fio tenant's 5 MiB of anon + 16 MiB);
+    0 -- not swept, the tenant keeps its setting, unmeasured -- when that
+    is over a quarter more than the factor's limit (RocksDB's 40 MiB of
+    anon at the floor): it would be another factor."""
+    need = anon + ANON_MARGIN
+    if need > 1.25 * limit:
+        return 0
+    return int(max(limit, -(-need // MiB) * MiB))
 
 
 def sweep_table(trials, ts) -> dict:

@@ -86,6 +86,15 @@ def test_best_static_respects_the_budget_and_weighs_phases():
     assert score == pytest.approx((1.0 + 1.55) / 2)
 
 
+def test_the_sweeps_limit_respects_the_anon_floor_or_skips_the_factor():
+    MiB_ = MiB
+    assert e2e_vm.sweep_limit(80 * MiB_, 5 * MiB_) == 80 * MiB_
+    # a fio tenant at the floor factor: anon + margin, in whole MiB
+    assert e2e_vm.sweep_limit(20 * MiB_, 5 * MiB_ + 1) == 22 * MiB_
+    # RocksDB at the floor factor: would be another factor, not swept
+    assert e2e_vm.sweep_limit(20 * MiB_, 40 * MiB_) == 0
+
+
 def test_nearest_factor():
     assert e2e_vm.nearest_factor(150 * MiB, 80 * MiB) == 2.0
     assert e2e_vm.nearest_factor(70 * MiB, 80 * MiB) == 1.0

@@ -186,3 +186,33 @@ def test_decide_keeps_a_switch_that_is_worse_than_promised_but_within_the_margin
     assert [(e.kind, e.after) for e in log] == [("policy", "s3fifo")]
     assert running[-1] == "s3fifo"
     assert state.tenants["a"].probation is None      # judged, and kept
+
+
+def test_a_cache_still_filling_is_judged_at_what_it_holds_not_at_its_limit():
+    # make e2e: kv switched to get_scan as its limit rose 118 -> 156 MiB;
+    # its cache was still filling, it missed 0.45 where the curves said
+    # 0.20 at the limit, and the watchdog sent it back.  Read at the 60 %
+    # of the limit it held, the curves say what it observed
+    def curve(p, scale):
+        sizes = np.array([100, 300, 600, 1000])
+        return MRC(sizes, np.array([0.9, 0.6, 0.45, 0.2]) * scale, p, "synthetic",
+                   meta={"anon_offset_pages": 50})
+
+    def filling(observed):
+        r = report("fifo", observed, {})
+        r.curves = [curve("fifo", 1.0), curve("lru", 1.05)]
+        r.usage_file_bytes = 550 * 4096         # + 50 offset: 600 of 1000 pages
+        return r
+
+    st = on_probation()
+    assert feed(st, [filling(0.46)] * 3) == [None] * 3
+    assert st.held_until == {}
+    # the same intervals with the cache full at the limit: worse than lru
+    # would have done, and sent back
+    st = on_probation()
+    full = [filling(0.46) for _ in range(3)]
+    for r in full:
+        r.usage_file_bytes = 950 * 4096
+    assert feed(st, full)[2] is not None
+    # a report without the cache it holds is read at the limit, as before
+    assert watchdog.held_pages(report("fifo", 0.1, {}), curve("fifo", 1), LIMIT) == LIMIT

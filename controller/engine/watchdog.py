@@ -8,8 +8,9 @@ node carries out goes on probation:
 
   * over the first `watchdog_intervals` intervals in which the node reports
     the new policy *running*, the watchdog averages the observed miss ratio
-    and what the curves of those same reports predict at the tenant's limit,
-    for the new policy and for the old one;
+    and what the curves of those same reports predict at the memory the
+    tenant held (its limit, or less while its cache is still filling), for
+    the new policy and for the old one;
   * if the mean observed miss ratio exceeds the old policy's mean predicted
     miss ratio by more than `watchdog_margin`, the new policy did worse than
     staying would have: decide() switches back to the old policy, logs the
@@ -30,6 +31,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from cachepilot.models.mrc import PAGE_SIZE
 
 
 @dataclass
@@ -78,6 +81,21 @@ def held_off(st) -> set[str]:
     return set(st.held_until)
 
 
+def held_pages(report, curve, limit_pages: float) -> float:
+    """Where to read the curves for one interval: the memory the tenant
+    held, in the curves' own units (file cache plus the offset the agent
+    shifted them by), when that is less than its limit.  A cache still
+    filling -- a limit just raised, a switch that came with more memory --
+    misses more than the curve at the limit says of a warm cache, and that
+    is no fault of the policy."""
+    if report.usage_file_bytes <= 0:
+        return limit_pages
+    offset = curve.meta.get("anon_offset_pages") if curve.meta else None
+    if not isinstance(offset, (int, float)) or not 0 <= offset < float("inf"):
+        offset = report.usage_anon_bytes / PAGE_SIZE
+    return min(limit_pages, report.usage_file_bytes / PAGE_SIZE + offset)
+
+
 def check(st, report, limit_pages: float, intervals: int, margin: float,
           cooldown: int) -> Verdict | None:
     """Count this report toward st's probation, if it has one.
@@ -92,9 +110,10 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     m = report.miss_ratio
     if pb.new not in curves or pb.old not in curves or not (0.0 <= m <= 1.0):
         return None             # nothing to judge this interval by
+    at = held_pages(report, curves[pb.new], limit_pages)
     pb.observed.append(float(m))
-    pb.predicted_new.append(float(curves[pb.new].at(limit_pages)))
-    pb.predicted_old.append(float(curves[pb.old].at(limit_pages)))
+    pb.predicted_new.append(float(curves[pb.new].at(at)))
+    pb.predicted_old.append(float(curves[pb.old].at(at)))
     if len(pb.observed) < intervals:
         return None
     st.probation = None
