@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -123,7 +124,7 @@ def run_agent(args) -> int:
             stop.wait(max(0.0, next_at - time.monotonic()))
             if stop.is_set():
                 break
-            next_at += cfg.interval_s
+            next_at = _next_interval(next_at, cfg.interval_s, time.monotonic())
             began = time.monotonic()
             reports = backend.collect()
             collected = time.monotonic()
@@ -162,6 +163,21 @@ def run_agent(args) -> int:
             except (TypeError, AttributeError):
                 pass
     return 0
+
+
+def _next_interval(next_at: float, interval: float, now: float) -> float:
+    """When the interval after the one due at `next_at` ends.  An agent
+    that fell more than an interval behind (stopped, starved of CPU) skips
+    the intervals it missed rather than running them back to back: each
+    would bring a directive, and a limit would move several steps within
+    a second (the step rule is per interval of time, not per report)."""
+    nxt = next_at + interval
+    if nxt < now:
+        missed = math.ceil((now - nxt) / interval)
+        log.warning("%d interval(s) missed (the agent was stopped or starved); "
+                    "skipping them", missed)
+        nxt += missed * interval
+    return nxt
 
 
 def _controller_client(cfg, backend):

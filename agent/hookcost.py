@@ -10,7 +10,8 @@ its CPU, that cost decides between two policies whose curves nearly agree
 So the agent measures it once, when it starts, on the node itself: a child
 process in a scratch memory cgroup under the agent's first root reads
 cached 4 KiB pages of a small file, first under no policy, then under each
-policy in turn (alternating, best of a few rounds), and the difference in
+policy in turn (alternating, the least of five rounds: a busy machine can
+only make a round slower), and the difference in
 its own CPU time per read is the policy's cost per hit in nanoseconds.
 The agent puts it on each curve it reports (meta `hook_ns_per_access`);
 the controller weighs it against the tenant's own CPU per access
@@ -40,8 +41,8 @@ log = logging.getLogger("cachepilot.agent")
 
 SCRATCH = "cachepilot-calibrate"
 FILE_PAGES = 256            # 1 MiB: cached whole in any cgroup
-READS = 4000                # timed reads per measurement
-ROUNDS = 3                  # best of
+READS = 2000                # timed reads per measurement
+ROUNDS = 5                  # best of: other work on the machine only adds
 
 # The child: moved into the scratch cgroup before it runs (preexec), it
 # drops the file from the page cache, reads it once (so its pages are

@@ -14,16 +14,17 @@ restarted for them.
 Then, for --minutes, at random moments (seeded), one fault at a time:
 
     agent_kill        SIGKILL the agent (the supervisor starts it again)
-    agent_stop        SIGSTOP the agent for 3-15 s, then SIGCONT
+    agent_stop        SIGSTOP the agent for 2-10 s, then SIGCONT
     controller_kill   SIGKILL the controller
-    controller_stop   SIGSTOP the controller for 3-15 s
+    controller_stop   SIGSTOP the controller for 2-10 s
     sampler_kill      SIGKILL the agent's sampler loader (the agent's own
                       business to start again)
     cgroup_recreate   a tenant's cgroup deleted (its processes parked in
                       another) and made again a few seconds later
     anon_growth       a process in a tenant's cgroup grows anonymous memory
-                      toward its limit, holds it, and exits
-    partition         the controller's link down for 3-15 s
+                      up to its limit as it was (the controller has to
+                      raise it), holds it, and exits
+    partition         the controller's link down for 2-10 s
 
 and after each it waits (at most --recover-timeout s) until the loop has
 closed again: the controller has taken two fresh reports from the node
@@ -79,21 +80,42 @@ NETNS, HOST_IF, NS_IF = "cpchaos", "cpchaos-h", "cpchaos-c"
 HOST_IP, NS_IP = "10.231.77.1", "10.231.77.2"     # the namespace's own /30
 RESTART_AFTER_S = 1.0
 
-# grows anonymous memory by `step` bytes every 0.2 s up to `target`, says
+# joins the cgroup whose cgroup.procs it is given (after its interpreter
+# started outside it: only what it grows is charged there), grows
+# anonymous memory by `step` bytes every half second up to `target`, says
 # "peak", holds it `hold` seconds and exits
 HOG = r"""
-import sys, time
-target, step, hold = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+import os, sys, time
+procs, target, step, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+with open(procs, "w") as fh:
+    fh.write(str(os.getpid()))
 chunks, have = [], 0
 while have < target:
     b = bytearray(step)
     b[::4096] = b"\x01" * len(range(0, step, 4096))     # fault every page in
     chunks.append(b)
     have += step
-    time.sleep(0.2)
+    time.sleep(0.5)
 print("peak", flush=True)
 time.sleep(hold)
 """
+
+
+# Each tenant's operations per second, capped: the faults are the point,
+# and uncapped readers of files that fit would make millions of page reads
+# a second for the agent to sample on two cores
+RATE = {"fio": 3000}
+
+
+def throttle(ts):
+    """Cap every fio tenant's operations per second."""
+    for t in ts:
+        for cmd in [t.command, *t.helpers]:
+            # (db_bench's own read rate limiter asserts on its reads' sizes:
+            # RocksDB's GETs run as they come)
+            if any(a.startswith("--name=") for a in cmd):
+                big = any(a == "--bs=1m" for a in cmd)
+                cmd.append(f"--rate_iops={100 if big else RATE['fio']}")
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -286,15 +308,16 @@ class Chaos:
         got = self.admin.reports()
         window = (rec if rec is not None else time.monotonic()) - t0
         expected = int(window / self.interval)
-        received = (got - base) if got is not None and base is not None and got >= base \
-            else None
+        # a controller restarted in the window counts from its start
+        received = None if got is None or base is None else \
+            got - base if got >= base else got
         return {"kind": kind, "detail": detail, "duration_s": ended - t0,
                 "recovery_s": None if rec is None else rec - ended,
                 "intervals": expected,
                 "reports_lost": None if received is None else max(0, expected - received)}
 
     def _hold(self) -> float:
-        return self.rng.uniform(3.0, 15.0)
+        return self.rng.uniform(2.0, 10.0)
 
     def _agent_kill(self):
         self.agent.signal(signal.SIGKILL)
@@ -356,17 +379,18 @@ class Chaos:
     def _anon_growth(self):
         name = self.rng.choice(self.names)
         lim = self.cg.limit(name)
-        anon = cgroups.read_stats(self.cg.root / name).anon_bytes
-        room = (lim - anon - 3 * ANON_MARGIN) if lim and lim < cgroups.V1_UNLIMITED else 64 * MiB
-        target = max(8 * MiB, min(room, 96 * MiB))
         hold = self._hold()
+        # up to the limit as it is, and past it where the controller
+        # raises the limit as it should (anon + margin): 2 MiB a half
+        # second, a fraction of the margin per control interval
+        target = min(lim, 96 * MiB) if 0 < lim < cgroups.V1_UNLIMITED else 64 * MiB
         procs = self.cg.root / name / "cgroup.procs"
-        hog = subprocess.Popen([sys.executable, "-c", HOG, str(target), str(4 * MiB), str(hold)],
-                               stdout=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: procs.write_text(str(os.getpid())))
+        hog = subprocess.Popen([sys.executable, "-c", HOG, str(procs), str(target),
+                                str(2 * MiB), str(hold)], stdout=subprocess.PIPE, text=True)
         hog.stdout.readline()
         rc = hog.wait()
-        return f"{name}: +{target >> 20} MiB anon held {hold:.1f} s (exit {rc})"
+        return f"{name}: +{target >> 20} MiB anon (limit {lim >> 20} MiB) held {hold:.1f} s " \
+               f"(exit {rc})"
 
     def _partition(self):
         hold = self._hold()
@@ -454,8 +478,9 @@ def plot(result: dict, path: Path):
     fig, ax = plt.subplots(figsize=(9, 4.5))
     data = [[f["recovery_s"] for f in result["faults"]
              if f["kind"] == k and f["recovery_s"] is not None] for k in KINDS]
-    ax.boxplot([d or [float("nan")] for d in data], labels=[
-        f"{k}\n({result['per_kind'][k]['faults']})" for k in KINDS])
+    ax.boxplot([d or [float("nan")] for d in data])
+    ax.set_xticks(range(1, len(KINDS) + 1),
+                  [f"{k}\n({result['per_kind'][k]['faults']})" for k in KINDS])
     ax.set_ylabel("recovery time, s")
     t = result["totals"]
     ax.set_title(f"chaos: {t['faults']} faults in {result['minutes']:.0f} min; "
@@ -472,11 +497,12 @@ def plot(result: dict, path: Path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--minutes", type=float, default=30.0, help="how long to inject (30)")
+    ap.add_argument("--minutes", type=float, default=32.0, help="how long to inject (32)")
     ap.add_argument("--budget", type=int, default=256, help="node memory budget, MiB (256)")
     ap.add_argument("--interval", type=float, default=1.0,
                     help="the agent's and the controller's interval, s (1)")
-    ap.add_argument("--gap", type=float, default=1.0, help="mean seconds between faults (1)")
+    ap.add_argument("--gap", type=float, default=0.5,
+                    help="mean seconds between faults (0.5)")
     ap.add_argument("--recover-timeout", type=float, default=90.0,
                     help="seconds a fault may take to recover by itself (90)")
     ap.add_argument("--seed", type=int, default=1)
@@ -503,6 +529,7 @@ def main(argv=None) -> int:
     prepare(data, sizes)
     seconds = int(args.minutes * 60 + 900)
     ts = tenants(data, sizes, seconds)
+    throttle(ts)
     names = [t.name for t in ts]
     for n in names:
         cg.make(n)

@@ -389,3 +389,13 @@ def test_access_batch_orders_by_time_and_interpolates_positions():
     keys, _, pos = access_batch(recs, 1_000, 2_000, 2)
     assert pos.tolist() == [0, 1, 2, 3, 4]
     assert len(access_batch(None, 0, 1, 10)[0]) == 0
+
+
+def test_an_agent_behind_by_intervals_skips_them_instead_of_running_them_back_to_back():
+    from cachepilot.agent.cli import _next_interval
+    assert _next_interval(10.0, 1.0, 10.5) == 11.0        # on time
+    assert _next_interval(10.0, 1.0, 11.2) == 12.0        # late within the next one
+    # stopped for 6.5 s: the next interval ends one interval from now's
+    # grid point, not five back-to-back reports
+    nxt = _next_interval(10.0, 1.0, 16.5)
+    assert 16.5 < nxt <= 17.5
