@@ -143,8 +143,7 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
     per phase.  The first setting at each limit warms three times as long:
     a cache fills only as fast as its tenant misses (the first of each
     half, where limits grow), and after a shrink the kernel's lists take
-    tens of seconds to settle (zipf's reads under linux rose from 2,900 to
-    3,900/s over the 20 s measured right after one).  The rotation starts
+    tens of seconds to settle (README, End to end).  The rotation starts
     one policy further at each limit, so that no policy is always the one
     measured right after the limit moved."""
     share = budget // len(ts)
@@ -189,10 +188,10 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
 def sweep_limit(limit: float, anon: int) -> int:
     """The limit the sweep sets for a factor's `limit`: no less than the
     tenant's anonymous memory and margin, as the safety rules never set
-    less (the floor factor is at a fio tenant's 5 MiB of anon + 16 MiB);
-    0 -- not swept, the tenant keeps its setting, unmeasured -- when that
-    is over a quarter more than the factor's limit (RocksDB's 40 MiB of
-    anon at the floor): it would be another factor."""
+    less (a fio tenant's at the floor factor); 0 -- not swept, the tenant
+    keeps its setting, unmeasured -- when that is over a quarter more than
+    the factor's limit (RocksDB's at the floor): it would be another
+    factor."""
     need = anon + ANON_MARGIN
     if need > 1.25 * limit:
         return 0
