@@ -69,7 +69,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_lib import (ANON_MARGIN, CLI, MiB, ROOT, Cgroups, agent_config,  # noqa: E402
-                     controller_config, free_port, make_tls, memory_hierarchy, prepare,
+                     controller_config, free_port, host_workspace, make_tls, prepare,
                      start_helper, start_tenant, stop, tenants)
 
 from cachepilot.agent import cgroups  # noqa: E402
@@ -518,14 +518,7 @@ def main(argv=None) -> int:
             return 2
     rng = random.Random(args.seed)
     budget = args.budget * MiB
-    scale = budget / (512 * MiB)
-    sizes = {"search": int(320 * MiB * scale), "zipf": int(512 * MiB * scale),
-             "stream": int(2048 * MiB * scale), "kv_keys": int(400_000 * scale)}
-    base, version = memory_hierarchy()
-    cg = Cgroups(base / "cachepilot-chaos", version)
-    data = Path(args.data)
-    work = data / "run"
-    work.mkdir(parents=True, exist_ok=True)
+    sizes, cg, _, data, work = host_workspace(budget, 400_000, "cachepilot-chaos", args.data)
     prepare(data, sizes)
     seconds = int(args.minutes * 60 + 900)
     ts = tenants(data, sizes, seconds)

@@ -39,8 +39,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2e_lib import (MiB, RESULTS, Cgroups, measure, memory_hierarchy,  # noqa: E402
-                     mean_after, met_fraction, plot, prepare, run_config, tenants)
+from e2e_lib import (MiB, RESULTS, host_workspace, measure, mean_after,  # noqa: E402
+                     met_fraction, plot, prepare, run_config, tenants)
 
 
 def sim_prediction(ts, budget: int, intervals: int, service: dict) -> dict:
@@ -87,14 +87,8 @@ def main(argv=None) -> int:
         args.budget, args.intervals, args.warmup, args.rounds = 128, 14, 4, 1
         args.interval = 3.0
     budget = args.budget * MiB
-    scale = budget / (512 * MiB)
-    sizes = {"search": int(320 * MiB * scale), "zipf": int(512 * MiB * scale),
-             "stream": int(2048 * MiB * scale), "kv_keys": int(800_000 * scale)}
-    base, version = memory_hierarchy()
-    cg = Cgroups(base / "cachepilot-e2e", version)
-    data = Path(args.data)
-    work = data / "run"
-    work.mkdir(parents=True, exist_ok=True)
+    sizes, cg, version, data, work = host_workspace(budget, 800_000, "cachepilot-e2e",
+                                                    args.data)
     print(f"e2e_host: cgroup v{version}, budget {args.budget} MiB, "
           f"{args.intervals} x {args.interval:g} s per run, {args.rounds} round(s)")
     prepare(data, sizes)

@@ -268,6 +268,20 @@ def tenants(data: Path, sizes: dict, seconds: int, phased: bool = False,
     ]
 
 
+def host_workspace(budget: int, kv_keys_at_512: int, cgroup_dir: str, data: str):
+    """The files of a run on this host, sized for the budget (at 512 MiB:
+    search 320 MiB, zipf 512, stream 2 GiB, and kv_keys_at_512 keys), its
+    cgroups under <memory hierarchy>/cgroup_dir and its data folder:
+    (sizes, Cgroups, cgroup version, data, work folder)."""
+    scale = budget / (512 * MiB)
+    sizes = {"search": int(320 * MiB * scale), "zipf": int(512 * MiB * scale),
+             "stream": int(2048 * MiB * scale), "kv_keys": int(kv_keys_at_512 * scale)}
+    base, version = memory_hierarchy()
+    work = Path(data) / "run"
+    work.mkdir(parents=True, exist_ok=True)
+    return sizes, Cgroups(base / cgroup_dir, version), version, Path(data), work
+
+
 def prepare(data: Path, sizes: dict):
     data.mkdir(parents=True, exist_ok=True)
     for name in ("search", "zipf", "stream"):
