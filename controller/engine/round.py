@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.controller.engine import allocate, model, watchdog
+from cachepilot.controller.engine import allocate, calibrate, model, watchdog
 from cachepilot.controller.engine.autopilot import PolicyChoice, choose_policy
 from cachepilot.controller.engine.curves import CurveBank
 from cachepilot.controller.engine.types import EngineState, Observations, TenantState
@@ -69,6 +69,7 @@ class Round:
     score: np.ndarray = None         # per bank row: modelled throughput at ref
     choices: list[PolicyChoice] = field(default_factory=list)
     verdicts: list = field(default_factory=list)      # watchdog.Verdict or None
+    calib: list = field(default_factory=list)         # per row: policy -> curve offset
     before_pol: list[str] = field(default_factory=list)  # the policy a switch leaves
     alloc_row: np.ndarray = None     # bank row the allocation reads, or -1
     has_curve: np.ndarray = None
@@ -162,6 +163,7 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
         st.node = R.nodes[ni]
         st.running = r.policy
         st.rounds += 1
+        calibrate.observe(st, r, ctl.calibration_window)
         p = spec.model or ctl.prior
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         R.tstates.append(st)
@@ -309,10 +311,16 @@ def choose_policies(R: Round, ctl) -> None:
     policy that will be in force (the new one when switching, else the one
     running; on an advisory node always the one running)."""
     bank = R.bank
+    R.calib = [calibrate.offsets(st, [*R.allowed_of[i], r.policy], ctl.calibration_max_age)
+               if ctl.calibration_window else {}
+               for i, (st, (_, _, r)) in enumerate(zip(R.tstates, R.rows))]
     if bank.n:
         at = np.minimum(R.ref, R.ub)[R.row_tenant]
-        R.score = model.throughput(R.a[R.row_tenant] * hook_factors(R), R.b[R.row_tenant],
-                                   bank.miss_at(np.arange(bank.n), at))
+        off = np.fromiter((R.calib[t].get(p, 0.0) for t, p in
+                           zip(R.row_tenant.tolist(), R.row_policy)),
+                          dtype=np.float64, count=bank.n)
+        m = np.clip(bank.miss_at(np.arange(bank.n), at) + off, 0.0, 1.0)
+        R.score = model.throughput(R.a[R.row_tenant] * hook_factors(R), R.b[R.row_tenant], m)
     else:
         R.score = np.zeros(0)
     R.alloc_row = np.full(R.n, -1, dtype=np.int64)
@@ -329,7 +337,7 @@ def choose_policies(R: Round, ctl) -> None:
         advice = R.advisory[ni] or R.recommend[i]
         cur, ch, verdict = _choose(R.tstates[i], r, advice, R.allowed_of[i],
                                    {p: score_l[k] for p, k in mine.items()},
-                                   current_l[i], ctl)
+                                   current_l[i], ctl, R.calib[i])
         R.choices.append(ch)
         R.verdicts.append(verdict)
         R.before_pol.append(cur)
@@ -347,7 +355,7 @@ def choose_policies(R: Round, ctl) -> None:
 
 
 def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str],
-            scores: dict[str, float], limit_pages: float, ctl):
+            scores: dict[str, float], limit_pages: float, ctl, calib: dict[str, float]):
     """One tenant's policy for this round: (the policy in force, the
     choice, the watchdog's verdict or None).
 
@@ -361,14 +369,27 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
         return cur, choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold,
                                   ctl.autopilot_k, baseline=ctl.autopilot_baseline), None
     cur = r.policy
+    pb = st.probation
     verdict = watchdog.check(st, r, limit_pages, ctl.watchdog_intervals,
-                             ctl.watchdog_margin, ctl.watchdog_cooldown)
+                             ctl.watchdog_margin, ctl.watchdog_cooldown,
+                             calib.get(pb.old, 0.0) if pb is not None else 0.0)
     if verdict is not None and verdict.old in allowed:
         st.streak, st.streak_policy = 0, None
         return cur, PolicyChoice(verdict.old, True, verdict.old, 0.0,
                                  f"watchdog: back to {verdict.old}: {verdict.reason}"), verdict
     ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
                        watchdog.held_off(st), ctl.autopilot_baseline)
+    if ch.switched and cur in allowed and cur in scores and \
+            calibrate.awaited(st, cur, ctl.calibration_window):
+        # not before the policy in force has been seen to run: the streak
+        # stands, and the first round with its evidence decides
+        st.streak, st.streak_policy = ctl.autopilot_k - 1, ch.policy
+        return cur, PolicyChoice(cur, False, ch.best, ch.gain,
+                                 f"{ch.reason}; waits until {cur} has been seen running"), \
+            verdict
+    if ch.switched and any(abs(calib.get(p, 0.0)) >= 0.005 for p in (cur, ch.policy)):
+        ch.reason += (f" (curves calibrated by what ran: {cur} {calib.get(cur, 0.0):+.3f}, "
+                      f"{ch.policy} {calib.get(ch.policy, 0.0):+.3f})")
     if ch.switched and cur in allowed:
         watchdog.start(st, ch.policy, cur)
     return cur, ch, verdict

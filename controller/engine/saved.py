@@ -4,8 +4,10 @@ What a restarted controller must not forget about a tenant is what the
 reports cannot tell it again: the autopilot's streak, the watchdog's
 probation and holds (a policy held off stays held off), the last target
 and directive, the tenant's own round count (holds are counted in it),
-and the throughput model's observations (so the model need not be learnt
-again from the prior).  A record is JSON-able; the state store keeps one
+the curves' calibration (engine/calibrate.py: what a policy that ran
+missed is not seen again until it runs again), and the throughput
+model's observations (so the model need not be learnt again from the
+prior).  A record is JSON-able; the state store keeps one
 per tenant (controller/store.py).
 """
 from __future__ import annotations
@@ -21,7 +23,8 @@ from cachepilot.controller.engine.watchdog import Probation
 _PLAIN = ("node", "policy", "target_bytes", "limit_bytes", "streak", "streak_policy",
           "streak_misses", "rounds", "held_until", "slo_feasible", "slo_disagree",
           "slo_need_pages", "slo_history", "spread", "recent_targets", "pred_m",
-          "pred_policy", "pred_pages", "m_errors")
+          "pred_policy", "pred_pages", "m_errors", "calib", "calib_policy",
+          "calib_since")
 
 
 def tenant_record(state: EngineState, name: str) -> dict:

@@ -51,6 +51,12 @@ class TenantState:
     pred_policy: str | None = None
     pred_pages: float | None = None
     m_errors: list[float] = field(default_factory=list)
+    # engine/calibrate.py: per policy, its curve's recent errors against
+    # the observed miss ratio while it ran ([tenant round, error], ...),
+    # and the policy the last report ran
+    calib: dict[str, list] = field(default_factory=dict)
+    calib_policy: str | None = None
+    calib_since: int = 0            # the tenant round it started running
 
 
 @dataclass

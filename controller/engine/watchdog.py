@@ -12,10 +12,12 @@ node carries out goes on probation:
     tenant held (its limit, or less while its cache is still filling), for
     the new policy and for the old one;
   * if the mean observed miss ratio exceeds the old policy's mean predicted
-    miss ratio by more than `watchdog_margin`, the new policy did worse than
-    staying would have: decide() switches back to the old policy, logs the
-    three numbers, and the autopilot may not pick the new policy again for
-    `watchdog_cooldown` of the tenant's rounds.
+    miss ratio (its curve, corrected by how far that curve erred while the
+    old policy ran: engine/calibrate.py) by more than `watchdog_margin`,
+    the new policy did worse than staying would have: decide() switches
+    back to the old policy, logs the three numbers, and the autopilot may
+    not pick the new policy again for `watchdog_cooldown` of the tenant's
+    rounds.
 
 Intervals in which the new policy is not reported running (the directive
 not applied yet, or refused) do not count, nor do intervals whose report
@@ -97,8 +99,12 @@ def held_pages(report, curve, limit_pages: float) -> float:
 
 
 def check(st, report, limit_pages: float, intervals: int, margin: float,
-          cooldown: int) -> Verdict | None:
+          cooldown: int, old_offset: float = 0.0) -> Verdict | None:
     """Count this report toward st's probation, if it has one.
+
+    old_offset: the old policy's curve error while it ran
+    (engine/calibrate.py), added to what its curve predicts, so the new
+    policy is judged against what the old one really did.
 
     Returns a Verdict (and holds the new policy off for `cooldown` rounds)
     when the probation ends with the new policy worse than the old policy's
@@ -113,7 +119,7 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     at = held_pages(report, curves[pb.new], limit_pages)
     pb.observed.append(float(m))
     pb.predicted_new.append(float(curves[pb.new].at(at)))
-    pb.predicted_old.append(float(curves[pb.old].at(at)))
+    pb.predicted_old.append(min(max(float(curves[pb.old].at(at)) + old_offset, 0.0), 1.0))
     if len(pb.observed) < intervals:
         return None
     st.probation = None
