@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""A new user's first profile, checked against the kernel: the non-file case.
+
+The steps a new user takes, as issue 16 tried them: fio `zipf:0.9` over a
+256 MiB file in an unlimited cgroup-v1 memory cgroup, `cachepilot profile`
+for 25 s beside it (the CLI, its defaults), and the curve read at 32, 48
+and 64 MiB.  Nothing is warmed first: fio's own code is charged to the
+cgroup as it would be on a fresh host.  Then the same fio job runs in a
+fresh cgroup under each limit -- a warm run, then a measured one -- and
+the kernel's miss ratio is its own count (memory.stat pgpgin: pages
+charged) over fio's reads; median of REPEATS.
+
+The curve's sizes are limits: cache plus the cgroup's non-file memory
+(anonymous, kernel, shared and mapped: agent/cgroups.py nonfile_bytes).
+Where that offset is the wrong charge, the curve is off by it at small
+limits -- the question this script answers in figures.  Writes
+experiments/results/nonfile_case.{json,png}.  Needs root, cgroup-v1
+memory, fio and the sampler.
+
+    .venv/bin/python experiments/nonfile_case.py [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cachepilot.agent import cgroups
+from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, have, in_cgroup, make_file,
+                                      scratch_cgroup, v1_memory_available)
+from cachepilot.models.mrc import PAGE_SIZE
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+FILE_SIZE = 256 << 20
+LIMITS_MB = (32, 48, 64)
+PROFILE_S, RUN_S = 25, 15
+TOLERANCE = 0.05
+
+
+def fio_argv(data: Path, seconds: float) -> list[str]:
+    """The job as a user types it (fio's defaults otherwise)."""
+    return ["fio", "--name=z", f"--filename={data}", "--size=256M", "--rw=randread",
+            "--random_distribution=zipf:0.9", "--bs=4k", "--ioengine=psync",
+            f"--runtime={seconds}", "--time_based", "--output-format=json"]
+
+
+def run_fio(cg: Path, data: Path, seconds: float) -> int:
+    res = subprocess.run(in_cgroup(cg, fio_argv(data, seconds)), capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"fio failed: {res.stderr.strip()[-300:]}")
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    return int(out["jobs"][0]["read"]["total_ios"])
+
+
+def pgpgin(cg: Path) -> int:
+    return cgroups.read_kv(cg / "memory.stat")["pgpgin"]
+
+
+def profile(data: Path, out: Path) -> dict:
+    """fio and `cachepilot profile` side by side in one unlimited cgroup."""
+    drop_file_cache(data)
+    with scratch_cgroup("nonfile-profile") as cg:
+        fio = subprocess.Popen(in_cgroup(cg, fio_argv(data, PROFILE_S + 8)),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(1.0)
+            res = subprocess.run([sys.executable, "-m", "cachepilot", "profile",
+                                  "--cgroup", str(cg), "--duration", str(PROFILE_S),
+                                  "--policies", "linux,lru", "--json", str(out)],
+                                 capture_output=True, text=True)
+            st = cgroups.read_stats(cg)
+        finally:
+            fio.wait()
+        if res.returncode != 0:
+            raise RuntimeError(f"cachepilot profile failed: {res.stderr.strip()[-500:]}")
+        print(res.stdout.rstrip())
+    return {"anon_bytes": st.anon_bytes, "shmem_bytes": st.shmem_bytes,
+            "mapped_file_bytes": st.mapped_file_bytes, "file_bytes": st.file_bytes,
+            "usage_bytes": st.usage_bytes, "nonfile_bytes": st.nonfile_bytes}
+
+
+def real_at(data: Path, limit_mb: int, repeats: int) -> dict:
+    runs = []
+    for _ in range(repeats):
+        drop_file_cache(data)
+        with scratch_cgroup(f"nonfile-{limit_mb}") as cg:
+            (cg / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
+            run_fio(cg, data, RUN_S)                  # warm
+            before = pgpgin(cg)
+            ios = run_fio(cg, data, RUN_S)
+            runs.append((pgpgin(cg) - before) / ios)
+    return {"runs": runs, "median": statistics.median(runs)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    for why in (v1_memory_available(), None if have("fio") else "fio is not installed"):
+        if why:
+            print(f"nonfile_case: {why}", file=sys.stderr)
+            return 2
+    data = make_file(SCRATCH / "fio-256m.dat", FILE_SIZE)
+    RESULTS.mkdir(exist_ok=True)
+    prof_json = RESULTS / "nonfile_case.profile.json"
+    charge = profile(data, prof_json)
+    prof = json.loads(prof_json.read_text())
+    prof_json.unlink()
+    curves = {c["policy"]: c for c in prof["curves"]}
+    rows = []
+    for mb in LIMITS_MB:
+        real = real_at(data, mb, args.repeats)
+        pred = {}
+        for p, c in curves.items():
+            s = np.asarray(c["sizes"], dtype=np.float64) * PAGE_SIZE / 2**20
+            pred[p] = float(np.interp(mb, s, c["miss_ratio"]))
+        rows.append({"limit_mb": mb, "real": real["median"], "real_runs": real["runs"],
+                     "predicted": pred, "error": {p: v - real["median"]
+                                                  for p, v in pred.items()}})
+        print(f"  {mb:3d} MiB  real {real['median']:.3f}  " + "  ".join(
+            f"{p} {v:.3f} ({v - real['median']:+.3f})" for p, v in pred.items()), flush=True)
+    offset = {p: (c.get("meta") or {}).get("anon_offset_pages") for p, c in curves.items()}
+    within = all(abs(r["error"]["linux"]) <= TOLERANCE for r in rows)
+    result = {"file_bytes": FILE_SIZE, "profile_s": PROFILE_S, "run_s": RUN_S,
+              "repeats": args.repeats, "charge_at_profile_end": charge,
+              "offset_pages": offset, "rows": rows, "tolerance": TOLERANCE,
+              "linux_within_tolerance": within,
+              "curves": {p: {"mib": (np.asarray(c["sizes"]) * PAGE_SIZE / 2**20).tolist(),
+                             "miss_ratio": c["miss_ratio"]} for p, c in curves.items()}}
+    (RESULTS / "nonfile_case.json").write_text(json.dumps(result, indent=1))
+    plot(result, RESULTS / "nonfile_case.png")
+    print(f"non-file offset {charge['nonfile_bytes'] / 2**20:.1f} MiB "
+          f"(anon {charge['anon_bytes'] / 2**20:.1f}); linux curve within "
+          f"{TOLERANCE} of the kernel at {', '.join(map(str, LIMITS_MB))} MiB: {within}")
+    return 0 if within else 1
+
+
+def plot(result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for p, c in result["curves"].items():
+        ax.plot(c["mib"], c["miss_ratio"], label=f"{p} curve (cachepilot profile)")
+    xs = [r["limit_mb"] for r in result["rows"]]
+    ax.plot(xs, [r["real"] for r in result["rows"]], "ko", label="kernel, median")
+    for r in result["rows"]:
+        ax.plot([r["limit_mb"]] * len(r["real_runs"]), r["real_runs"], "k.", alpha=0.4)
+    off = result["charge_at_profile_end"]["nonfile_bytes"] / 2**20
+    ax.axvline(off, color="grey", ls=":", label=f"non-file offset {off:.1f} MiB")
+    ax.set_xscale("log")
+    ax.set_xlim(8, 512)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("memory limit (MiB)")
+    ax.set_ylabel("miss ratio")
+    ax.set_title("fio zipf:0.9 over 256 MiB: first profile against the kernel")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
