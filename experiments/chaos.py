@@ -11,7 +11,8 @@ the agent or the controller when it exits, after a second, as systemd's
 Restart=on-failure does with deploy/systemd's units; nothing else is
 restarted for them.
 
-Then, for --minutes, at random moments (seeded), one fault at a time:
+Then, for --minutes and --faults at least (30 and 200), at random moments
+(seeded), one fault at a time:
 
     agent_kill        SIGKILL the agent (the supervisor starts it again)
     agent_stop        SIGSTOP the agent for 2-10 s, then SIGCONT
@@ -497,7 +498,10 @@ def plot(result: dict, path: Path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--minutes", type=float, default=32.0, help="how long to inject (32)")
+    ap.add_argument("--minutes", type=float, default=30.0,
+                    help="inject for at least this long (30)")
+    ap.add_argument("--faults", type=int, default=200,
+                    help="... and until at least this many faults (200)")
     ap.add_argument("--budget", type=int, default=256, help="node memory budget, MiB (256)")
     ap.add_argument("--interval", type=float, default=1.0,
                     help="the agent's and the controller's interval, s (1)")
@@ -516,19 +520,26 @@ def main(argv=None) -> int:
         if not shutil.which(tool):
             print(f"chaos: {tool} is not installed (make deps)", file=sys.stderr)
             return 2
+    # SIGTERM and SIGHUP end the campaign as Ctrl-C does: the processes,
+    # cgroups and namespace it made are removed, and the faults so far
+    # are written out
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
     rng = random.Random(args.seed)
     budget = args.budget * MiB
     sizes, cg, _, data, work = host_workspace(budget, 400_000, "cachepilot-chaos", args.data)
     prepare(data, sizes)
-    seconds = int(args.minutes * 60 + 900)
+    seconds = int(args.minutes * 60 * 2 + 900)
     ts = tenants(data, sizes, seconds)
     throttle(ts)
     names = [t.name for t in ts]
     for n in names:
         cg.make(n)
     netns_up()
-    procs = []
+    procs, faults = [], []
     agent = ctl = mon = None
+    interrupted = False
+    wall = 0.0
     try:
         port = free_port()
         key, cert, token = tls = make_tls(work)
@@ -560,18 +571,29 @@ def main(argv=None) -> int:
             print("chaos: the agent and the controller never closed the loop "
                   f"(see {work})", file=sys.stderr)
             return 1
-        print(f"chaos: loop closed; injecting for {args.minutes:g} min", flush=True)
-        faults, t0 = [], time.monotonic()
-        while time.monotonic() - t0 < args.minutes * 60:
-            time.sleep(rng.expovariate(1.0 / args.gap))
-            kind = rng.choice(KINDS)
-            f = chaos.inject(kind)
-            f["at_s"] = time.monotonic() - t0
-            faults.append(f)
-            rec = "UNRECOVERED" if f["recovery_s"] is None else f"{f['recovery_s']:.1f} s"
-            print(f"  {len(faults):>4} {f['at_s']:>7.0f}s {kind:<16} {f['detail']:<48} "
-                  f"recovered in {rec}, reports lost {f['reports_lost']}", flush=True)
+        print(f"chaos: loop closed; injecting for {args.minutes:g} min and "
+              f"{args.faults} faults at least", flush=True)
+        t0 = time.monotonic()
+        try:
+            while time.monotonic() - t0 < args.minutes * 60 or len(faults) < args.faults:
+                if time.monotonic() - t0 > args.minutes * 60 * 2:
+                    print(f"chaos: {len(faults)} faults in twice the time asked; "
+                          "stopping", file=sys.stderr)
+                    break
+                time.sleep(rng.expovariate(1.0 / args.gap))
+                kind = rng.choice(KINDS)
+                f = chaos.inject(kind)
+                f["at_s"] = time.monotonic() - t0
+                faults.append(f)
+                rec = "UNRECOVERED" if f["recovery_s"] is None else f"{f['recovery_s']:.1f} s"
+                print(f"  {len(faults):>4} {f['at_s']:>7.0f}s {kind:<16} {f['detail']:<48} "
+                      f"recovered in {rec}, reports lost {f['reports_lost']}", flush=True)
+        except KeyboardInterrupt:
+            interrupted = True
+            print(f"chaos: interrupted after {len(faults)} faults; cleaning up", flush=True)
         wall = time.monotonic() - t0
+    except KeyboardInterrupt:
+        interrupted = True          # before the first fault: nothing to write
     finally:
         if mon is not None:
             mon.stop_flag.set()
@@ -583,8 +605,12 @@ def main(argv=None) -> int:
             if (cg.root / n).exists():
                 cg.kill_all(n)
         netns_down()
+    if interrupted and not faults:
+        print("chaos: interrupted before the first fault", file=sys.stderr)
+        return 130
     result = summarise(faults, mon.events, args, wall,
                        {"agent": agent.restarts, "controller": ctl.restarts}, mon.min_headroom)
+    result["interrupted"] = interrupted
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "chaos.json").write_text(json.dumps(result, indent=1))
