@@ -399,3 +399,34 @@ def test_an_agent_behind_by_intervals_skips_them_instead_of_running_them_back_to
     # grid point, not five back-to-back reports
     nxt = _next_interval(10.0, 1.0, 16.5)
     assert 16.5 < nxt <= 17.5
+
+
+def test_max_step_bounds_all_the_writes_of_one_interval(tmp_path, monkeypatch):
+    # make chaos: an agent resumed after SIGSTOP got the directive it had
+    # missed and the next one 0.3 s apart, and wrote both: 145 -> 81 ->
+    # 17 MiB, two steps of 64 MiB inside one interval
+    import cachepilot.agent.backends.linux as linux
+    root = v2_tree(tmp_path)
+    cfg = config_from_dict({"roots": [str(root)], "cgroups": ["*"], "memory": "8GiB",
+                            "interval_s": 2.0,
+                            "safety": {"floor": "64MiB", "anon_margin": "32MiB",
+                                       "max_step": "64MiB"}})
+    b = LinuxBackend(cfg, start_sampler=False)
+    clock = [1000.0]
+    monkeypatch.setattr(linux.time, "monotonic", lambda: clock[0])
+    limit = root / "web" / "memory.max"
+
+    def apply(mib):
+        r = b.apply([Directive("web", mib * MiB, "linux")])[0]
+        assert r.ok, r.message
+        return int(limit.read_text()) // MiB
+
+    assert apply(300) == 448                  # 512 - 64
+    clock[0] += 0.3
+    assert apply(300) == 448                  # the same interval: no further
+    clock[0] += 0.9                           # the next interval
+    assert apply(300) == 384
+    clock[0] += 1.0
+    assert apply(420) == 420                  # back up, within the step
+    clock[0] += 0.2
+    assert apply(500) == 448                  # 384 + 64 from where the interval began

@@ -93,6 +93,9 @@ class Watched:
     tids: dict | None = None             # tid maps last written, from thread rules
     overflow_seen: int = 0               # the policy's overflow last reported
     last_cpu_us: int | None = None       # the cgroup's CPU time at the last report
+    # (monotonic time, limit before) of the first limit write of the
+    # current interval: max_step bounds all of an interval's writes
+    step_window: tuple[float, int] | None = None
 
 
 class LinuxBackend:
@@ -594,8 +597,19 @@ class LinuxBackend:
             return ApplyResult(d.tenant, 0, applied_policy, False, str(err),
                                policy_ok, policy_msg)
         spec = w.spec
+        # max_step is per interval, not per write: directives that come
+        # back to back (an agent resumed after a stop gets the one it
+        # missed and the next) are stepped from the limit the interval
+        # began with
+        now = time.monotonic()
+        base = stats.effective_limit_bytes
+        if w.step_window is not None and now - w.step_window[0] < self.cfg.interval_s / 2 \
+                and stats.effective_limit_bytes:
+            base = w.step_window[1] or base
+        else:
+            w.step_window = (now, stats.effective_limit_bytes)
         dec = cgroups.safe_limit(
-            d.limit_bytes, stats.effective_limit_bytes, stats.anon_bytes, self.rules,
+            d.limit_bytes, base, stats.anon_bytes, self.rules,
             floor_bytes=spec.floor if spec is not None and spec.floor is not None else None,
             ceiling_bytes=(spec.ceiling or 0) if spec is not None else 0,
             node_memory=self.memory_bytes, usage_bytes=stats.usage_bytes)
