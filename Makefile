@@ -110,8 +110,9 @@ e2e: build kernel
 # Faults on real cgroups, counted (experiments/chaos.py): the agent, the
 # controller and the sampler killed and stopped, tenant cgroups deleted and
 # made again, anonymous memory growing toward a limit, the controller's link
-# down; 30 minutes by default.  Writes experiments/results/chaos.{json,png}.
-# Not part of make test.  CHAOS_ARGS: e.g. --minutes 5 --seed 2
+# down; 30 minutes and 200 faults at least by default.  Writes
+# experiments/results/chaos.{json,png}.  Not part of make test.
+# CHAOS_ARGS: e.g. --minutes 5 --faults 20 --seed 2
 CHAOS_ARGS :=
 chaos: build
 	$(PY) experiments/chaos.py $(CHAOS_ARGS)

@@ -88,12 +88,15 @@ class ControlSpec(Strict):
     watchdog_intervals: int = Field(3, ge=1)
     watchdog_margin: float = Field(0.05, ge=0, le=1)
     watchdog_cooldown: int = Field(20, ge=0)
-    # Curve calibration (engine/calibrate.py): the autopilot and the
-    # watchdog read each policy's curve shifted by its mean error against
-    # the miss ratio observed while it ran, over its last
-    # `calibration_window` reports (0: raw curves), forgetting evidence
-    # older than `calibration_max_age` of the tenant's rounds.
-    calibration_window: int = Field(6, ge=0)
+    # Curve calibration (engine/calibrate.py), off by default: the
+    # autopilot and the watchdog read each policy's curve shifted by its
+    # mean error against the miss ratio observed while it ran, over its
+    # last `calibration_window` reports (0: raw curves), forgetting
+    # evidence older than `calibration_max_age` of the tenant's rounds.
+    # Off because the cgroup's miss ratio is not the application's
+    # currency where only some of its reads count (make e2e's kv: the
+    # kernel missed less in total than s3fifo and served fewer GETs).
+    calibration_window: int = Field(0, ge=0)
     calibration_max_age: int = Field(30, ge=1)
     # What memory beyond the SLOs maximises: "throughput", the sum of the
     # tenants' modelled operations per second; or "relative", the sum of

@@ -110,7 +110,8 @@ def closed_loop(true_factor, reported, rounds=30, **control):
     lin = power_curve("linux", 0.8 * PAGES, 0.8, 0.01, PAGES)
     s3 = MRC(lin.sizes, np.minimum(lin.miss_ratio * true_factor, 1.0), "s3fifo", "synthetic")
     t = MisreportingTenant("a", {"linux": lin, "s3fifo": s3}, extra={"reported": reported})
-    cfg = config_from_dict({"control": {"autopilot_k": 2, **control},
+    cfg = config_from_dict({"control": {"autopilot_k": 2, "calibration_window": 6,
+                                        **control},
                             "nodes": [{"name": "n1", "memory_bytes": GiB}],
                             "tenants": [{"name": "a", "node": "n1",
                                          "ceiling_bytes": GiB // 4,

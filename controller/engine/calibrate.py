@@ -36,6 +36,12 @@ is not left before it has been seen to run; the rounds that wanted the
 switch still count, and the first round with the evidence decides.
 Offsets are additive and read at any size: an error measured near the
 limit the tenant holds is what the comparison at that limit needs.
+
+It runs only where `control.calibration_window` is above 0.  The currency
+is the cgroup's miss ratio, which is the application's only where every
+read counts: a key-value store beside a scanner serves its GETs better
+under a policy that misses more in total, and calibrated, the policy with
+fewer misses in total wins (the README's "End to end" has the run).
 """
 from __future__ import annotations
 

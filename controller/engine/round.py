@@ -164,6 +164,7 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
         st.running = r.policy
         st.rounds += 1
         calibrate.observe(st, r, ctl.calibration_window)
+        st.recent_curves.append(r.curves)
         p = spec.model or ctl.prior
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         R.tstates.append(st)

@@ -10,6 +10,9 @@ from cachepilot.controller.engine.watchdog import Probation
 from cachepilot.protocol.types import Directive
 
 
+CURVE_HISTORY = 8       # reports' curves kept per tenant (TenantState.recent_curves)
+
+
 @dataclass
 class TenantState:
     """One tenant's memory across rounds."""
@@ -57,6 +60,10 @@ class TenantState:
     calib: dict[str, list] = field(default_factory=dict)
     calib_policy: str | None = None
     calib_since: int = 0            # the tenant round it started running
+    # the curves of the last reports (what-if reads their mean: one
+    # interval's curve is not the long-run miss ratio of a workload whose
+    # period is longer than an interval); not saved -- reports bring them
+    recent_curves: deque = field(default_factory=lambda: deque(maxlen=CURVE_HISTORY))
 
 
 @dataclass

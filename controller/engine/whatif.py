@@ -10,8 +10,14 @@ changed.
                     memory as it is and with that much less, and what each
                     tenant would get under each.
 
-Both read the last reports (their curves) and the engine's state (the
-fitted throughput models) and write nothing: the allocation runs the
+Both read the curves of the last reports and the engine's state (the
+fitted throughput models) and write nothing.  A predicted miss ratio is
+the mean, over the tenant's last CURVE_HISTORY reports that have the
+policy's curve, of that curve at the limit: a report's curve covers one
+interval, and a workload whose period is longer (a loop read half a pass
+per interval) misses in the long run what its intervals miss on average,
+not what the last one did.  The allocation itself reads the last curves,
+as a round does: the allocation runs the
 round's own steps (engine/round.py) on a Round built here, without the
 steps that learn (fitting, the autopilot's streaks, the watchdog), so
 every tenant stays on the policy it runs.  The curves are read as they
@@ -74,11 +80,21 @@ def tenant(state: EngineState, spec, report, ctl, limit_bytes: int | None = None
     limit = int(limit_bytes) if limit_bytes else int(report.limit_bytes)
     if limit <= 0:
         raise WhatIfError(f"tenant {spec.name!r} has no limit in force: give --limit")
-    m = float(curves[policy].at(limit / PAGE_SIZE))
+    m = mean_miss(state.tenants.get(spec.name), report, policy, limit / PAGE_SIZE)
     a, b, fitted = _model(state, spec.name, spec, ctl)
     thr = float(model.throughput(a, b, m))
     slo = spec.slo.min_throughput if spec.slo is not None else None
     return Prediction(spec.name, spec.node, policy, limit, m, thr, slo, fitted)
+
+
+def mean_miss(st: TenantState | None, report, policy: str, pages: float) -> float:
+    """The miss ratio `policy`'s curves give at `pages`, averaged over the
+    tenant's recent reports (the last one, `report`, always among them)."""
+    history = list(st.recent_curves) if st is not None else []
+    if not history or history[-1] is not report.curves:
+        history.append(report.curves)
+    at = [float(c.at(pages)) for curves in history for c in curves if c.policy == policy]
+    return float(np.mean(at))
 
 
 def node_free(state: EngineState, config, node: str, reports, memory_bytes: int,
@@ -117,9 +133,10 @@ def _allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
     out = []
     for i, (_, spec, r) in enumerate(R.rows):
         curve = next((c for c in r.curves if c.policy == r.policy), None)
-        # allocated as the round allocates; predicted on the curve as it is
-        mi = float(curve.at(R.target[i])) if R.has_curve[i] and curve is not None \
-            else float(r.miss_ratio)
+        # allocated as the round allocates; predicted on the curves as they
+        # are, over the recent reports
+        mi = mean_miss(state.tenants.get(spec.name), r, r.policy, float(R.target[i])) \
+            if R.has_curve[i] and curve is not None else float(r.miss_ratio)
         thr = float(model.throughput(R.a[i], R.b[i], mi))
         out.append(Prediction(spec.name, node, r.policy, int(R.target[i]) * PAGE_SIZE, mi,
                               thr, spec.slo.min_throughput if spec.slo else None,
