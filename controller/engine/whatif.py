@@ -17,10 +17,9 @@ policy's curve, of that curve at the limit: a report's curve covers one
 interval, and a workload whose period is longer (a loop read half a pass
 per interval) misses in the long run what its intervals miss on average,
 not what the last one did.  The allocation itself reads the last curves,
-as a round does: the allocation runs the
-round's own steps (engine/round.py) on a Round built here, without the
-steps that learn (fitting, the autopilot's streaks, the watchdog), so
-every tenant stays on the policy it runs.  The curves are read as they
+as a round does: it runs the round's own steps (engine/round.py) on a
+Round built here, without the steps that learn (fitting, the autopilot's
+streaks, the watchdog), so every tenant stays on the policy it runs.  The curves are read as they
 are, not shifted by their sampling error as the allocation's safety
 margin reads them: a prediction is the best estimate.
 """
