@@ -55,11 +55,13 @@ MIN_EVIDENCE = 2
 
 def observe(st, report, window: int) -> None:
     """Add this report's error for the policy it ran (st.calib: policy ->
-    [[tenant round, observed - predicted], ...], newest last)."""
+    [[tenant round, observed - predicted], ...], newest last).  Called
+    before st.running takes the report's policy: a report whose policy
+    differs from it starts that policy's run."""
     if window <= 0:
         return
-    if report.policy != st.calib_policy:
-        st.calib_policy, st.calib_since = report.policy, st.rounds
+    if report.policy != st.running:
+        st.calib_since = st.rounds
         return
     curve = next((c for c in report.curves if c.policy == report.policy), None)
     m = report.miss_ratio
@@ -88,7 +90,7 @@ def error(st, policy: str, max_age: int) -> float | None:
 def awaited(st, policy: str, window: int) -> bool:
     """Whether `policy`, running, is yet to give the evidence it soon will:
     it started fewer than MIN_EVIDENCE + 1 reports ago and has none."""
-    return (window > 0 and st.calib_policy == policy and
+    return (window > 0 and st.running == policy and
             st.rounds - st.calib_since <= MIN_EVIDENCE and
             len(st.calib.get(policy, ())) < MIN_EVIDENCE)
 

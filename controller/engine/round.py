@@ -161,9 +161,9 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
         if st.slot < 0:
             st.slot = obs.new_slot()
         st.node = R.nodes[ni]
-        st.running = r.policy
         st.rounds += 1
         calibrate.observe(st, r, ctl.calibration_window)
+        st.running = r.policy
         st.recent_curves.append(r.curves)
         p = spec.model or ctl.prior
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)

@@ -56,10 +56,9 @@ class TenantState:
     m_errors: list[float] = field(default_factory=list)
     # engine/calibrate.py: per policy, its curve's recent errors against
     # the observed miss ratio while it ran ([tenant round, error], ...),
-    # and the policy the last report ran
+    # and the tenant round the running policy started running
     calib: dict[str, list] = field(default_factory=dict)
-    calib_policy: str | None = None
-    calib_since: int = 0            # the tenant round it started running
+    calib_since: int = 0
     # the curves of the last reports (what-if reads their mean: one
     # interval's curve is not the long-run miss ratio of a workload whose
     # period is longer than an interval); not saved -- reports bring them
