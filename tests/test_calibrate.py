@@ -5,13 +5,13 @@ autopilot leave the better policy for the worse on raw curves."""
 import numpy as np
 import pytest
 
-from cachepilot.controller import engine
-from cachepilot.controller.config import config_from_dict
 from cachepilot.controller.engine import calibrate
 from cachepilot.controller.engine.synthetic import SynthTenant, power_curve
 from cachepilot.controller.engine.types import TenantState
 from cachepilot.models.mrc import MRC
 from cachepilot.protocol.types import TenantReport
+
+from test_watchdog import PAGES, run_one     # 1 GiB node's pages; the closed loop
 
 LIMIT = 1000                       # pages
 
@@ -30,9 +30,11 @@ def report(policy, observed, predicted, accesses=1e4):
 
 
 def feed(st, reports, window=6):
+    """One tenant round per report, in the engine's order (fit_models)."""
     for r in reports:
         st.rounds += 1
         calibrate.observe(st, r, window)
+        st.running = r.policy
 
 
 def test_the_first_report_of_a_policy_is_not_evidence_and_the_rest_are():
@@ -87,10 +89,6 @@ def test_a_report_that_says_nothing_is_not_evidence(bad):
 
 # -- inside decide() ---------------------------------------------------------------
 
-GiB = 1 << 30
-PAGES = GiB // 4096
-
-
 class MisreportingTenant(SynthTenant):
     """Reports each policy's curve times extra["reported"][policy]; what it
     observes follows the true curves."""
@@ -110,22 +108,7 @@ def closed_loop(true_factor, reported, rounds=30, **control):
     lin = power_curve("linux", 0.8 * PAGES, 0.8, 0.01, PAGES)
     s3 = MRC(lin.sizes, np.minimum(lin.miss_ratio * true_factor, 1.0), "s3fifo", "synthetic")
     t = MisreportingTenant("a", {"linux": lin, "s3fifo": s3}, extra={"reported": reported})
-    cfg = config_from_dict({"control": {"autopilot_k": 2, "calibration_window": 6,
-                                        **control},
-                            "nodes": [{"name": "n1", "memory_bytes": GiB}],
-                            "tenants": [{"name": "a", "node": "n1",
-                                         "ceiling_bytes": GiB // 4,
-                                         "policies": ["linux", "s3fifo"],
-                                         "initial_policy": "linux"}]})
-    state, limit, policy = engine.EngineState(), GiB // 4, "linux"
-    running, log = [], []
-    for _ in range(rounds):
-        d = engine.decide(state, {"n1": [t.report(limit, policy)]}, cfg)
-        x = d.directives["n1"][0]
-        limit, policy = x.limit_bytes, x.policy
-        running.append(policy)
-        log += [e for e in d.log if e.kind in ("policy", "watchdog")]
-    return running, log, state
+    return run_one(t, "linux", "s3fifo", rounds, {"calibration_window": 6, **control})
 
 
 def test_a_pessimistic_linux_curve_does_not_lure_the_tenant_off_linux():

@@ -143,15 +143,23 @@ def closed_loop(liar_factor, rounds, **control):
     lru = power_curve("lru", 0.8 * PAGES, 0.8, 0.01, PAGES)
     s3 = MRC(lru.sizes, np.minimum(lru.miss_ratio * liar_factor, 1.0), "s3fifo", "synthetic")
     t = LyingTenant("a", {"lru": lru, "s3fifo": s3}, extra={"liar": "s3fifo"})
-    cfg = config_from_dict({"control": {"autopilot_k": 2, "watchdog_intervals": K,
-                                        "watchdog_margin": MARGIN,
-                                        "watchdog_cooldown": COOLDOWN, **control},
+    return run_one(t, "lru", "s3fifo", rounds, {"watchdog_intervals": K,
+                                                "watchdog_margin": MARGIN,
+                                                "watchdog_cooldown": COOLDOWN, **control})
+
+
+def run_one(t, first, other, rounds, control):
+    """decide() in closed loop with one synthetic tenant `t`, allowed
+    `first` (which it starts on) and `other`, held below its footprint by
+    a ceiling of a quarter of its 1 GiB node: (the policy directed each
+    round, the policy and watchdog log entries, the engine's state)."""
+    cfg = config_from_dict({"control": {"autopilot_k": 2, **control},
                             "nodes": [{"name": "n1", "memory_bytes": GiB}],
-                            "tenants": [{"name": "a", "node": "n1",
+                            "tenants": [{"name": t.name, "node": "n1",
                                          "ceiling_bytes": GiB // 4,
-                                         "policies": ["lru", "s3fifo"],
-                                         "initial_policy": "lru"}]})
-    state, limit, policy = engine.EngineState(), GiB // 4, "lru"
+                                         "policies": [first, other],
+                                         "initial_policy": first}]})
+    state, limit, policy = engine.EngineState(), GiB // 4, first
     running, log = [], []
     for _ in range(rounds):
         d = engine.decide(state, {"n1": [t.report(limit, policy)]}, cfg)
