@@ -80,6 +80,17 @@ class ControlSpec(Strict):
     # row -- a cache_ext policy costs CPU on every access, which no curve
     # shows, so it has to earn it.  None: no policy is preferred.
     autopilot_baseline: str | None = "linux"
+    # For a tenant with an SLO, a policy whose throughput ties with the
+    # best (within half of `autopilot_threshold`) but that meets the SLO in
+    # more than this fraction less memory than the policy in force earns a
+    # switch, and one saving more than half of it over the baseline is not
+    # left for the baseline.  Read off where curves are flat, a size is far
+    # noisier than a throughput, hence a wider bar.  0 turns this off.
+    autopilot_memory_threshold: float = Field(0.15, ge=0)
+    # A challenger policy (neither running nor the baseline) is scored as
+    # if its curve missed this much more (a miss ratio): its lead must
+    # outlast an error that small in a curve.  0 scores every curve as it is.
+    autopilot_doubt: float = Field(0.01, ge=0, le=1)
     # Model watchdog (engine/watchdog.py): after a switch, watch the first
     # `watchdog_intervals` intervals the new policy is reported running; if
     # its mean observed miss ratio exceeds what the old policy's curve

@@ -76,6 +76,37 @@ def test_no_switch_back_within_the_margin():
     assert feed(st, [report("fifo", 0.36, pred)] * K)[-1] is not None
 
 
+def test_a_switch_that_costs_a_met_slo_goes_back_whatever_the_margin():
+    # a tenant at a low miss ratio: fifo misses 0.075 where lru's curve
+    # says 0.05 -- within the 0.05 margin, yet a third less throughput.
+    # Model: 1 us a hit, 100 us more a miss: lru at 0.05 gives 166,667/s,
+    # fifo's 0.075 gives 117,647/s, and the SLO is 150,000/s.
+    a, b, slo = 1e-6, 1e-4, 150_000.0
+    pred = {"fifo": 0.04, "lru": 0.05}
+
+    def run(slo_or_none):
+        st = on_probation()
+        out = []
+        for m in (0.07, 0.08, 0.075):
+            r = report("fifo", m, pred)
+            r.throughput = 1.0 / (a + b * m)
+            st.rounds += 1
+            out.append(watchdog.check(st, r, LIMIT, K, MARGIN, COOLDOWN,
+                                      slo=slo_or_none, model=(a, b)))
+        return st, out
+
+    st, got = run(slo)
+    v = got[-1]
+    assert got[:2] == [None, None] and v is not None
+    assert v.slo == slo and v.throughput == pytest.approx(117_900, rel=0.01)
+    assert v.throughput_old == pytest.approx(166_667, rel=0.001)
+    assert "SLO" in v.reason and watchdog.held_off(st) == {"fifo"}
+    # the same switch for a tenant without an SLO, or one the old policy
+    # would not have met either, stands (within the margin)
+    assert run(None)[1] == [None, None, None]
+    assert run(200_000.0)[1] == [None, None, None]
+
+
 def test_only_intervals_with_the_new_policy_reported_running_count():
     st = on_probation()
     pred = {"fifo": 0.05, "lru": 0.30}

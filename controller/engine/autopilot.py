@@ -13,16 +13,27 @@ allowed is left at once.  Policies the watchdog holds off
 them.  Ties go to the policy in force, then to the alphabetically first,
 so the choice is deterministic.
 
+For a tenant with an SLO, throughput at its size is not all a policy is
+worth: two policies that tie there (a loop that fits either way) may meet
+the SLO at very different sizes, and the memory the thriftier one leaves
+goes to the node's other tenants.  Among the policies whose score is
+within half the threshold of the best, one whose SLO need is smaller than
+the need of the policy in force by more than `autopilot_memory_threshold`
+(relative) earns a switch the same way, in K rounds.
+
 One policy is preferred, the baseline (the kernel's own): it runs no BPF
 hooks, and a cache_ext policy's hooks cost CPU on every access that no
 curve shows -- a file cached whole scores the same under every policy,
 yet runs slower under any but the kernel's.  A tenant on another policy
 goes back to the baseline once that policy's lead over it stays within
-half the threshold for K rounds; the half is the dead band that keeps a
-lead near the threshold from switching back and forth.
+half the threshold for K rounds, unless it meets the tenant's SLO in
+more than half the memory threshold less memory than the baseline; the
+halves are the dead bands that keeps a lead near the threshold from switching
+back and forth.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -40,15 +51,20 @@ class PolicyChoice:
 
 def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
                   st: TenantState, threshold: float, k: int,
-                  held_off: Collection[str] = (), baseline: str | None = None
-                  ) -> PolicyChoice:
+                  held_off: Collection[str] = (), baseline: str | None = None,
+                  needs: dict[str, tuple[float, float]] | None = None,
+                  memory_threshold: float = 0.15) -> PolicyChoice:
     """Update st's streak and say which policy to direct.
 
     current: the policy in force (decide() says which that is);
     allowed: policies the tenant may use (sorted); scores: modelled
     throughput at the current size for each allowed policy with a curve;
     held_off: policies the watchdog does not let it use for now;
-    baseline: the policy to go back to when no other earns its hooks."""
+    baseline: the policy to go back to when no other earns its hooks;
+    needs: for a tenant with an SLO, the least size meeting it under each
+    policy, as a range (low, high) for the curve's error (inf where none
+    does); memory_threshold: the saving in it that
+    earns a switch among policies tied in throughput."""
     if held_off:
         allowed = [p for p in allowed if p not in held_off]
         scores = {p: v for p, v in scores.items() if p not in held_off}
@@ -65,24 +81,59 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
         return PolicyChoice(best, True, best, float("inf"), f"{current} {why}")
     base = scores.get(current)
     gain = float("inf") if not base else top / base - 1.0
-    if best == current or gain <= threshold:
+    saving = 0.0
+    if (best == current or gain <= threshold) and needs and base and memory_threshold > 0:
+        thrifty, saving = _thriftiest(current, scores, needs, top, threshold)
+        if saving > memory_threshold:
+            best, gain = thrifty, scores[thrifty] / base - 1.0
+    if saving <= memory_threshold and (best == current or gain <= threshold):
         if baseline is not None and current != baseline and scores.get(baseline) and base:
-            return _back_to_baseline(current, baseline, base / scores[baseline] - 1.0,
-                                     st, threshold, k, best, gain)
+            if not memory_threshold or \
+                    _saving(needs or {}, current, baseline) <= memory_threshold / 2:
+                return _back_to_baseline(current, baseline, base / scores[baseline] - 1.0,
+                                         st, threshold, k, best, gain)
         _miss(st, k, baseline)
         return _keep(current, best, gain, threshold)
     if st.streak_policy is not None and st.streak_policy == baseline != best:
         st.streak, st.streak_misses = 0, 0   # the rounds counted were toward the baseline
     st.streak += 1
     st.streak_policy = best
+    if saving > memory_threshold:
+        why = f"{best} meets the SLO in {saving:.0%} less memory than {current} " \
+              f"(scores {gain:+.1%})"
+        done, so_far = f"{why} for {k} intervals", f"{why} ({st.streak}/{k} intervals)"
+    else:
+        what = "no curve for it" if base is None else f"+{gain:.1%}"
+        done = f"{best} beats {current} ({what}) for {k} intervals"
+        so_far = f"{best} beats {current} by {gain:.1%} ({st.streak}/{k} intervals)"
     if st.streak >= k:
         _reset(st)
-        what = "no curve for it" if base is None else f"+{gain:.1%}"
-        return PolicyChoice(best, True, best, gain,
-                            f"{best} beats {current} ({what}) for {k} intervals")
-    return PolicyChoice(current, False, best, gain,
-                        f"{best} beats {current} by {gain:.1%} "
-                        f"({st.streak}/{k} intervals)")
+        return PolicyChoice(best, True, best, gain, done)
+    return PolicyChoice(current, False, best, gain, so_far)
+
+
+def _saving(needs: dict[str, tuple[float, float]], p: str, than: str) -> float:
+    """How much less memory (relative to `than`'s) policy p meets the SLO
+    in, at the least: p's need at the high end of its range against
+    `than`'s at the low end.  inf where only p meets it, 0 where neither
+    does or p may need more."""
+    mine = needs.get(p, (math.inf, math.inf))[1]
+    theirs = needs.get(than, (math.inf, math.inf))[0]
+    if not math.isfinite(mine):
+        return 0.0
+    if not math.isfinite(theirs):
+        return math.inf
+    return max(0.0, 1.0 - mine / theirs) if theirs > 0 else 0.0
+
+
+def _thriftiest(current: str, scores: dict[str, float], needs: dict[str, float],
+                top: float, threshold: float) -> tuple[str, float]:
+    """Among the policies scoring within half the threshold of the best,
+    the one meeting the SLO in the least memory (ties to the policy in
+    force, then the alphabetically first), and its saving over current."""
+    tied = [p for p, v in scores.items() if v >= top * (1 - threshold / 2)]
+    pick = min(tied, key=lambda p: (needs.get(p, (math.inf,) * 2)[1], p != current, p))
+    return pick, _saving(needs, pick, current)
 
 
 def _keep(current: str, best: str, gain: float, threshold: float) -> PolicyChoice:

@@ -67,6 +67,8 @@ class Round:
     current: np.ndarray = None       # the limit in force, or all it may have
     # choose_policies
     score: np.ndarray = None         # per bank row: modelled throughput at ref
+    need_low: np.ndarray = None      # per bank row: least size meeting the SLO (hooks
+    need_high: np.ndarray = None     # in), the curve erring low / high
     choices: list[PolicyChoice] = field(default_factory=list)
     verdicts: list = field(default_factory=list)      # watchdog.Verdict or None
     calib: list = field(default_factory=list)         # per row: policy -> curve offset
@@ -182,13 +184,13 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     for t, ai, bi, fi, sp in zip(R.tstates, R.a.tolist(), R.b.tolist(), fitted.tolist(),
                                  R.spread.tolist()):
         t.a, t.b, t.fitted, t.spread = ai, bi, fi, sp
-    _track_curve_error(R)
+    _track_curve_error(R, ctl.warmup_intervals)
 
 
 M_ERRORS = 20       # rounds of curve prediction errors kept per tenant
 
 
-def _track_curve_error(R: Round) -> None:
+def _track_curve_error(R: Round, warmup: int = 0) -> None:
     """How far each tenant's observed miss ratio came out from what its
     curve predicted, last round, for the limit and policy it now runs
     (only when it runs what was directed: a refused or unapplied directive
@@ -196,11 +198,14 @@ def _track_curve_error(R: Round) -> None:
     rounds, those errors' standard deviation plus their mean where the
     curve was optimistic on average: a tenant whose demand varies over
     time (a trace replay, a phase) misses more than one interval's curve
-    says in some intervals, and this is by how much."""
+    says in some intervals, and this is by how much.  Not in a tenant's
+    first `warmup` rounds: while its cache fills, it misses more than any
+    curve of the steady state says, and those errors (kept M_ERRORS
+    rounds) would read as a curve that errs for long after."""
     R.m_spread = np.zeros(R.n)
     for i, (_, _, r) in enumerate(R.rows):
         st = R.tstates[i]
-        if st.pred_m is not None and r.policy == st.pred_policy and \
+        if st.pred_m is not None and r.policy == st.pred_policy and st.rounds > warmup and \
                 r.throughput is not None and 0.0 <= r.miss_ratio <= 1.0 and \
                 abs(r.limit_bytes / PAGE_SIZE - (st.pred_pages or 0.0)) <= \
                 max(1.0, 0.01 * (st.pred_pages or 0.0)):
@@ -321,11 +326,14 @@ def choose_policies(R: Round, ctl) -> None:
                            zip(R.row_tenant.tolist(), R.row_policy)),
                           dtype=np.float64, count=bank.n)
         m = np.clip(bank.miss_at(np.arange(bank.n), at) + off, 0.0, 1.0)
-        R.score = model.throughput(R.a[R.row_tenant] * hook_factors(R), R.b[R.row_tenant], m)
+        a_h = R.a[R.row_tenant] * hook_factors(R)
+        R.score = model.throughput(a_h, R.b[R.row_tenant], m + _doubt(R, ctl))
+        R.need_low, R.need_high = _policy_needs(R, a_h, off)
     else:
-        R.score = np.zeros(0)
+        R.score = R.need_low = R.need_high = np.zeros(0)
     R.alloc_row = np.full(R.n, -1, dtype=np.int64)
     score_l, current_l = R.score.tolist(), R.current.tolist()
+    low_l, high_l = R.need_low.tolist(), R.need_high.tolist()
     for i, (ni, spec, r) in enumerate(R.rows):
         mine = R.row_of[i]
         if R.held[i]:
@@ -338,7 +346,10 @@ def choose_policies(R: Round, ctl) -> None:
         advice = R.advisory[ni] or R.recommend[i]
         cur, ch, verdict = _choose(R.tstates[i], r, advice, R.allowed_of[i],
                                    {p: score_l[k] for p, k in mine.items()},
-                                   current_l[i], ctl, R.calib[i])
+                                   current_l[i], ctl, R.calib[i],
+                                   {p: (low_l[k], high_l[k]) for p, k in mine.items()}
+                                   if spec.slo is not None else None,
+                                   spec.slo.min_throughput if spec.slo is not None else None)
         R.choices.append(ch)
         R.verdicts.append(verdict)
         R.before_pol.append(cur)
@@ -355,8 +366,50 @@ def choose_policies(R: Round, ctl) -> None:
     R.has_curve = R.alloc_row >= 0
 
 
+def _doubt(R: Round, ctl) -> np.ndarray:
+    """Per bank row, the miss ratio its policy is scored worse by: a
+    challenger (neither the policy running nor the baseline) by
+    `autopilot_doubt`.  A lead that so small an error in a curve could
+    make is no lead: curves of policies that have not run err more than
+    the one that runs, and a tenant at a low miss ratio reads a gain of
+    several per cent in a difference of 0.005.  The baseline is scored as
+    it is: going back to it is about the hooks' CPU, not about trusting a
+    curve.  (A fixed figure, not the tenant's observed curve error: that
+    error is largest right after a phase change, when a switch is due.)"""
+    running = [R.rows[i][2].policy for i in R.row_tenant.tolist()]
+    challenger = np.fromiter((p != run and p != ctl.autopilot_baseline
+                              for p, run in zip(R.row_policy, running)),
+                             dtype=bool, count=len(running))
+    return np.where(challenger, ctl.autopilot_doubt, 0.0)
+
+
+def _policy_needs(R: Round, a_h: np.ndarray, off: np.ndarray):
+    """Per bank row, the least size (pages) at which its policy meets the
+    tenant's SLO, read on the same curve and hook-stretched model its score
+    is, as a range: (if the curve errs low, if it errs high), by the miss
+    ratio the tenant's curve has been seen to err (R.m_spread, at least
+    NEED_ERROR).  inf where no size does or the tenant has no SLO.  What a
+    policy saves in memory when it ties in throughput
+    (autopilot.choose_policy) must hold across that range: where a curve
+    is flat, a small error in it is a large one in size."""
+    slo = R.column(lambda s, r: s.slo.min_throughput if s.slo is not None else 0.0)
+    s = slo[R.row_tenant]
+    m_star = model.miss_ratio_for(a_h, R.b[R.row_tenant], s) - off
+    err = np.maximum(R.m_spread[R.row_tenant] if R.m_spread is not None else 0.0, NEED_ERROR)
+    rows = np.arange(R.bank.n)
+    out = []
+    for m in (m_star + err, m_star - err):
+        need = R.bank.size_for(rows, m)
+        out.append(np.where((s > 0) & (m_star >= 0) & (m >= 0), need, np.inf))
+    return out
+
+
+NEED_ERROR = 0.01       # miss ratio: the least error assumed of any curve
+
+
 def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str],
-            scores: dict[str, float], limit_pages: float, ctl, calib: dict[str, float]):
+            scores: dict[str, float], limit_pages: float, ctl, calib: dict[str, float],
+            needs: dict[str, tuple[float, float]] | None = None, slo: float | None = None):
     """One tenant's policy for this round: (the policy in force, the
     choice, the watchdog's verdict or None).
 
@@ -368,18 +421,22 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     if advisory:
         cur = st.policy if st.policy is not None else r.policy
         return cur, choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold,
-                                  ctl.autopilot_k, baseline=ctl.autopilot_baseline), None
+                                  ctl.autopilot_k, baseline=ctl.autopilot_baseline,
+                                  needs=needs,
+                                  memory_threshold=ctl.autopilot_memory_threshold), None
     cur = r.policy
     pb = st.probation
     verdict = watchdog.check(st, r, limit_pages, ctl.watchdog_intervals,
                              ctl.watchdog_margin, ctl.watchdog_cooldown,
-                             calib.get(pb.old, 0.0) if pb is not None else 0.0)
+                             calib.get(pb.old, 0.0) if pb is not None else 0.0,
+                             slo, (st.a, st.b))
     if verdict is not None and verdict.old in allowed:
         st.streak, st.streak_policy = 0, None
         return cur, PolicyChoice(verdict.old, True, verdict.old, 0.0,
                                  f"watchdog: back to {verdict.old}: {verdict.reason}"), verdict
     ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
-                       watchdog.held_off(st), ctl.autopilot_baseline)
+                       watchdog.held_off(st), ctl.autopilot_baseline, needs,
+                       ctl.autopilot_memory_threshold)
     if ch.switched and cur in allowed and cur in scores and \
             calibrate.awaited(st, cur, ctl.calibration_window):
         # not before the policy in force has been seen to run: the streak

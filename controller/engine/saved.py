@@ -55,7 +55,8 @@ def restore(state: EngineState, records: dict[str, dict], rounds: int, window: i
         if pb:
             st.probation = Probation(**{k: pb[k] for k in
                                         ("new", "old", "since", "observed", "predicted_new",
-                                         "predicted_old") if k in pb})
+                                         "predicted_old", "throughput", "throughput_old")
+                                        if k in pb})
         m = np.asarray(rec.get("obs_m") or [], dtype=np.float64)[-window:]
         y = np.asarray(rec.get("obs_y") or [], dtype=np.float64)[-window:]
         st.slot = state.obs.new_slot()

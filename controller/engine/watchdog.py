@@ -17,7 +17,14 @@ node carries out goes on probation:
     the new policy did worse than staying would have: decide() switches
     back to the old policy, logs the three numbers, and the autopilot may
     not pick the new policy again for `watchdog_cooldown` of the tenant's
-    rounds.
+    rounds;
+  * for a tenant with an SLO, the same happens when its mean observed
+    throughput under the new policy falls short of the SLO where the
+    old policy's prediction, through the tenant's fitted model, meets it:
+    a switch that cost a met SLO is undone whatever the margin (at a low
+    miss ratio, a shortfall of 0.02 in it can be a tenth of the
+    throughput, and it is counted in the tenant's own operations, which
+    its miss ratio may not be -- a reader that scans beside its lookups).
 
 Intervals in which the new policy is not reported running (the directive
 not applied yet, or refused) do not count, nor do intervals whose report
@@ -46,6 +53,8 @@ class Probation:
     observed: list[float] = field(default_factory=list)        # miss ratios
     predicted_new: list[float] = field(default_factory=list)   # at the limit
     predicted_old: list[float] = field(default_factory=list)
+    throughput: list[float] = field(default_factory=list)      # observed ops/s
+    throughput_old: list[float] = field(default_factory=list)  # old's, modelled
 
 
 @dataclass
@@ -60,12 +69,19 @@ class Verdict:
     predicted_old: float            # ... and old's curve
     margin: float
     cooldown: int
+    slo: float | None = None        # set when the switch cost a met SLO:
+    throughput: float = math.nan    # mean observed throughput under `new`
+    throughput_old: float = math.nan  # ... and old's, modelled
 
     @property
     def reason(self) -> str:
+        slo = ""
+        if self.slo is not None:
+            slo = (f"; {self.throughput:.4g}/s against an SLO of {self.slo:.4g}/s, which "
+                   f"{self.old} was predicted to meet ({self.throughput_old:.4g}/s)")
         return (f"{self.new} missed {self.observed:.3f} over {self.intervals} intervals; "
                 f"curves predicted {self.predicted_new:.3f} under {self.new}, "
-                f"{self.predicted_old:.3f} under {self.old} (margin {self.margin:g}); "
+                f"{self.predicted_old:.3f} under {self.old} (margin {self.margin:g}){slo}; "
                 f"{self.new} held off for {self.cooldown} rounds")
 
 
@@ -99,12 +115,16 @@ def held_pages(report, curve, limit_pages: float) -> float:
 
 
 def check(st, report, limit_pages: float, intervals: int, margin: float,
-          cooldown: int, old_offset: float = 0.0) -> Verdict | None:
+          cooldown: int, old_offset: float = 0.0, slo: float | None = None,
+          model=None) -> Verdict | None:
     """Count this report toward st's probation, if it has one.
 
     old_offset: the old policy's curve error while it ran
     (engine/calibrate.py), added to what its curve predicts, so the new
-    policy is judged against what the old one really did.
+    policy is judged against what the old one really did.  slo: the
+    tenant's minimum throughput, if it has one; model: its fitted (a, b)
+    (seconds per operation a + b x miss ratio), which turns the old
+    policy's predicted miss ratio into a throughput.
 
     Returns a Verdict (and holds the new policy off for `cooldown` rounds)
     when the probation ends with the new policy worse than the old policy's
@@ -120,13 +140,29 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     pb.observed.append(float(m))
     pb.predicted_new.append(float(curves[pb.new].at(at)))
     pb.predicted_old.append(min(max(float(curves[pb.old].at(at)) + old_offset, 0.0), 1.0))
+    thr = report.throughput
+    if slo and model is not None and thr is not None and math.isfinite(thr) and thr >= 0:
+        a, b = model
+        t_old = a + b * pb.predicted_old[-1]
+        if t_old > 0:
+            pb.throughput.append(float(thr))
+            pb.throughput_old.append(1.0 / t_old)
     if len(pb.observed) < intervals:
         return None
     st.probation = None
     observed, pred_new, pred_old = (math.fsum(v) / len(v) for v in
                                     (pb.observed, pb.predicted_new, pb.predicted_old))
-    if observed <= pred_old + margin:
+    cost_slo = None
+    if slo and len(pb.throughput) == len(pb.observed):
+        got = math.fsum(pb.throughput) / len(pb.throughput)
+        old = math.fsum(pb.throughput_old) / len(pb.throughput_old)
+        if got < slo <= old:
+            cost_slo = (slo, got, old)
+    if observed <= pred_old + margin and cost_slo is None:
         return None
     st.held_until[pb.new] = st.rounds + cooldown
-    return Verdict(pb.new, pb.old, len(pb.observed), observed, pred_new, pred_old,
-                   margin, cooldown)
+    v = Verdict(pb.new, pb.old, len(pb.observed), observed, pred_new, pred_old,
+                margin, cooldown)
+    if cost_slo is not None:
+        v.slo, v.throughput, v.throughput_old = cost_slo
+    return v
