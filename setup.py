@@ -57,12 +57,23 @@ if glob.glob("models/native/runtime/*.c"):
 class build_py_with_bpf(build_py):
     """A wheel carries the agent's BPF side: `make -C bpf` builds the
     sampler, the policy loader and every policy object, and they go into
-    cachepilot/agent/bpf/, where agent/binaries.py looks first.  An
-    editable install skips this: it finds them in the checkout's bpf/out."""
+    cachepilot/agent/bpf/, where agent/binaries.py looks first.  It also
+    carries the policy sources and the header they are written against
+    (cachepilot/bpf/{include,policies}), where models/runtime.py and
+    `cachepilot policy` look for them: a policy of the user's own, or
+    `policy new` / `policy check`, compiles against them.  An editable
+    install skips this: it finds them all in the checkout."""
 
     def run(self):
         super().run()
-        if getattr(self, "editable_mode", False) or not os.path.exists("bpf/Makefile"):
+        if getattr(self, "editable_mode", False):
+            return
+        for pattern in ("bpf/include/*.h", "bpf/policies/*.bpf.c", "bpf/policies/template/*"):
+            for src in glob.glob(pattern):
+                dest = os.path.join(self.build_lib, "cachepilot", os.path.dirname(src))
+                os.makedirs(dest, exist_ok=True)
+                shutil.copy2(src, dest)
+        if not os.path.exists("bpf/Makefile"):
             return
         subprocess.run(["make", "-s", "-C", "bpf"], check=True)
         dest = os.path.join(self.build_lib, "cachepilot", "agent", "bpf")

@@ -3,12 +3,19 @@
 
 The steps a new user takes, as issue 16 tried them: fio `zipf:0.9` over a
 256 MiB file in an unlimited cgroup-v1 memory cgroup, `cachepilot profile`
-for 25 s beside it (the CLI, its defaults), and the curve read at 32, 48
-and 64 MiB.  Nothing is warmed first: fio's own code is charged to the
-cgroup as it would be on a fresh host.  Then the same fio job runs in a
-fresh cgroup under each limit -- a warm run, then a measured one -- and
-the kernel's miss ratio is its own count (memory.stat pgpgin: pages
-charged) over fio's reads; median of REPEATS.
+for 25 s beside it (the CLI, its defaults), and the curve read at limits
+from 16 to 256 MiB; the issue's check is at 32, 48 and 64.  Nothing is
+warmed first.  Then the same fio job runs in a fresh cgroup under each
+limit -- a warm run, then a measured one -- and the kernel's miss ratio
+is its own count (memory.stat pgpgin: pages charged) over fio's reads;
+median of REPEATS.
+
+Whose cgroup pays for fio's own code and libraries is the first reader's.
+By default they are cached already (by an earlier run), so neither the
+profile nor the limited runs are charged for them.  With --cold every page
+cache on the host is dropped before the profile and before each limited
+run, as on a host that just booted: both then pay for them, and the
+curve's offset has to hold them too.
 
 The curve's sizes are limits: cache plus the cgroup's non-file memory
 (anonymous, kernel, shared and mapped: agent/cgroups.py nonfile_bytes).
@@ -17,7 +24,8 @@ limits -- the question this script answers in figures.  Writes
 experiments/results/nonfile_case.{json,png}.  Needs root, cgroup-v1
 memory, fio and the sampler.
 
-    .venv/bin/python experiments/nonfile_case.py [--repeats 3]
+    .venv/bin/python experiments/nonfile_case.py [--repeats 3] [--cold]
+        [--limits 32,48,64]
 """
 from __future__ import annotations
 
@@ -39,7 +47,8 @@ from cachepilot.models.mrc import PAGE_SIZE
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 FILE_SIZE = 256 << 20
-LIMITS_MB = (32, 48, 64)
+LIMITS_MB = (16, 24, 32, 48, 64, 96, 128, 192, 256)
+CHECKED_MB = (32, 48, 64)       # where issue 16 asks for 0.05
 PROFILE_S, RUN_S = 25, 15
 TOLERANCE = 0.05
 
@@ -64,9 +73,17 @@ def pgpgin(cg: Path) -> int:
     return cgroups.read_kv(cg / "memory.stat")["pgpgin"]
 
 
-def profile(data: Path, out: Path) -> dict:
+def drop_everything() -> None:
+    """Every clean page cache on the host dropped (a host just booted)."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def profile(data: Path, out: Path, cold: bool) -> dict:
     """fio and `cachepilot profile` side by side in one unlimited cgroup."""
     drop_file_cache(data)
+    if cold:
+        drop_everything()
     with scratch_cgroup("nonfile-profile") as cg:
         fio = subprocess.Popen(in_cgroup(cg, fio_argv(data, PROFILE_S + 8)),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -87,10 +104,12 @@ def profile(data: Path, out: Path) -> dict:
             "usage_bytes": st.usage_bytes, "nonfile_bytes": st.nonfile_bytes}
 
 
-def real_at(data: Path, limit_mb: int, repeats: int) -> dict:
+def real_at(data: Path, limit_mb: int, repeats: int, cold: bool) -> dict:
     runs = []
     for _ in range(repeats):
         drop_file_cache(data)
+        if cold:
+            drop_everything()
         with scratch_cgroup(f"nonfile-{limit_mb}") as cg:
             (cg / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
             run_fio(cg, data, RUN_S)                  # warm
@@ -103,7 +122,22 @@ def real_at(data: Path, limit_mb: int, repeats: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cold", action="store_true",
+                    help="drop every page cache before the profile and each limited run")
+    ap.add_argument("--limits", default=",".join(map(str, LIMITS_MB)),
+                    help="MiB, comma-separated (default: %(default)s)")
     args = ap.parse_args()
+    try:
+        limits = sorted({int(x) for x in args.limits.split(",") if x.strip()})
+        if not limits or min(limits) < 8 or max(limits) > 4096:
+            raise ValueError
+    except ValueError:
+        print(f"nonfile_case: --limits wants MiB between 8 and 4096, comma-separated, "
+              f"not {args.limits!r}", file=sys.stderr)
+        return 2
+    if args.repeats < 1:
+        print("nonfile_case: --repeats must be at least 1", file=sys.stderr)
+        return 2
     for why in (v1_memory_available(), None if have("fio") else "fio is not installed"):
         if why:
             print(f"nonfile_case: {why}", file=sys.stderr)
@@ -113,13 +147,13 @@ def main() -> int:
     data = make_file(SCRATCH / "nonfile-256m.dat", FILE_SIZE)
     RESULTS.mkdir(exist_ok=True)
     prof_json = RESULTS / "nonfile_case.profile.json"
-    charge = profile(data, prof_json)
+    charge = profile(data, prof_json, args.cold)
     prof = json.loads(prof_json.read_text())
     prof_json.unlink()
     curves = {c["policy"]: c for c in prof["curves"]}
     rows = []
-    for mb in LIMITS_MB:
-        real = real_at(data, mb, args.repeats)
+    for mb in limits:
+        real = real_at(data, mb, args.repeats, args.cold)
         pred = {}
         for p, c in curves.items():
             s = np.asarray(c["sizes"], dtype=np.float64) * PAGE_SIZE / 2**20
@@ -130,18 +164,25 @@ def main() -> int:
         print(f"  {mb:3d} MiB  real {real['median']:.3f}  " + "  ".join(
             f"{p} {v:.3f} ({v - real['median']:+.3f})" for p, v in pred.items()), flush=True)
     offset = {p: (c.get("meta") or {}).get("anon_offset_pages") for p, c in curves.items()}
-    within = all(abs(r["error"]["linux"]) <= TOLERANCE for r in rows)
+    checked = [r for r in rows if r["limit_mb"] in CHECKED_MB]
+    within = bool(checked) and all(abs(r["error"]["linux"]) <= TOLERANCE for r in checked)
+    worst = max(rows, key=lambda r: abs(r["error"]["linux"]))
     result = {"file_bytes": FILE_SIZE, "profile_s": PROFILE_S, "run_s": RUN_S,
-              "repeats": args.repeats, "charge_at_profile_end": charge,
+              "repeats": args.repeats, "cold": args.cold, "charge_at_profile_end": charge,
               "offset_pages": offset, "rows": rows, "tolerance": TOLERANCE,
+              "checked_mb": [r["limit_mb"] for r in checked],
               "linux_within_tolerance": within,
+              "linux_worst": {"limit_mb": worst["limit_mb"], "error": worst["error"]["linux"]},
               "curves": {p: {"mib": (np.asarray(c["sizes"]) * PAGE_SIZE / 2**20).tolist(),
                              "miss_ratio": c["miss_ratio"]} for p, c in curves.items()}}
-    (RESULTS / "nonfile_case.json").write_text(json.dumps(result, indent=1))
-    plot(result, RESULTS / "nonfile_case.png")
+    name = "nonfile_case_cold" if args.cold else "nonfile_case"
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
+    plot(result, RESULTS / f"{name}.png")
     print(f"non-file offset {charge['nonfile_bytes'] / 2**20:.1f} MiB "
           f"(anon {charge['anon_bytes'] / 2**20:.1f}); linux curve within "
-          f"{TOLERANCE} of the kernel at {', '.join(map(str, LIMITS_MB))} MiB: {within}")
+          f"{TOLERANCE} of the kernel at {', '.join(map(str, result['checked_mb']))} MiB: "
+          f"{within}; worst over {limits[0]}-{limits[-1]} MiB: {worst['error']['linux']:+.3f} "
+          f"at {worst['limit_mb']} MiB")
     return 0 if within else 1
 
 
@@ -163,7 +204,8 @@ def plot(result, path):
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("memory limit (MiB)")
     ax.set_ylabel("miss ratio")
-    ax.set_title("fio zipf:0.9 over 256 MiB: first profile against the kernel")
+    ax.set_title("fio zipf:0.9 over 256 MiB: first profile against the kernel"
+                 + (" (cold host)" if result.get("cold") else ""), fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -50,6 +50,9 @@ make -s -C "$OUT/src/bpf" CC=gcc CFLAGS="$SAN -Wall" >"$OUT/build-bpf.log" 2>&1 
 CC=gcc CFLAGS="$SAN" LDSHARED="gcc -shared $SAN" \
 	"$PY" -m pip install -q --no-deps --no-build-isolation --target "$OUT/site" "$OUT/src" \
 	>"$OUT/build-py.log" 2>&1 || { tail -20 "$OUT/build-py.log"; exit 1; }
+# `cachepilot policy check` and friends build through bpf/Makefile: the
+# installed package reads the copy's whole bpf tree, not the sources alone
+rm -rf "$OUT/site/cachepilot/bpf" && ln -s "$OUT/src/bpf" "$OUT/site/cachepilot/bpf"
 for so in "$OUT"/site/cachepilot/models/_*.so "$OUT"/site/cachepilot/agent/bpf/sampler \
 	  "$OUT"/site/cachepilot/agent/bpf/policyctl; do
 	nm -D "$so" 2>/dev/null | grep -q __asan_init ||
@@ -60,13 +63,20 @@ for so in "$OUT"/site/cachepilot/models/_*.so "$OUT"/site/cachepilot/agent/bpf/s
 done
 
 LIBASAN=$(gcc -print-file-name=libasan.so)
-san_env=(env PYTHONPATH="$OUT/site" LD_PRELOAD="$LIBASAN"
-	ASAN_OPTIONS="detect_leaks=0:log_path=$REPORTS/asan:abort_on_error=0"
+# alloc_dealloc_mismatch off: our native code is C (malloc and free only),
+# and libcachesim's Python binding, which the policy tests compare with,
+# frees with free() what it allocated with operator new at exit
+# libstdc++ preloaded after it: a C++ extension loaded later (matplotlib's
+# ft2font throws on a lookup) finds no real __cxa_throw for ASan's
+# interceptor otherwise, and ASan aborts in its own CHECK
+LIBSTDCXX=$(gcc -print-file-name=libstdc++.so)
+san_env=(env PYTHONPATH="$OUT/site" LD_PRELOAD="$LIBASAN $LIBSTDCXX"
+	ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:log_path=$REPORTS/asan:abort_on_error=0"
 	UBSAN_OPTIONS="print_stacktrace=1:log_path=$REPORTS/ubsan")
 
 step "2. the native tests against the sanitized build"
 # shellcheck disable=SC2086
-"${san_env[@]}" "$PY" -m pytest -q -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/tests.log" |
+"${san_env[@]}" "$PY" -m pytest -q -rfE -p no:cacheprovider $TESTS 2>&1 | tee "$OUT/tests.log" |
 	grep -E "passed|failed|error" | tail -3
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "sanitize: tests failed (see $OUT/tests.log)"; fail=1; }
 "${san_env[@]}" "$PY" -c "import cachepilot.models._mrc as m, sys; print('  loaded', m.__file__)"

@@ -102,6 +102,25 @@ def test_the_package_carries_the_bpf_side(venv):
     # ... and none of the C sources as packages of their own
     assert not any(n.startswith("cachepilot/models/native/") for n in names)
     assert os.access(site / "cachepilot/agent/bpf/sampler", os.X_OK)
+    # the policy sources and the header they are written against, so that
+    # a policy of the user's own compiles against the installed package
+    assert "cachepilot/bpf/include/cache_ext_policy.h" in names
+    assert "cachepilot/bpf/policies/template/policy.bpf.c" in names
+    shipped = {Path(n).name for n in names if n.startswith("cachepilot/bpf/policies/")
+               and n.count("/") == 3}
+    assert shipped == {p.name for p in (REPO / "bpf" / "policies").glob("*.bpf.c")}
+
+
+def test_a_users_policy_compiles_against_the_installed_package(venv):
+    mine = venv.work / "mine.bpf.c"
+    mine.write_text((REPO / "bpf" / "policies" / "lru.bpf.c").read_text())
+    r = venv.run(venv.bin / "python", "-c",
+                 "import cachepilot.models.runtime as rt; "
+                 f"print(rt.POLICY_INCLUDE); print(rt.load_policy_source({str(mine)!r}))")
+    assert r.returncode == 0, r.stderr
+    include, name = r.stdout.split()
+    assert Path(include).is_relative_to(venv.site())
+    assert name == "lru@mine"
 
 
 def test_installed_code_finds_its_own_binaries(venv):
