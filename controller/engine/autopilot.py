@@ -28,8 +28,8 @@ yet runs slower under any but the kernel's.  A tenant on another policy
 goes back to the baseline once that policy's lead over it stays within
 half the threshold for K rounds, unless it meets the tenant's SLO in
 more than half the memory threshold less memory than the baseline; the
-halves are the dead bands that keeps a lead near the threshold from switching
-back and forth.
+halves are the dead bands that keep a lead near either threshold from
+switching back and forth.
 """
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
     baseline: the policy to go back to when no other earns its hooks;
     needs: for a tenant with an SLO, the least size meeting it under each
     policy, as a range (low, high) for the curve's error (inf where none
-    does); memory_threshold: the saving in it that
-    earns a switch among policies tied in throughput."""
+    does); memory_threshold: the saving in it that earns a switch among
+    policies tied in throughput."""
     if held_off:
         allowed = [p for p in allowed if p not in held_off]
         scores = {p: v for p, v in scores.items() if p not in held_off}
@@ -126,7 +126,8 @@ def _saving(needs: dict[str, tuple[float, float]], p: str, than: str) -> float:
     return max(0.0, 1.0 - mine / theirs) if theirs > 0 else 0.0
 
 
-def _thriftiest(current: str, scores: dict[str, float], needs: dict[str, float],
+def _thriftiest(current: str, scores: dict[str, float],
+                needs: dict[str, tuple[float, float]],
                 top: float, threshold: float) -> tuple[str, float]:
     """Among the policies scoring within half the threshold of the best,
     the one meeting the SLO in the least memory (ties to the policy in
