@@ -65,6 +65,8 @@ class Round:
     lb: np.ndarray = None            # floor, or anonymous memory + margin
     ub: np.ndarray = None            # ceiling, at most the node
     current: np.ndarray = None       # the limit in force, or all it may have
+    slo: np.ndarray = None           # minimum throughput (0: none)
+    has_slo: np.ndarray = None
     # choose_policies
     score: np.ndarray = None         # per bank row: modelled throughput at ref
     need_low: np.ndarray = None      # per bank row: least size meeting the SLO (hooks
@@ -76,8 +78,6 @@ class Round:
     alloc_row: np.ndarray = None     # bank row the allocation reads, or -1
     has_curve: np.ndarray = None
     # size_slos
-    slo: np.ndarray = None
-    has_slo: np.ndarray = None
     need_rows: np.ndarray = None     # per bank row: least size meeting the SLO
     feasible: np.ndarray = None
     need: np.ndarray = None          # least size meeting the SLO within bounds
@@ -309,6 +309,8 @@ def size_bounds(R: Round, ctl) -> None:
     ub = np.floor(np.minimum(ub, mem[node_of] if R.n else ub))
     R.ub = np.maximum(ub, R.lb)          # safety wins over a ceiling
     R.current = np.where(R.limit_now > 0, R.limit_now, R.ub)   # no limit: all it may have
+    R.slo = R.column(lambda s, r: s.slo.min_throughput if s.slo is not None else 0.0)
+    R.has_slo = R.column(lambda s, r: s.slo is not None, dtype=bool)
 
 
 def choose_policies(R: Round, ctl) -> None:
@@ -332,8 +334,8 @@ def choose_policies(R: Round, ctl) -> None:
     else:
         R.score = R.need_low = R.need_high = np.zeros(0)
     R.alloc_row = np.full(R.n, -1, dtype=np.int64)
-    score_l, current_l = R.score.tolist(), R.current.tolist()
-    low_l, high_l = R.need_low.tolist(), R.need_high.tolist()
+    score_l, current_l, slo_l = R.score.tolist(), R.current.tolist(), R.slo.tolist()
+    low_l, high_l, has_slo_l = R.need_low.tolist(), R.need_high.tolist(), R.has_slo.tolist()
     for i, (ni, spec, r) in enumerate(R.rows):
         mine = R.row_of[i]
         if R.held[i]:
@@ -348,8 +350,8 @@ def choose_policies(R: Round, ctl) -> None:
                                    {p: score_l[k] for p, k in mine.items()},
                                    current_l[i], ctl, R.calib[i],
                                    {p: (low_l[k], high_l[k]) for p, k in mine.items()}
-                                   if spec.slo is not None else None,
-                                   spec.slo.min_throughput if spec.slo is not None else None)
+                                   if has_slo_l[i] else None,
+                                   slo_l[i] if has_slo_l[i] else None)
         R.choices.append(ch)
         R.verdicts.append(verdict)
         R.before_pol.append(cur)
@@ -376,11 +378,10 @@ def _doubt(R: Round, ctl) -> np.ndarray:
     it is: going back to it is about the hooks' CPU, not about trusting a
     curve.  (A fixed figure, not the tenant's observed curve error: that
     error is largest right after a phase change, when a switch is due.)"""
-    running = [R.rows[i][2].policy for i in R.row_tenant.tolist()]
-    challenger = np.fromiter((p != run and p != ctl.autopilot_baseline
-                              for p, run in zip(R.row_policy, running)),
-                             dtype=bool, count=len(running))
-    return np.where(challenger, ctl.autopilot_doubt, 0.0)
+    baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
+                           dtype=bool, count=R.bank.n)
+    running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
+    return np.where(running | baseline, 0.0, ctl.autopilot_doubt)
 
 
 def _policy_needs(R: Round, a_h: np.ndarray, off: np.ndarray):
@@ -392,8 +393,7 @@ def _policy_needs(R: Round, a_h: np.ndarray, off: np.ndarray):
     policy saves in memory when it ties in throughput
     (autopilot.choose_policy) must hold across that range: where a curve
     is flat, a small error in it is a large one in size."""
-    slo = R.column(lambda s, r: s.slo.min_throughput if s.slo is not None else 0.0)
-    s = slo[R.row_tenant]
+    s = R.slo[R.row_tenant]
     m_star = model.miss_ratio_for(a_h, R.b[R.row_tenant], s) - off
     err = np.maximum(R.m_spread[R.row_tenant] if R.m_spread is not None else 0.0, NEED_ERROR)
     rows = np.arange(R.bank.n)
@@ -466,8 +466,6 @@ def size_slos(R: Round, ctl) -> None:
     observed spread (R.spread, `slo_headroom_sigmas` of it), at least
     `slo_headroom`."""
     bank, a, b, lb, ub, alloc_row = R.bank, R.a, R.b, R.lb, R.ub, R.alloc_row
-    R.slo = R.column(lambda s, r: s.slo.min_throughput if s.slo is not None else 0.0)
-    R.has_slo = R.column(lambda s, r: s.slo is not None, dtype=bool)
     slo, has_slo = R.slo, R.has_slo
     if bank.n:
         m_star = model.miss_ratio_for(a[R.row_tenant], b[R.row_tenant], slo[R.row_tenant])
