@@ -137,6 +137,13 @@ class CgroupStats:
         return max(self.anon_bytes, self.usage_bytes - self.sampled_cache_bytes)
 
     @property
+    def unmapped_nonfile_bytes(self) -> int:
+        """nonfile_bytes without the mapped file pages: what stays charged
+        under any limit (anonymous, kernel and shared memory), whereas
+        reclaim takes the mapped pages no process touches."""
+        return max(self.anon_bytes, self.nonfile_bytes - self.mapped_file_bytes)
+
+    @property
     def effective_limit_bytes(self) -> int:
         limits = [v for v in (self.limit_bytes, self.high_bytes) if v]
         return min(limits) if limits else 0

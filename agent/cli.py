@@ -293,6 +293,14 @@ def _print_summary(result):
           f"anon {cg['usage_anon_bytes'] >> 20} MiB, limit "
           f"{(cg['limit_bytes'] >> 20) if cg['limit_bytes'] else 'none'}"
           f"{' MiB' if cg['limit_bytes'] else ''}")
+    nf = result.get("nonfile")
+    if nf:
+        print(f"  limit = cache + {nf['offset_bytes'] / 2**20:.1f} MiB non-file (of "
+              f"{nf['mapped_file_bytes'] / 2**20:.1f} MiB mapped file pages, "
+              f"{nf['mapped_referenced_bytes'] / 2**20:.1f} MiB in use); near that floor "
+              f"the real miss ratio lies between the curves at "
+              f"{nf['floor_bytes'] / 2**20:.1f} MiB (anonymous and shared memory alone) "
+              f"and {nf['peak_bytes'] / 2**20:.1f} MiB (all of it): --json's band")
     for c in result["curves"]:
         pts = list(zip(c["sizes"], c["miss_ratio"]))
         step = max(1, len(pts) // 8)
@@ -305,9 +313,19 @@ def _plot(result, out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
+    band = result.get("band") or {}
+    edges = [{c["policy"]: c for c in band.get(k, [])} for k in ("low", "high")]
     for c in result["curves"]:
         pts = [(s * 4096 / 2**20, m) for s, m in zip(c["sizes"], c["miss_ratio"]) if s > 0]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=c["policy"])
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=c["policy"])
+        for edge in edges:
+            # where the curve meets the non-file floor: what reclaim keeps
+            # of the cgroup's other memory decides between the two edges
+            b = edge.get(c["policy"])
+            if b is not None and b["sizes"] != c["sizes"]:
+                ax.plot([s * 4096 / 2**20 for s in b["sizes"] if s > 0],
+                        [m for s, m in zip(b["sizes"], b["miss_ratio"]) if s > 0],
+                        color=line.get_color(), ls=":", lw=1)
     ax.set_xscale("log")        # curves span MiB to the node's memory
     ax.set_xlabel("memory limit (MiB, log scale)")
     ax.set_ylabel("miss ratio")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.agent import cgroups
+from cachepilot.agent import cgroups, mapped
 from cachepilot.agent.curves import make_builder, shift_by_anon
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable, access_batch,
                                       why_unavailable)
@@ -29,8 +29,16 @@ class Profile:
     counters: Counters
     stats: cgroups.CgroupStats
     curves: list[MRC] = field(default_factory=list)      # cache-size curves
-    limit_curves: list[MRC] = field(default_factory=list)  # shifted by non-file memory
-    nonfile_peak_bytes: int = 0
+    limit_curves: list[MRC] = field(default_factory=list)  # shifted by what a limit keeps
+    nonfile_peak_bytes: int = 0     # all non-file memory at its peak, every mapped page in
+    offset_bytes: int = 0           # the part a limit keeps: mapped pages only if used
+    floor_bytes: int = 0            # anonymous and shared memory: no reclaim frees it
+    mapped_file_bytes: int = 0
+    mapped_referenced_bytes: int = 0
+    # the curves shifted by floor_bytes and by nonfile_peak_bytes: between
+    # them lies the real miss ratio at a limit, whatever reclaim keeps
+    band_low: list[MRC] = field(default_factory=list)
+    band_high: list[MRC] = field(default_factory=list)
 
     def to_json(self) -> dict:
         c, s = self.counters, self.stats
@@ -44,6 +52,23 @@ class Profile:
                        "in pages (cache plus the cgroup's non-file memory); "
                        "cache_curves: sizes are page-cache pages"),
             "cache_curves": [m.to_dict() for m in self.curves],
+            # the same curves had the limit kept only what no reclaim frees
+            # (low) or every non-file page (high): the band a limit's real
+            # miss ratio falls in where the curve meets the non-file floor
+            "band": {"low": [m.to_dict() for m in self.band_low],
+                     "high": [m.to_dict() for m in self.band_high]},
+            "nonfile": {
+                "offset_bytes": self.offset_bytes,
+                "floor_bytes": self.floor_bytes,
+                "peak_bytes": self.nonfile_peak_bytes,
+                "mapped_file_bytes": self.mapped_file_bytes,
+                "mapped_referenced_bytes": self.mapped_referenced_bytes,
+                "why": ("curves are shifted by offset_bytes: anonymous, kernel and "
+                        "shared memory at their peak plus the mapped file pages the "
+                        "cgroup's processes referenced while profiled; band.low by "
+                        "floor_bytes (anonymous and shared memory alone), band.high "
+                        "by peak_bytes (every mapped page, used or not)"),
+            },
             "cgroup": {
                 "path": self.cgroup, "id": self.cgroup_id,
                 "version": s.version, "duration_s": self.duration_s,
@@ -105,8 +130,12 @@ def profile_cgroup(path: str, duration_s: float, *, rate: float = 0.01,
         start = time.monotonic()
         early, early_n = None, 0
         fed = 0
-        # the limit must hold the cgroup's non-file memory at its peak
-        nonfile_peak = cgroups.read_stats(path).nonfile_bytes
+        # the limit must hold the cgroup's non-file memory at its peak; of
+        # its mapped file pages, only those its processes use (agent/mapped.py)
+        first = cgroups.read_stats(path)
+        nonfile_peak, unmapped_peak = first.nonfile_bytes, first.unmapped_nonfile_bytes
+        floor_peak = first.anon_bytes + first.shmem_bytes
+        mapped.clear_referenced(path)
         phase_end = start + warmup_s
         in_warmup = warmup_s > 0 or warmup_until is not None
         while True:
@@ -132,7 +161,10 @@ def profile_cgroup(path: str, duration_s: float, *, rate: float = 0.01,
                 early, early_n = builder.snapshot(), fed
                 in_warmup = False
             try:
-                nonfile_peak = max(nonfile_peak, cgroups.read_stats(path).nonfile_bytes)
+                now_stats = cgroups.read_stats(path)
+                nonfile_peak = max(nonfile_peak, now_stats.nonfile_bytes)
+                unmapped_peak = max(unmapped_peak, now_stats.unmapped_nonfile_bytes)
+                floor_peak = max(floor_peak, now_stats.anon_bytes + now_stats.shmem_bytes)
             except cgroups.CgroupError:
                 pass
             if progress:
@@ -142,9 +174,18 @@ def profile_cgroup(path: str, duration_s: float, *, rate: float = 0.01,
         total = builder.snapshot()
         curves = subtract_window(total, fed, early, early_n) if early is not None else total
         stats = cgroups.read_stats(path)
-        offset_pages = max(nonfile_peak, stats.nonfile_bytes) // PAGE_SIZE
+        referenced = mapped.referenced_bytes(path)
+        nonfile_peak = max(nonfile_peak, stats.nonfile_bytes)
+        offset = min(nonfile_peak, max(unmapped_peak, stats.unmapped_nonfile_bytes)
+                     + min(referenced, stats.mapped_file_bytes))
+        floor = min(offset, max(floor_peak, stats.anon_bytes + stats.shmem_bytes))
+
+        def shifted(by):
+            return [shift_by_anon(c, by // PAGE_SIZE) for c in curves]
         return Profile(path, cgid, time.monotonic() - start, last - base, stats, curves,
-                       [shift_by_anon(c, offset_pages) for c in curves], nonfile_peak)
+                       shifted(offset), nonfile_peak, offset, floor,
+                       stats.mapped_file_bytes, referenced, shifted(floor),
+                       shifted(nonfile_peak))
     finally:
         try:
             sampler.unwatch(cgid)

@@ -17,10 +17,13 @@ cache on the host is dropped before the profile and before each limited
 run, as on a host that just booted: both then pay for them, and the
 curve's offset has to hold them too.
 
-The curve's sizes are limits: cache plus the cgroup's non-file memory
-(anonymous, kernel, shared and mapped: agent/cgroups.py nonfile_bytes).
-Where that offset is the wrong charge, the curve is off by it at small
-limits -- the question this script answers in figures.  Writes
+The curve's sizes are limits: cache plus the non-file memory a limit
+keeps (anonymous, kernel and shared memory, and the mapped file pages
+fio's processes referenced while profiled: agent/mapped.py).  The profile
+also gives the curve had every mapped page been a fixed cost (its
+band_curves); the kernel's miss ratio should fall between the two.  Where
+the offset is the wrong charge, the curve is off by it at small limits --
+the question this script answers in figures.  Writes
 experiments/results/nonfile_case.{json,png}.  Needs root, cgroup-v1
 memory, fio and the sampler.
 
@@ -34,6 +37,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -105,7 +109,7 @@ def profile(data: Path, out: Path, cold: bool) -> dict:
 
 
 def real_at(data: Path, limit_mb: int, repeats: int, cold: bool) -> dict:
-    runs = []
+    runs, charges = [], []
     for _ in range(repeats):
         drop_file_cache(data)
         if cold:
@@ -114,9 +118,45 @@ def real_at(data: Path, limit_mb: int, repeats: int, cold: bool) -> dict:
             (cg / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
             run_fio(cg, data, RUN_S)                  # warm
             before = pgpgin(cg)
-            ios = run_fio(cg, data, RUN_S)
+            with KeptCharge(cg) as kept:
+                ios = run_fio(cg, data, RUN_S)
             runs.append((pgpgin(cg) - before) / ios)
-    return {"runs": runs, "median": statistics.median(runs)}
+            charges.append(kept.median())
+    return {"runs": runs, "median": statistics.median(runs),
+            "kept_under_limit": charges[len(charges) // 2]}
+
+
+class KeptCharge:
+    """What the cgroup holds besides its sampled cache while fio runs
+    under the limit: the charge the profile's offset stands for (medians
+    of readings taken once a second)."""
+
+    KEYS = ("anon_bytes", "shmem_bytes", "mapped_file_bytes", "unmapped_nonfile_bytes",
+            "nonfile_bytes", "usage_bytes")
+
+    def __init__(self, cg: Path):
+        self.cg, self.readings, self.stop = cg, [], threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        while not self.stop.wait(1.0):
+            try:
+                st = cgroups.read_stats(self.cg)
+            except cgroups.CgroupError:
+                return
+            self.readings.append({k: getattr(st, k) for k in self.KEYS})
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def median(self) -> dict:
+        return {k: int(statistics.median(r[k] for r in self.readings)) if self.readings
+                else None for k in self.KEYS}
 
 
 def main() -> int:
@@ -151,39 +191,71 @@ def main() -> int:
     prof = json.loads(prof_json.read_text())
     prof_json.unlink()
     curves = {c["policy"]: c for c in prof["curves"]}
+    lows = {c["policy"]: c for c in prof["band"]["low"]}
+    highs = {c["policy"]: c for c in prof["band"]["high"]}
+    print(f"profile's non-file charge: {prof['nonfile']}", flush=True)
     rows = []
     for mb in limits:
         real = real_at(data, mb, args.repeats, args.cold)
-        pred = {}
-        for p, c in curves.items():
-            s = np.asarray(c["sizes"], dtype=np.float64) * PAGE_SIZE / 2**20
-            pred[p] = float(np.interp(mb, s, c["miss_ratio"]))
+        pred = {p: read_at(c, mb) for p, c in curves.items()}
+        band = {p: (read_at(lows[p], mb), read_at(highs[p], mb)) for p in curves
+                if p in lows and p in highs}
         rows.append({"limit_mb": mb, "real": real["median"], "real_runs": real["runs"],
-                     "predicted": pred, "error": {p: v - real["median"]
-                                                  for p, v in pred.items()}})
+                     "kept_under_limit": real["kept_under_limit"],
+                     "predicted": pred, "band": band,
+                     "error": {p: v - real["median"] for p, v in pred.items()},
+                     "in_band": {p: lo <= real["median"] <= hi
+                                 for p, (lo, hi) in band.items()}})
         print(f"  {mb:3d} MiB  real {real['median']:.3f}  " + "  ".join(
-            f"{p} {v:.3f} ({v - real['median']:+.3f})" for p, v in pred.items()), flush=True)
+            f"{p} {v:.3f} ({v - real['median']:+.3f}, band "
+            f"{band[p][0]:.3f}-{band[p][1]:.3f})"
+            for p, v in pred.items())
+              + f"  non-file kept {kept_mib(real['kept_under_limit'])}", flush=True)
     offset = {p: (c.get("meta") or {}).get("anon_offset_pages") for p, c in curves.items()}
     checked = [r for r in rows if r["limit_mb"] in CHECKED_MB]
     within = bool(checked) and all(abs(r["error"]["linux"]) <= TOLERANCE for r in checked)
+    banded = [r["limit_mb"] for r in rows if r["in_band"].get("linux")]
     worst = max(rows, key=lambda r: abs(r["error"]["linux"]))
     result = {"file_bytes": FILE_SIZE, "profile_s": PROFILE_S, "run_s": RUN_S,
               "repeats": args.repeats, "cold": args.cold, "charge_at_profile_end": charge,
-              "offset_pages": offset, "rows": rows, "tolerance": TOLERANCE,
+              "profile_nonfile": prof["nonfile"], "offset_pages": offset, "rows": rows,
+              "tolerance": TOLERANCE, "linux_in_band_mb": banded,
               "checked_mb": [r["limit_mb"] for r in checked],
               "linux_within_tolerance": within,
               "linux_worst": {"limit_mb": worst["limit_mb"], "error": worst["error"]["linux"]},
               "curves": {p: {"mib": (np.asarray(c["sizes"]) * PAGE_SIZE / 2**20).tolist(),
-                             "miss_ratio": c["miss_ratio"]} for p, c in curves.items()}}
+                             "miss_ratio": c["miss_ratio"]} for p, c in curves.items()},
+              "band": {edge: {p: {"mib": (np.asarray(c["sizes"]) * PAGE_SIZE
+                                          / 2**20).tolist(),
+                                  "miss_ratio": c["miss_ratio"]} for p, c in by.items()}
+                       for edge, by in (("low", lows), ("high", highs))}}
     name = "nonfile_case_cold" if args.cold else "nonfile_case"
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
     plot(result, RESULTS / f"{name}.png")
-    print(f"non-file offset {charge['nonfile_bytes'] / 2**20:.1f} MiB "
-          f"(anon {charge['anon_bytes'] / 2**20:.1f}); linux curve within "
+    nf = prof["nonfile"]
+    print(f"non-file offset {nf['offset_bytes'] / 2**20:.1f} MiB (every mapped page "
+          f"counted: {nf['peak_bytes'] / 2**20:.1f}; mapped "
+          f"{nf['mapped_file_bytes'] / 2**20:.1f}, in use "
+          f"{nf['mapped_referenced_bytes'] / 2**20:.1f}; anon "
+          f"{charge['anon_bytes'] / 2**20:.1f}); linux curve within "
           f"{TOLERANCE} of the kernel at {', '.join(map(str, result['checked_mb']))} MiB: "
-          f"{within}; worst over {limits[0]}-{limits[-1]} MiB: {worst['error']['linux']:+.3f} "
+          f"{within}; the kernel inside the band at {len(banded)} of {len(rows)} limits; "
+          f"worst over {limits[0]}-{limits[-1]} MiB: {worst['error']['linux']:+.3f} "
           f"at {worst['limit_mb']} MiB")
     return 0 if within else 1
+
+
+def kept_mib(k: dict) -> str:
+    if k.get("nonfile_bytes") is None:
+        return "?"
+    return (f"{k['nonfile_bytes'] / 2**20:.1f} MiB (anon {k['anon_bytes'] / 2**20:.1f}, "
+            f"shmem {k['shmem_bytes'] / 2**20:.1f}, mapped {k['mapped_file_bytes'] / 2**20:.1f})")
+
+
+def read_at(curve: dict, mb: float) -> float:
+    """A curve's miss ratio at a limit of `mb` MiB."""
+    s = np.asarray(curve["sizes"], dtype=np.float64) * PAGE_SIZE / 2**20
+    return float(np.interp(mb, s, curve["miss_ratio"]))
 
 
 def plot(result, path):
@@ -192,12 +264,19 @@ def plot(result, path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for p, c in result["curves"].items():
-        ax.plot(c["mib"], c["miss_ratio"], label=f"{p} curve (cachepilot profile)")
+        line, = ax.plot(c["mib"], c["miss_ratio"], label=f"{p} curve (cachepilot profile)")
+        lo, hi = (result["band"][e].get(p) for e in ("low", "high"))
+        if lo and hi:
+            grid = np.geomspace(8, 512, 200)
+            ax.fill_between(grid, np.interp(grid, lo["mib"], lo["miss_ratio"]),
+                            np.interp(grid, hi["mib"], hi["miss_ratio"]),
+                            color=line.get_color(), alpha=0.15, lw=0,
+                            label=f"{p}: band (non-file kept: anon+shmem .. all)")
     xs = [r["limit_mb"] for r in result["rows"]]
     ax.plot(xs, [r["real"] for r in result["rows"]], "ko", label="kernel, median")
     for r in result["rows"]:
         ax.plot([r["limit_mb"]] * len(r["real_runs"]), r["real_runs"], "k.", alpha=0.4)
-    off = result["charge_at_profile_end"]["nonfile_bytes"] / 2**20
+    off = result["profile_nonfile"]["offset_bytes"] / 2**20
     ax.axvline(off, color="grey", ls=":", label=f"non-file offset {off:.1f} MiB")
     ax.set_xscale("log")
     ax.set_xlim(8, 512)

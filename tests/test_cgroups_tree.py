@@ -65,6 +65,9 @@ def test_shared_memory_and_mapped_files_are_not_sampled_cache(tmp_path):
     s1 = cgroups.read_stats(v1)
     assert (s1.shmem_bytes, s1.mapped_file_bytes) == (10 * MiB, 5 * MiB)
     assert s1.nonfile_bytes == 300 * MiB - (200 - 15) * MiB
+    # under a limit the mapped pages nobody uses go: without them
+    assert s.unmapped_nonfile_bytes == 130 * MiB
+    assert s1.unmapped_nonfile_bytes == 300 * MiB - (200 - 10) * MiB
 
 
 def test_v2_high_below_max_is_the_effective_limit(tmp_path):
