@@ -109,6 +109,13 @@ class ControlSpec(Strict):
     # kernel missed less in total than s3fifo and served fewer GETs).
     calibration_window: int = Field(0, ge=0)
     calibration_max_age: int = Field(30, ge=1)
+    # What calibration weighs a policy by: "miss_ratio", its curve's error
+    # against the cgroup's miss ratio; or "throughput", the ratio of the
+    # tenant's own operations per second while it ran to what the model
+    # made of its curve -- the application's currency, for tenants whose
+    # reads do not all count alike.  The watchdog then judges a switch by
+    # throughput too, `watchdog_margin` read as a fraction of it.
+    calibration_currency: Literal["miss_ratio", "throughput"] = "miss_ratio"
     # What memory beyond the SLOs maximises: "throughput", the sum of the
     # tenants' modelled operations per second; or "relative", the sum of
     # each tenant's throughput relative to what it would get at an equal

@@ -87,6 +87,8 @@ def test_example_from_the_issue_negative_slo(tmp_path):
      "control.max_step_fraction", "<= 1"),
     ("control: {autopilot_k: 0}\nnodes: [{name: n1, memory_bytes: 1G}]",
      "control.autopilot_k", ">= 1"),
+    ("control: {calibration_currency: dollars}\nnodes: [{name: n1, memory_bytes: 1G}]",
+     "control.calibration_currency", "'miss_ratio' or 'throughput'"),
     ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n9}]",
      "tenants[0].node", "one of the nodes (n1)"),
     ("nodes: [{name: n1, memory_bytes: 1G}]\ntenants: [{name: a, node: n1, slo: {min_throughput: fast}}]",

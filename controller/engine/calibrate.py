@@ -37,11 +37,23 @@ switch still count, and the first round with the evidence decides.
 Offsets are additive and read at any size: an error measured near the
 limit the tenant holds is what the comparison at that limit needs.
 
-It runs only where `control.calibration_window` is above 0.  The currency
-is the cgroup's miss ratio, which is the application's only where every
-read counts: a key-value store beside a scanner serves its GETs better
-under a policy that misses more in total, and calibrated, the policy with
-fewer misses in total wins (the README's "End to end" has the run).
+It runs only where `control.calibration_window` is above 0, in one of two
+currencies (`control.calibration_currency`):
+
+  * "miss_ratio": the evidence is the curve's error against the cgroup's
+    miss ratio, added to the curve (offsets()).  That is the application's
+    currency only where every read counts: a key-value store beside a
+    scanner serves its GETs better under a policy that misses more in
+    total, and calibrated so, the policy with fewer misses in total wins
+    (the README's "End to end" has the run);
+  * "throughput": the evidence is the log of the tenant's own operations
+    per second over what its model made of the policy's curve at the
+    memory held, and a policy that ran is scored by the model times the
+    exponential of its mean (factors()).  The model is fitted on the
+    cgroup's miss ratio under whatever ran, so one policy's factor alone
+    says little; two policies' factors say which served more operations
+    for the misses their curves promised.  The hooks' cost needs no
+    estimate for a policy with evidence: it is in what was served.
 """
 from __future__ import annotations
 
@@ -53,11 +65,17 @@ from cachepilot.models.mrc import PAGE_SIZE
 MIN_EVIDENCE = 2
 
 
-def observe(st, report, window: int) -> None:
-    """Add this report's error for the policy it ran (st.calib: policy ->
-    [[tenant round, observed - predicted], ...], newest last).  Called
-    before st.running takes the report's policy: a report whose policy
-    differs from it starts that policy's run."""
+def _store(st, currency: str) -> dict:
+    return st.served if currency == "throughput" else st.calib
+
+
+def observe(st, report, window: int, currency: str = "miss_ratio") -> None:
+    """Add this report's evidence for the policy it ran (st.calib or, by
+    throughput, st.served: policy -> [[tenant round, evidence], ...],
+    newest last).  Called before st.running takes the report's policy and
+    before this round's model fit: a report whose policy differs from
+    st.running starts that policy's run, and throughput is weighed against
+    the model as it stood when the policy's interval ran."""
     if window <= 0:
         return
     if report.policy != st.running:
@@ -71,28 +89,37 @@ def observe(st, report, window: int) -> None:
     at = watchdog.held_pages(report, curve, limit)
     if not math.isfinite(at):
         return
-    err = float(m) - float(curve.at(at))
-    if not math.isfinite(err):
+    predicted = float(curve.at(at))
+    if currency == "throughput":
+        thr, per_op = report.throughput, st.a + st.b * predicted
+        if thr is None or not (math.isfinite(thr) and thr > 0) or not per_op > 0:
+            return
+        value = math.log(thr * per_op)      # log(observed / modelled)
+    else:
+        value = float(m) - predicted
+    if not math.isfinite(value):
         return
-    past = st.calib.get(report.policy, [])
-    st.calib[report.policy] = (list(past) + [[st.rounds, err]])[-window:]
+    store = _store(st, currency)
+    store[report.policy] = (list(store.get(report.policy, [])) +
+                            [[st.rounds, value]])[-window:]
 
 
-def error(st, policy: str, max_age: int) -> float | None:
-    """The mean error of `policy`'s curve over its recent evidence, or None
-    where it has too little that is recent enough."""
-    fresh = [e for r, e in st.calib.get(policy, ()) if st.rounds - r <= max_age]
+def error(st, policy: str, max_age: int, currency: str = "miss_ratio") -> float | None:
+    """The mean of `policy`'s recent evidence (by miss ratio, its curve's
+    error; by throughput, the log of served over modelled), or None where
+    it has too little that is recent enough."""
+    fresh = [e for r, e in _store(st, currency).get(policy, ()) if st.rounds - r <= max_age]
     if len(fresh) < MIN_EVIDENCE:
         return None
     return math.fsum(fresh) / len(fresh)
 
 
-def awaited(st, policy: str, window: int) -> bool:
+def awaited(st, policy: str, window: int, currency: str = "miss_ratio") -> bool:
     """Whether `policy`, running, is yet to give the evidence it soon will:
     it started fewer than MIN_EVIDENCE + 1 reports ago and has none."""
     return (window > 0 and st.running == policy and
             st.rounds - st.calib_since <= MIN_EVIDENCE and
-            len(st.calib.get(policy, ())) < MIN_EVIDENCE)
+            len(_store(st, currency).get(policy, ())) < MIN_EVIDENCE)
 
 
 def offsets(st, policies, max_age: int) -> dict[str, float]:
@@ -101,4 +128,16 @@ def offsets(st, policies, max_age: int) -> dict[str, float]:
     for p in policies:
         e = error(st, p, max_age)
         out[p] = 0.0 if e is None else e
+    return out
+
+
+def factors(st, policies, max_age: int) -> dict[str, float]:
+    """Calibrating by throughput: per policy with recent evidence, what its
+    modelled throughput is multiplied by (served over modelled, the
+    geometric mean of its last reports); a policy without any is absent."""
+    out = {}
+    for p in policies:
+        e = error(st, p, max_age, "throughput")
+        if e is not None:
+            out[p] = math.exp(e)
     return out

@@ -74,6 +74,7 @@ class Round:
     choices: list[PolicyChoice] = field(default_factory=list)
     verdicts: list = field(default_factory=list)      # watchdog.Verdict or None
     calib: list = field(default_factory=list)         # per row: policy -> curve offset
+    served: list = field(default_factory=list)        # per row: policy -> served/model
     before_pol: list[str] = field(default_factory=list)  # the policy a switch leaves
     alloc_row: np.ndarray = None     # bank row the allocation reads, or -1
     has_curve: np.ndarray = None
@@ -164,7 +165,7 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
             st.slot = obs.new_slot()
         st.node = R.nodes[ni]
         st.rounds += 1
-        calibrate.observe(st, r, ctl.calibration_window)
+        calibrate.observe(st, r, ctl.calibration_window, ctl.calibration_currency)
         st.running = r.policy
         st.recent_curves.append(r.curves)
         p = spec.model or ctl.prior
@@ -319,18 +320,31 @@ def choose_policies(R: Round, ctl) -> None:
     policy that will be in force (the new one when switching, else the one
     running; on an advisory node always the one running)."""
     bank = R.bank
+    by_served = ctl.calibration_currency == "throughput"
     R.calib = [calibrate.offsets(st, [*R.allowed_of[i], r.policy], ctl.calibration_max_age)
-               if ctl.calibration_window else {}
+               if ctl.calibration_window and not by_served else {}
                for i, (st, (_, _, r)) in enumerate(zip(R.tstates, R.rows))]
+    R.served = [calibrate.factors(st, [*R.allowed_of[i], r.policy], ctl.calibration_max_age)
+                if ctl.calibration_window and by_served else {}
+                for i, (st, (_, _, r)) in enumerate(zip(R.tstates, R.rows))]
     if bank.n:
         at = np.minimum(R.ref, R.ub)[R.row_tenant]
         off = np.fromiter((R.calib[t].get(p, 0.0) for t, p in
                            zip(R.row_tenant.tolist(), R.row_policy)),
                           dtype=np.float64, count=bank.n)
         m = np.clip(bank.miss_at(np.arange(bank.n), at) + off, 0.0, 1.0)
-        a_h = R.a[R.row_tenant] * hook_factors(R)
-        R.score = model.throughput(a_h, R.b[R.row_tenant], m + _doubt(R, ctl))
-        R.need_low, R.need_high = _policy_needs(R, a_h, off)
+        # a policy that served its tenant: the model times what it served
+        # over the model (throughput(a/c, b/c, m) = c throughput(a, b, m)),
+        # its hooks' cost in that already; any other: its hooks estimated
+        served = np.fromiter((R.served[t].get(p, np.nan) for t, p in
+                              zip(R.row_tenant.tolist(), R.row_policy)),
+                             dtype=np.float64, count=bank.n)
+        has = np.isfinite(served)
+        c = np.where(has, served, 1.0)
+        a_h = R.a[R.row_tenant] * np.where(has, 1.0, hook_factors(R)) / c
+        b_r = R.b[R.row_tenant] / c
+        R.score = model.throughput(a_h, b_r, m + _doubt(R, ctl))
+        R.need_low, R.need_high = _policy_needs(R, a_h, off, b_r)
     else:
         R.score = R.need_low = R.need_high = np.zeros(0)
     R.alloc_row = np.full(R.n, -1, dtype=np.int64)
@@ -348,7 +362,7 @@ def choose_policies(R: Round, ctl) -> None:
         advice = R.advisory[ni] or R.recommend[i]
         cur, ch, verdict = _choose(R.tstates[i], r, advice, R.allowed_of[i],
                                    {p: score_l[k] for p, k in mine.items()},
-                                   current_l[i], ctl, R.calib[i],
+                                   current_l[i], ctl, R.calib[i], R.served[i],
                                    {p: (low_l[k], high_l[k]) for p, k in mine.items()}
                                    if has_slo_l[i] else None,
                                    slo_l[i] if has_slo_l[i] else None)
@@ -384,7 +398,7 @@ def _doubt(R: Round, ctl) -> np.ndarray:
     return np.where(running | baseline, 0.0, ctl.autopilot_doubt)
 
 
-def _policy_needs(R: Round, a_h: np.ndarray, off: np.ndarray):
+def _policy_needs(R: Round, a_h: np.ndarray, off: np.ndarray, b_r: np.ndarray):
     """Per bank row, the least size (pages) at which its policy meets the
     tenant's SLO, read on the same curve and hook-stretched model its score
     is, as a range: (if the curve errs low, if it errs high), by the miss
@@ -394,7 +408,7 @@ def _policy_needs(R: Round, a_h: np.ndarray, off: np.ndarray):
     (autopilot.choose_policy) must hold across that range: where a curve
     is flat, a small error in it is a large one in size."""
     s = R.slo[R.row_tenant]
-    m_star = model.miss_ratio_for(a_h, R.b[R.row_tenant], s) - off
+    m_star = model.miss_ratio_for(a_h, b_r, s) - off
     err = np.maximum(R.m_spread[R.row_tenant] if R.m_spread is not None else 0.0, NEED_ERROR)
     rows = np.arange(R.bank.n)
     out = []
@@ -409,7 +423,8 @@ NEED_ERROR = 0.01       # miss ratio: the least error assumed of any curve
 
 def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str],
             scores: dict[str, float], limit_pages: float, ctl, calib: dict[str, float],
-            needs: dict[str, tuple[float, float]] | None = None, slo: float | None = None):
+            served: dict[str, float], needs: dict[str, tuple[float, float]] | None = None,
+            slo: float | None = None):
     """One tenant's policy for this round: (the policy in force, the
     choice, the watchdog's verdict or None).
 
@@ -429,7 +444,9 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     verdict = watchdog.check(st, r, limit_pages, ctl.watchdog_intervals,
                              ctl.watchdog_margin, ctl.watchdog_cooldown,
                              calib.get(pb.old, 0.0) if pb is not None else 0.0,
-                             slo, (st.a, st.b))
+                             slo, (st.a, st.b), ctl.calibration_currency
+                             if ctl.calibration_window else "miss_ratio",
+                             served.get(pb.old, 1.0) if pb is not None else 1.0)
     if verdict is not None and verdict.old in allowed:
         st.streak, st.streak_policy = 0, None
         return cur, PolicyChoice(verdict.old, True, verdict.old, 0.0,
@@ -438,7 +455,7 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
                        watchdog.held_off(st), ctl.autopilot_baseline, needs,
                        ctl.autopilot_memory_threshold)
     if ch.switched and cur in allowed and cur in scores and \
-            calibrate.awaited(st, cur, ctl.calibration_window):
+            calibrate.awaited(st, cur, ctl.calibration_window, ctl.calibration_currency):
         # not before the policy in force has been seen to run: the streak
         # stands, and the first round with its evidence decides
         st.streak, st.streak_policy = ctl.autopilot_k - 1, ch.policy
@@ -448,6 +465,9 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     if ch.switched and any(abs(calib.get(p, 0.0)) >= 0.005 for p in (cur, ch.policy)):
         ch.reason += (f" (curves calibrated by what ran: {cur} {calib.get(cur, 0.0):+.3f}, "
                       f"{ch.policy} {calib.get(ch.policy, 0.0):+.3f})")
+    if ch.switched and served:
+        ch.reason += (" (scored by what each served over the model: " + ", ".join(
+            f"{p} x{served[p]:.3f}" for p in (cur, ch.policy) if p in served) + ")")
     if ch.switched and cur in allowed:
         watchdog.start(st, ch.policy, cur)
     return cur, ch, verdict

@@ -23,7 +23,8 @@ from cachepilot.controller.engine.watchdog import Probation
 _PLAIN = ("node", "policy", "target_bytes", "limit_bytes", "streak", "streak_policy",
           "streak_misses", "rounds", "held_until", "slo_feasible", "slo_disagree",
           "slo_need_pages", "slo_history", "spread", "recent_targets", "pred_m",
-          "pred_policy", "pred_pages", "m_errors", "running", "calib", "calib_since")
+          "pred_policy", "pred_pages", "m_errors", "running", "calib", "calib_since",
+          "served")
 
 
 def tenant_record(state: EngineState, name: str) -> dict:

@@ -59,6 +59,9 @@ class TenantState:
     # and the tenant round the running policy started running
     calib: dict[str, list] = field(default_factory=dict)
     calib_since: int = 0
+    # ... and, calibrating by throughput, per policy the log of its observed
+    # throughput over the model's (engine/calibrate.py), [tenant round, log]
+    served: dict[str, list] = field(default_factory=dict)
     # the curves of the last reports (what-if reads their mean: one
     # interval's curve is not the long-run miss ratio of a workload whose
     # period is longer than an interval); not saved -- reports bring them

@@ -26,6 +26,15 @@ node carries out goes on probation:
     throughput, and it is counted in the tenant's own operations, which
     its miss ratio may not be -- a reader that scans beside its lookups).
 
+Where calibration weighs policies by throughput (engine/calibrate.py),
+throughput is the currency here too: the switch is undone when the mean
+observed throughput under the new policy falls below the old policy's
+modelled throughput -- its curve through the model, times what it served
+over the model while it ran -- by more than `watchdog_margin` of it.  The
+cgroup's miss ratio is not judged then: under a policy that serves a
+key-value store's lookups and lets its scanner miss, it rises while the
+application gains.
+
 Intervals in which the new policy is not reported running (the directive
 not applied yet, or refused) do not count, nor do intervals whose report
 lacks either curve; a later switch replaces the probation.  The comparison
@@ -79,6 +88,9 @@ class Verdict:
         if self.slo is not None:
             slo = (f"; {self.throughput:.4g}/s against an SLO of {self.slo:.4g}/s, which "
                    f"{self.old} was predicted to meet ({self.throughput_old:.4g}/s)")
+        if self.slo is None and math.isfinite(self.throughput):
+            slo = (f"; served {self.throughput:.4g}/s where {self.old} was modelled to "
+                   f"serve {self.throughput_old:.4g}/s")
         return (f"{self.new} missed {self.observed:.3f} over {self.intervals} intervals; "
                 f"curves predicted {self.predicted_new:.3f} under {self.new}, "
                 f"{self.predicted_old:.3f} under {self.old} (margin {self.margin:g}){slo}; "
@@ -116,7 +128,8 @@ def held_pages(report, curve, limit_pages: float) -> float:
 
 def check(st, report, limit_pages: float, intervals: int, margin: float,
           cooldown: int, old_offset: float = 0.0, slo: float | None = None,
-          model=None) -> Verdict | None:
+          model=None, currency: str = "miss_ratio",
+          old_factor: float = 1.0) -> Verdict | None:
     """Count this report toward st's probation, if it has one.
 
     old_offset: the old policy's curve error while it ran
@@ -124,7 +137,10 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     policy is judged against what the old one really did.  slo: the
     tenant's minimum throughput, if it has one; model: its fitted (a, b)
     (seconds per operation a + b x miss ratio), which turns the old
-    policy's predicted miss ratio into a throughput.
+    policy's predicted miss ratio into a throughput.  currency:
+    "throughput" judges the switch by the tenant's throughput against the
+    old policy's modelled throughput times old_factor (what it served over
+    the model while it ran), `margin` a fraction of it.
 
     Returns a Verdict (and holds the new policy off for `cooldown` rounds)
     when the probation ends with the new policy worse than the old policy's
@@ -141,28 +157,34 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     pb.predicted_new.append(float(curves[pb.new].at(at)))
     pb.predicted_old.append(min(max(float(curves[pb.old].at(at)) + old_offset, 0.0), 1.0))
     thr = report.throughput
-    if slo and model is not None and thr is not None and math.isfinite(thr) and thr >= 0:
+    by_served = currency == "throughput"
+    if (slo or by_served) and model is not None and thr is not None and \
+            math.isfinite(thr) and thr >= 0:
         a, b = model
         t_old = a + b * pb.predicted_old[-1]
         if t_old > 0:
             pb.throughput.append(float(thr))
-            pb.throughput_old.append(1.0 / t_old)
+            pb.throughput_old.append((old_factor if by_served else 1.0) / t_old)
     if len(pb.observed) < intervals:
         return None
     st.probation = None
     observed, pred_new, pred_old = (math.fsum(v) / len(v) for v in
                                     (pb.observed, pb.predicted_new, pb.predicted_old))
-    cost_slo = None
-    if slo and len(pb.throughput) == len(pb.observed):
+    cost_slo, worse = None, observed > pred_old + margin
+    if len(pb.throughput) == len(pb.observed):
         got = math.fsum(pb.throughput) / len(pb.throughput)
         old = math.fsum(pb.throughput_old) / len(pb.throughput_old)
-        if got < slo <= old:
+        if slo and got < slo <= old:
             cost_slo = (slo, got, old)
-    if observed <= pred_old + margin and cost_slo is None:
+        if by_served:
+            worse = got < old * (1.0 - margin)
+    if not worse and cost_slo is None:
         return None
     st.held_until[pb.new] = st.rounds + cooldown
     v = Verdict(pb.new, pb.old, len(pb.observed), observed, pred_new, pred_old,
                 margin, cooldown)
     if cost_slo is not None:
         v.slo, v.throughput, v.throughput_old = cost_slo
+    elif by_served and pb.throughput:
+        v.throughput, v.throughput_old = got, old
     return v
