@@ -3,6 +3,7 @@ its keys against the shared hash, separate cgroups, a deleted cgroup, and
 a ring-buffer overflow that is counted and reported."""
 import contextlib
 import logging
+import math
 import os
 import time
 
@@ -188,11 +189,17 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
                 (mru.at(half), mru.at(aw))
             # the kernel's sketches reached the builders, one per time slice
             # (the tick, then collect's): the LRU curve is the "stack"
-            # estimator's, over each file's pages (4,096 and 16,384)
-            for c, pages in ((cw, 4096), (cb, 16384)):
+            # estimator's, over the pages each run read.  fio draws its
+            # offsets with repeats (--norandommap), so n reads of P pages
+            # touch P (1 - e^(-n/P)) of them: 4,093 of web's 4,096, but
+            # 14,958 of batch's 16,384 -- 16,384 was within 10 % only for
+            # some inodes (the page keys, and so the sketch's error, depend
+            # on it).  The sketch's own error is 1.6 %: 5 % is 3 of those
+            for c, pages, reads in ((cw, 4096, 30_000), (cb, 16384, 40_000)):
                 assert c.meta["estimator"] == "stack", c.meta
                 assert c.meta["slices"] == 2, c.meta
-                assert c.meta["all_keys_estimate"] == pytest.approx(pages, rel=0.1)
+                touched = pages * (1 - math.exp(-reads / pages))
+                assert c.meta["all_keys_estimate"] == pytest.approx(touched, rel=0.05)
             # what the agent reports passes the wire's checks unchanged
             from cachepilot.protocol import wire
             for r in (web, batch):
