@@ -124,8 +124,8 @@ def test_a_process_that_maps_32_mib_and_uses_4_is_charged_4_under_a_limit():
         # and a limit proves it: squeezed to what it holds apart from the
         # mapped file plus those pages, reclaim gives up 20 of the 28 unused
         # MiB of mapped pages, and the process then works through its part
-        # again without reading it back in (1 MiB less thrashes: a run so
-        # cut read 90 MiB back in)
+        # again without reading it back in (a limit 4 MiB lower, with 2 MiB
+        # of room for mapped pages instead, read 90 MiB back in)
         floor = cgroups.read_stats(cg).unmapped_nonfile_bytes + used + MiB
         (cg / "memory.limit_in_bytes").write_text(str(floor))
         squeezed = cgroups.read_stats(cg)
