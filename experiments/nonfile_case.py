@@ -20,8 +20,9 @@ curve's offset has to hold them too.
 The curve's sizes are limits: cache plus the non-file memory a limit
 keeps (anonymous, kernel and shared memory, and the mapped file pages
 fio's processes referenced while profiled: agent/mapped.py).  The profile
-also gives the curve had every mapped page been a fixed cost (its
-band_curves); the kernel's miss ratio should fall between the two.  Where
+also gives a band (its `band`): the curve shifted by anonymous and shared
+memory alone, and by every non-file page; the kernel's miss ratio should
+fall between the two.  Where
 the offset is the wrong charge, the curve is off by it at small limits --
 the question this script answers in figures.  Writes
 experiments/results/nonfile_case.{json,png}.  Needs root, cgroup-v1

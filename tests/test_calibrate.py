@@ -240,3 +240,22 @@ def test_throughput_evidence_is_the_log_of_served_over_modelled():
         s.rounds += 1
         calibrate.observe(s, r, 6, "throughput")
         assert len(s.served.get("lru", [])) == n
+
+
+def test_by_throughput_an_interval_without_throughput_leaves_the_judgement_to_misses():
+    # a probation in which one report's throughput was unknown (a failed
+    # scrape): the throughput means are not taken, the miss ratio judges,
+    # and the verdict carries no throughput
+    from cachepilot.controller.engine import watchdog
+    st = TenantState(a=1e-4, b=1e-3)
+    watchdog.start(st, "s3fifo", "linux")
+    pred = {"linux": 0.30, "s3fifo": 0.20}
+    verdict = None
+    for thr in (1e4, None, 1e4):
+        r = report("s3fifo", 0.50, pred)
+        r.throughput = thr
+        verdict = watchdog.check(st, r, LIMIT, 3, 0.05, 20, 0.0, None, (st.a, st.b),
+                                 "throughput", 1.0)
+    assert verdict is not None and verdict.old == "linux"
+    assert verdict.observed == pytest.approx(0.50)
+    assert np.isnan(verdict.throughput)

@@ -170,7 +170,7 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     st.probation = None
     observed, pred_new, pred_old = (math.fsum(v) / len(v) for v in
                                     (pb.observed, pb.predicted_new, pb.predicted_old))
-    cost_slo, worse = None, observed > pred_old + margin
+    cost_slo, worse, got = None, observed > pred_old + margin, None
     if len(pb.throughput) == len(pb.observed):
         got = math.fsum(pb.throughput) / len(pb.throughput)
         old = math.fsum(pb.throughput_old) / len(pb.throughput_old)
@@ -185,6 +185,6 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
                 margin, cooldown)
     if cost_slo is not None:
         v.slo, v.throughput, v.throughput_old = cost_slo
-    elif by_served and pb.throughput:
+    elif by_served and got is not None:
         v.throughput, v.throughput_old = got, old
     return v
