@@ -80,15 +80,23 @@ def parse_smaps(text: str) -> dict[tuple, int]:
     return out
 
 
-def referenced_bytes(path) -> int:
-    """Bytes of file-mapped pages the cgroup's processes referenced since
-    the last clear_referenced(), each mapping counted once."""
+def referenced_in(smaps_texts) -> int:
+    """Referenced bytes of the file mappings in several processes' smaps,
+    a mapping two of them share counted once (the larger of its counts)."""
     total: dict[tuple, int] = {}
-    for pid in cgroup_pids(path):
-        try:
-            text = Path(f"/proc/{pid}/smaps").read_text()
-        except OSError:
-            continue
+    for text in smaps_texts:
         for key, b in parse_smaps(text).items():
             total[key] = max(total.get(key, 0), b)
     return sum(total.values())
+
+
+def referenced_bytes(path) -> int:
+    """Bytes of file-mapped pages the cgroup's processes referenced since
+    the last clear_referenced(), each mapping counted once."""
+    def texts():
+        for pid in cgroup_pids(path):
+            try:
+                yield Path(f"/proc/{pid}/smaps").read_text()
+            except OSError:
+                continue            # the process exited meanwhile
+    return referenced_in(texts())

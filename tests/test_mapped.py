@@ -42,15 +42,15 @@ def test_smaps_counts_file_mappings_only():
     assert ("fe:01", 99, 0, 4 * MiB) in got
 
 
-def test_smaps_of_a_library_mapped_twice_counts_once(tmp_path):
-    # two processes of one cgroup mapping the same pages count them once
-    a = mapped.parse_smaps(SMAPS)
-    b = mapped.parse_smaps(SMAPS.replace("120 kB", "200 kB"))
-    merged = {}
-    for part in (a, b):
-        for k, v in part.items():
-            merged[k] = max(merged.get(k, 0), v)
-    assert sum(merged.values()) == (8 + 200) * 1024
+def test_smaps_of_a_library_mapped_twice_counts_once():
+    # two processes of one cgroup mapping the same pages count them once,
+    # at the larger of their counts; a mapping of another file adds
+    other = SMAPS.replace("fe:01 99 ", "fe:01 98 ").replace("120 kB", "40 kB")
+    assert mapped.referenced_in([SMAPS]) == (8 + 120) * 1024
+    assert mapped.referenced_in([SMAPS, SMAPS.replace("120 kB", "200 kB")]) == \
+        (8 + 200) * 1024
+    assert mapped.referenced_in([SMAPS, other]) == (8 + 120 + 40) * 1024
+    assert mapped.referenced_in([]) == 0
 
 
 def test_smaps_junk_is_skipped():
