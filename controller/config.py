@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from cachepilot.core import config as base
 from cachepilot.core.config import Bytes, FilePath, Strict
@@ -387,6 +387,7 @@ class Config(Strict):
         default_factory=lambda: ControllerSpec(insecure=True, listen="127.0.0.1:50551"))
     nodes: list[NodeSpec] = Field(min_length=1)
     tenants: list[TenantSpec] = Field(default_factory=list)
+    _lookup: tuple | None = PrivateAttr(None)
     # Where the file was loaded from (relative paths resolve against it).
     source: Path | None = Field(None, exclude=True)
 
@@ -395,19 +396,37 @@ class Config(Strict):
         return "controller" in self.model_fields_set
 
     def node(self, name: str) -> NodeSpec:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        return self._find(0, name)
 
     def tenant(self, name: str) -> TenantSpec:
-        for t in self.tenants:
-            if t.name == name:
-                return t
-        raise KeyError(name)
+        return self._find(1, name)
 
     def tenants_on(self, node: str) -> list[TenantSpec]:
-        return [t for t in self.tenants if t.node == node]
+        return [t for t in self._index()[2].get(node, ()) if t.node == node]
+
+    def _find(self, which: int, name: str):
+        for fresh in (False, True):
+            found = self._index(fresh)[which].get(name)
+            if found is not None and found.name == name:
+                return found
+        raise KeyError(name)
+
+    def _index(self, fresh: bool = False):
+        """(nodes by name, tenants by name, tenants by node).  A controller
+        looks tenants up on every report, and scanning the list made each
+        report cost more the bigger the fleet.  Rebuilt when a list is
+        replaced or changes length, or when a lookup misses; a tenant's
+        placement is not edited in place."""
+        old = self._lookup
+        if fresh or old is None or old[0] is not self.nodes or old[1] is not self.tenants \
+                or old[2] != (len(self.nodes), len(self.tenants)):
+            by_node: dict[str, list] = {}
+            for t in self.tenants:
+                by_node.setdefault(t.node, []).append(t)
+            self._lookup = (self.nodes, self.tenants, (len(self.nodes), len(self.tenants)),
+                            ({n.name: n for n in self.nodes},
+                             {t.name: t for t in self.tenants}, by_node))
+        return self._lookup[3]
 
     def prior_for(self, tenant: TenantSpec) -> ModelPrior:
         return tenant.model or self.control.prior

@@ -284,3 +284,25 @@ def test_agent_builds_each_tenants_own_curves(tmp_path, monkeypatch):
                                       counters=lambda: (0, {}))
     backend._refresh()
     assert sorted(made) == [("lru", "fifo", "mru"), ("lru", "s3fifo")]
+
+
+def test_lookups_by_name_follow_the_lists_they_index():
+    """Config.tenant/node/tenants_on answer from an index (a controller
+    looks tenants up on every report); the index must never answer from a
+    list that was replaced, grown or copied."""
+    from cachepilot.controller.config import config_from_dict
+    c = config_from_dict({"nodes": [{"name": "n1", "memory_bytes": 1 << 30},
+                                    {"name": "n2", "memory_bytes": 1 << 30}],
+                          "tenants": [{"name": "a", "node": "n1"},
+                                      {"name": "b", "node": "n2"}]})
+    assert c.tenant("a").node == "n1" and [t.name for t in c.tenants_on("n2")] == ["b"]
+    copy = c.model_copy(deep=True)
+    assert copy.tenant("a") is copy.tenants[0] and copy.tenant("a") is not c.tenant("a")
+    c.tenants.append(c.tenants[1].model_copy(update={"name": "z", "node": "n1"}))
+    assert [t.name for t in c.tenants_on("n1")] == ["a", "z"] and c.tenant("z").node == "n1"
+    c.tenants = [c.tenants[1]]
+    with pytest.raises(KeyError):
+        c.tenant("a")
+    assert c.tenants_on("n1") == [] and c.node("n2").name == "n2"
+    with pytest.raises(KeyError):
+        c.node("n3")
