@@ -210,7 +210,7 @@ def owner_of(err) -> str | None:
     except Exception:       # noqa: BLE001 -- no metadata is no owner
         pass
     details = err.details() or ""
-    if "owner" in details.lower():
+    if "own" in details.lower():        # "owner", "owned by", "owns"
         m = OWNER_IN_DETAILS.search(details)
         if m:
             return m.group(1)
