@@ -399,6 +399,54 @@ def start_replicas(configs: list[Path], ports: list[int], work: Path, timeout: f
     return procs, time.monotonic() - begun
 
 
+def start_profiles(py_spy: str | None, pids, seconds: float, work: Path) -> list:
+    """py-spy sampling each replica (every thread, without stopping it) for
+    the measured window; [(process, collapsed-stacks file)]."""
+    if not py_spy:
+        return []
+    out = []
+    for i, pid in enumerate(pids):
+        path = work / f"replica-{i}.pyspy.txt"
+        out.append((subprocess.Popen([py_spy, "record", "--pid", str(pid), "--nonblocking",
+                                      "--rate", "50", "--format", "raw", "--output",
+                                      str(path), "--duration", str(max(1, int(seconds)))],
+                                     stdout=subprocess.DEVNULL,
+                                     stderr=open(work / f"replica-{i}.pyspy.log", "w")),
+                    path))
+    return out
+
+
+def finish_profiles(spies, top: int = 25) -> list[dict]:
+    """Per replica: the functions the samples were in (own) and under
+    (inclusive), as shares of the samples, from py-spy's collapsed stacks."""
+    out = []
+    for proc, path in spies:
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        own: dict[str, int] = {}
+        incl: dict[str, int] = {}
+        total = 0
+        if path.exists():
+            for line in path.read_text().splitlines():
+                stack, _, n = line.rpartition(" ")
+                if not stack or not n.isdigit():
+                    continue
+                frames = stack.split(";")
+                total += int(n)
+                own[frames[-1]] = own.get(frames[-1], 0) + int(n)
+                for f in set(frames):
+                    incl[f] = incl.get(f, 0) + int(n)
+
+        def share(d):
+            return [[f, round(n / total, 4)] for f, n in
+                    sorted(d.items(), key=lambda kv: -kv[1])[:top]] if total else []
+        out.append({"samples": total, "file": str(path), "own": share(own),
+                    "inclusive": share(incl)})
+    return out
+
+
 def proc_cpu(pids) -> list[float]:
     out = []
     for pid in pids:
@@ -464,9 +512,11 @@ def run_step(nodes: int, tenants: int, args, say=print) -> dict:
         rpids, apids = [p.pid for p in replicas], [p.pid for p in workers]
         _sleep_until(t0 + warmup * interval, say, f"{nodes} nodes: warm-up")
         r0, a0, w0 = proc_cpu(rpids), proc_cpu(apids), time.monotonic()
+        spies = start_profiles(args.py_spy, rpids, intervals * interval, work)
         _sleep_until(t0 + total * interval, say, f"{nodes} nodes: measuring")
         r1, a1, w1 = proc_cpu(rpids), proc_cpu(apids), time.monotonic()
         alive = [p.poll() is None for p in replicas]
+        profiles = finish_profiles(spies)
         results = []
         for w, p in enumerate(workers):
             try:
@@ -486,6 +536,8 @@ def run_step(nodes: int, tenants: int, args, say=print) -> dict:
     step.update({"config_s": round(config_s, 2), "startup_s": round(startup_s, 2),
                  "register_s": round(register_s, 2), "registered": registered,
                  "replicas_alive": alive})
+    if profiles:
+        step["profile"] = profiles
     if args.keep:
         step["work"] = str(work)
     else:
@@ -678,12 +730,16 @@ def main(argv=None) -> int:
     ap.add_argument("--no-stop", action="store_true",
                     help="run every step even after one does not fit")
     ap.add_argument("--keep", action="store_true", help="keep each step's work folder")
+    ap.add_argument("--py-spy", metavar="PATH",
+                    help="py-spy to sample the replicas with during the measured "
+                         "intervals (the step's `profile`; implies --keep for its stacks)")
     ap.add_argument("--out", default=str(RESULTS / "bench_fleet"),
                     help="output path without suffix (.json and .png are written)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         return worker_main(args.worker)
+    args.keep = args.keep or bool(args.py_spy)
     from rich.console import Console
     console = Console()
     node_steps = [int(x) for x in args.nodes.split(",") if x.strip()]
