@@ -516,6 +516,8 @@ def run_step(nodes: int, tenants: int, args, say=print) -> dict:
         _sleep_until(t0 + total * interval, say, f"{nodes} nodes: measuring")
         r1, a1, w1 = proc_cpu(rpids), proc_cpu(apids), time.monotonic()
         alive = [p.poll() is None for p in replicas]
+        # the machine is shared: how busy it was over the step (1-minute average)
+        load = Path("/proc/loadavg").read_text().split()[0]
         profiles = finish_profiles(spies)
         results = []
         for w, p in enumerate(workers):
@@ -535,7 +537,7 @@ def run_step(nodes: int, tenants: int, args, say=print) -> dict:
                      w1 - w0)
     step.update({"config_s": round(config_s, 2), "startup_s": round(startup_s, 2),
                  "register_s": round(register_s, 2), "registered": registered,
-                 "replicas_alive": alive})
+                 "replicas_alive": alive, "load_average": float(load)})
     if profiles:
         step["profile"] = profiles
     if args.keep:

@@ -19,11 +19,12 @@ from e2e_lib import free_port, make_tls  # noqa: E402
 STEP_KEYS = {"nodes", "tenants", "replicas", "round_s", "cpu_s_per_interval"}
 
 
-def test_harness_at_a_tiny_load_answers_every_report(tmp_path):
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_harness_at_a_tiny_load_answers_every_report(tmp_path, replicas):
     out = tmp_path / "bench_fleet"
     began = time.monotonic()
     assert bench_fleet.main(["--nodes", "4", "--tenants", "3", "--interval", "1",
-                             "--intervals", "3", "--warmup", "1", "--replicas", "1",
+                             "--intervals", "3", "--warmup", "1", "--replicas", str(replicas),
                              "--agent-procs", "2", "--out", str(out)]) == 0
     assert time.monotonic() - began < 30
     result = json.loads(out.with_suffix(".json").read_text())
@@ -31,7 +32,8 @@ def test_harness_at_a_tiny_load_answers_every_report(tmp_path):
     assert result["failover_intervals"] is None
     [step] = result["steps"]
     assert STEP_KEYS <= set(step)
-    assert (step["nodes"], step["tenants"], step["replicas"]) == (4, 3, 1)
+    assert (step["nodes"], step["tenants"], step["replicas"]) == (4, 3, replicas)
+    assert step["replicas_alive"] == [True] * replicas
     assert step["registered"] == 4
     # every report of every measured interval answered, within the interval
     assert step["reports"] == 4 * 3
@@ -40,7 +42,9 @@ def test_harness_at_a_tiny_load_answers_every_report(tmp_path):
     # the last node reports at 3/4 of the interval; its answer comes soon after
     assert 0.7 < step["round_s"] < 1.0
     assert step["cpu_s_per_interval"] > 0
-    assert len(step["cpu_s_per_interval_per_replica"]) == 1
+    # one figure per replica (node i starts at replica i mod R)
+    assert len(step["cpu_s_per_interval_per_replica"]) == replicas
+    assert sum(step["cpu_s_per_interval_per_replica"]) > 0
     assert len(step["agent_cpu_s_per_interval_per_proc"]) == 2
     assert step["fits"] and step["agent_counts"]["errors"] == 0
     assert result["projection"]["replicas"] >= 1
