@@ -18,16 +18,38 @@ def make_channel(target: str, root_cert: bytes | None = None, server_name: str |
                  insecure: bool = False,
                  identity: tuple[bytes, bytes] | None = None) -> grpc.Channel:
     """identity: (certificate PEM, key PEM) to present (mutual TLS)."""
+    options, creds = _channel_parts(root_cert, server_name, insecure, identity)
+    if creds is None:
+        return grpc.insecure_channel(target, options=options)
+    return grpc.secure_channel(target, creds, options=options)
+
+
+def make_aio_channel(target: str, root_cert: bytes | None = None,
+                     server_name: str | None = None, insecure: bool = False,
+                     identity: tuple[bytes, bytes] | None = None,
+                     extra_options=()) -> "grpc.aio.Channel":
+    """make_channel's channel for asyncio (grpc.aio): the same options and
+    credentials, for callers that drive many nodes from one event loop
+    (experiments/bench_fleet.py).  extra_options: more channel arguments."""
+    options, creds = _channel_parts(root_cert, server_name, insecure, identity)
+    options += list(extra_options)
+    if creds is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, creds, options=options)
+
+
+def _channel_parts(root_cert, server_name, insecure, identity):
+    """(channel options, credentials or None for plaintext)."""
     options = [("grpc.enable_retries", 0), ("grpc.max_receive_message_length", 64 << 20),
                ("grpc.max_send_message_length", 64 << 20)]
     if insecure:
-        return grpc.insecure_channel(target, options=options)
+        return options, None
     if server_name:
         options.append(("grpc.ssl_target_name_override", server_name))
     cert, key = identity if identity is not None else (None, None)
     creds = grpc.ssl_channel_credentials(root_certificates=root_cert, private_key=key,
                                          certificate_chain=cert)
-    return grpc.secure_channel(target, creds, options=options)
+    return options, creds
 
 
 def read_identity(cert_path, key_path, what: str = "certificate") -> tuple[bytes, bytes]:

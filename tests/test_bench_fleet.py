@@ -1,0 +1,122 @@
+"""experiments/bench_fleet.py: the fleet harness at a tiny load, for real
+(a controller process, agent worker processes, gRPC with TLS and a token),
+and its synthetic agents following a replica's redirect to the owner of a
+node and failing over past an address nobody listens on."""
+import asyncio
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+import bench_fleet  # noqa: E402
+from e2e_lib import free_port, make_tls  # noqa: E402
+
+STEP_KEYS = {"nodes", "tenants", "replicas", "round_s", "cpu_s_per_interval"}
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_harness_at_a_tiny_load_answers_every_report(tmp_path, replicas):
+    out = tmp_path / "bench_fleet"
+    began = time.monotonic()
+    assert bench_fleet.main(["--nodes", "4", "--tenants", "3", "--interval", "1",
+                             "--intervals", "3", "--warmup", "1", "--replicas", str(replicas),
+                             "--agent-procs", "2", "--out", str(out)]) == 0
+    assert time.monotonic() - began < 30
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert set(result) >= {"steps", "failover_intervals"}
+    assert result["failover_intervals"] is None
+    [step] = result["steps"]
+    assert STEP_KEYS <= set(step)
+    assert (step["nodes"], step["tenants"], step["replicas"]) == (4, 3, replicas)
+    assert step["replicas_alive"] == [True] * replicas
+    assert step["registered"] == 4
+    # every report of every measured interval answered, within the interval
+    assert step["reports"] == 4 * 3
+    assert step["unanswered"] == 0 and step["late"] == 0
+    assert len(step["rounds_s"]) == 3 and all(math.isfinite(r) for r in step["rounds_s"])
+    # the last node reports at 3/4 of the interval; its answer comes soon after
+    assert 0.7 < step["round_s"] < 1.0
+    assert step["cpu_s_per_interval"] > 0
+    # one figure per replica (node i starts at replica i mod R)
+    assert len(step["cpu_s_per_interval_per_replica"]) == replicas
+    assert sum(step["cpu_s_per_interval_per_replica"]) > 0
+    assert len(step["agent_cpu_s_per_interval_per_proc"]) == 2
+    assert step["fits"] and step["agent_counts"]["errors"] == 0
+    assert result["projection"]["replicas"] >= 1
+    assert "formula" in result["projection"]
+    assert out.with_suffix(".png").stat().st_size > 0
+
+
+class Redirector:
+    """A replica that owns no node: every Register and Report is refused
+    with FAILED_PRECONDITION naming the owner, as sharded replicas will."""
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.calls = 0
+
+    def _refuse(self, request, context):
+        self.calls += 1
+        context.set_trailing_metadata(((bench_fleet.OWNER_KEY, self.owner),))
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                      f"this replica does not own the node; its owner is {self.owner}")
+
+    Register = Report = _refuse
+
+
+def test_agents_follow_the_owner_and_fail_over_past_a_dead_address(tmp_path):
+    from cachepilot.controller.config import config_from_dict
+    from cachepilot.controller.service import serve
+    from cachepilot.controller.store import MemoryStore
+    from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
+    key, cert, token = make_tls(tmp_path)
+    cfg = config_from_dict(bench_fleet.fleet_config(2, 2, 0.5, 1, 20, (key, cert, token),
+                                                    tmp_path / "state.db"))
+    real = serve(cfg, listen="127.0.0.1:0", store=MemoryStore(), watch_lost=False)
+    redirector = Redirector(real.address)
+    server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(2))
+    pb_grpc.add_NodeServicer_to_server(redirector, server)
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials(
+        [(key.read_bytes(), cert.read_bytes())]))
+    server.start()
+    dead = f"127.0.0.1:{free_port()}"
+    try:
+        # node 0 starts at the dead address, node 1 at the redirector
+        spec = {"addresses": [dead, f"127.0.0.1:{port}"], "nodes": [0, 1],
+                "nodes_total": 2, "tenants": 2, "interval": 0.5, "intervals_total": 2,
+                "seed": 1, "points": 20, "cert": str(cert), "token": token.read_text().strip(),
+                "connections": "per-node", "rpc_timeout_s": 2.0}
+
+        async def start(registered):
+            assert registered == 2
+            return time.monotonic() + 0.1
+        res = asyncio.run(bench_fleet.agents_main(spec, start))
+    finally:
+        server.stop(0)
+        real.stop(0)
+    assert res["registered"] == 2
+    assert len(res["log"]) == 4 and all(done is not None for *_, done in res["log"])
+    assert res["counts"]["failovers"] >= 1          # node 0 went past the dead address
+    assert res["counts"]["redirects"] == 2          # both were sent to the owner
+    assert res["counts"]["errors"] == 0
+    assert redirector.calls == 2
+    nodes = real.controller.registry.nodes
+    assert nodes["n00000"].reports == 2 and nodes["n00001"].reports == 2
+
+
+@pytest.mark.parametrize("details,owner", [
+    ("node n1 is owned by 127.0.0.1:5001", "127.0.0.1:5001"),
+    ("unknown session; register again", None)])
+def test_owner_named_in_the_details_only(details, owner):
+    class Err:
+        def trailing_metadata(self):
+            return ()
+
+        def details(self):
+            return details
+    assert bench_fleet.owner_of(Err()) == owner
