@@ -207,7 +207,8 @@ def _controller_client(cfg, backend):
     if c.cert_file is not None and not c.insecure:
         identity = read_identity(c.cert_file, c.key_file, "node certificate")
     return NodeClient(backend, c.address, token=token, root_cert=root,
-                      server_name=c.server_name, insecure=c.insecure, identity=identity)
+                      server_name=c.server_name, insecure=c.insecure, identity=identity,
+                      fallbacks=c.fallbacks)
 
 
 # -- profile ------------------------------------------------------------------

@@ -6,6 +6,14 @@ simply keeps the last limits and policies (nothing is undone); the client
 keeps collecting so the node's own view stays current, retries with
 exponential backoff, registers again, and its next report tells the new
 controller everything it needs to resynchronise.
+
+A fleet may run several controller replicas that share the nodes
+(controller/fleet.py).  The client then knows several addresses: a
+replica that does not own this node answers with its owner's address
+(`cachepilot-owner`), and the client registers there at once; an address
+that does not answer sends it on to the next.  Either way the interval's
+report is sent again to the new replica in the same step, so no report
+is lost but the one in flight when a replica died.
 """
 from __future__ import annotations
 
@@ -20,7 +28,7 @@ from cachepilot.core.errors import UserError
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.protocol import wire
-from cachepilot.protocol.channel import make_channel, token_metadata
+from cachepilot.protocol.channel import OWNER_HEADER, make_channel, token_metadata
 from cachepilot.protocol.types import ApplyResult, Directive
 
 log = logging.getLogger("cachepilot.agent.client")
@@ -47,12 +55,14 @@ class NodeClient:
                  root_cert: bytes | None = None, server_name: str | None = None,
                  insecure: bool = False, timeout_s: float = 5.0,
                  backoff_s: tuple[float, float] = (0.1, 5.0),
-                 identity: tuple[bytes, bytes] | None = None):
+                 identity: tuple[bytes, bytes] | None = None, fallbacks=()):
         self.backend = backend
         self.info = backend.info()
+        self.targets = list(dict.fromkeys([target, *fallbacks]))
         self.target = target
         self.metadata = token_metadata(token)
-        self._channel_args = (target, root_cert, server_name, insecure, identity)
+        self._channel_args = (root_cert, server_name, insecure, identity)
+        self.moves = 0                           # redirects and failovers followed
         self.timeout_s = timeout_s
         self.backoff_min, self.backoff_max = backoff_s
         self.channel = None
@@ -71,17 +81,52 @@ class NodeClient:
     # -- connection -----------------------------------------------------------
     def _connect(self):
         if self.channel is None:
-            self.channel = make_channel(*self._channel_args)
+            self.channel = make_channel(self.target, *self._channel_args)
             self.stub = pb_grpc.NodeStub(self.channel)
 
+    def _move(self, err: grpc.RpcError) -> bool:
+        """Follow a replica's redirect to the node's owner, or go on to the
+        next address when this one does not answer; True when the client
+        now points elsewhere (and should try again at once)."""
+        code = err.code() if hasattr(err, "code") else None
+        owner = ""
+        if code == grpc.StatusCode.FAILED_PRECONDITION and hasattr(err, "trailing_metadata"):
+            owner = dict(err.trailing_metadata() or ()).get(OWNER_HEADER, "")
+        if owner and owner != self.target:
+            to = owner
+            if owner not in self.targets:
+                self.targets.append(owner)
+        elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
+                len(self.targets) > 1:
+            to = self.targets[(self.targets.index(self.target) + 1) % len(self.targets)]
+        else:
+            return False
+        log.info("%s: controller %s: %s; going to %s", self.info.node_id, self.target,
+                 "redirected" if owner else code.name, to)
+        if self.channel is not None:
+            self.channel.close()
+        self.channel, self.stub, self.target = None, None, to
+        self.session = None
+        self.moves += 1
+        return True
+
     def register(self) -> bool:
-        """One registration attempt; False (with last_error set) on failure."""
-        self._connect()
-        try:
-            reply = self.stub.Register(pb.RegisterRequest(node=wire.node_info_to_pb(self.info)),
-                                       metadata=self.metadata, timeout=self.timeout_s)
-        except grpc.RpcError as err:
-            self._failed(err)
+        """One registration (following redirects and failing over, at most
+        once to each known address); False (with last_error set) on failure."""
+        reply = None
+        for _ in range(len(self.targets) + 1):
+            self._connect()
+            try:
+                reply = self.stub.Register(
+                    pb.RegisterRequest(node=wire.node_info_to_pb(self.info)),
+                    metadata=self.metadata, timeout=self.timeout_s)
+                break
+            except grpc.RpcError as err:
+                last = err
+                if not self._move(err):
+                    break
+        if reply is None:
+            self._failed(last)
             return False
         if reply.assigns_tenants and not self._assign(reply.tenants):
             return False
@@ -145,8 +190,18 @@ class NodeClient:
         try:
             reply = self.stub.Report(request, metadata=self.metadata, timeout=self.timeout_s)
         except grpc.RpcError as err:
-            self._failed(err)
-            return StepOutcome(self.seq, False, [], [], self.last_error)
+            if not (self._move(err) and self.register()):
+                if self.session is not None:
+                    self._failed(err)
+                return StepOutcome(self.seq, False, [], [], self.last_error)
+            # another replica serves this node now: the same report, to it
+            request.session = self.session
+            try:
+                reply = self.stub.Report(request, metadata=self.metadata,
+                                         timeout=self.timeout_s)
+            except grpc.RpcError as err2:
+                self._failed(err2)
+                return StepOutcome(self.seq, False, [], [], self.last_error)
         for r in reply.refused:
             log.warning("%s: the controller did not take tenant %s's report: %s",
                         self.info.node_id, r.tenant, r.reason)

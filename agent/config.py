@@ -31,7 +31,7 @@
                     objects are loaded from, where their links are pinned
                     in bpffs, where the hook-cost measurement's file goes
     prometheus:     {address, port}; port 0 turns the endpoint off
-    controller:     {address, cert_file, key_file, ca_file, server_name,
+    controller:     {address, fallbacks, cert_file, key_file, ca_file, server_name,
                     token_file, insecure}: the controller to follow, and
                     this node's identity: its certificate (CN = node_id,
                     made by `cachepilot certs node NAME`) and key, and the
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -106,6 +106,10 @@ class CacheExt(Strict):
 
 class ControllerLink(Strict):
     address: str = Field(min_length=1)
+    # Other controller replicas (controller/fleet.py): tried in turn when
+    # the one in use does not answer.  A replica that does not own this
+    # node redirects it to the one that does, listed here or not.
+    fallbacks: list[Annotated[str, Field(min_length=1)]] = Field(default_factory=list)
     cert_file: FilePath | None = None    # this node's certificate (mutual TLS)
     key_file: FilePath | None = None
     token_file: FilePath | None = None   # or a shared token

@@ -23,10 +23,11 @@ from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantRe
 class Refused(Exception):
     """A call the controller refuses; `code` is the gRPC status to answer with."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str, owner: str = ""):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.owner = owner          # another replica's address (controller/fleet.py)
 
 
 # Node states, in the order a node passes through them.

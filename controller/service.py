@@ -41,6 +41,7 @@ from cachepilot.core.errors import UserError
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.protocol import wire
+from cachepilot.protocol.channel import OWNER_HEADER
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 log = logging.getLogger("cachepilot.controller")
@@ -105,7 +106,7 @@ class Engine:
 
 class Controller(AdminOps):
     def __init__(self, config, engine=None, clock=time.monotonic, tls: bool = False,
-                 store: StateStore | None = None):
+                 store: StateStore | None = None, fleet=None):
         self.config = config.model_copy(deep=True)    # SetSLO edits our copy only
         self.clock = clock
         self.started = clock()
@@ -113,6 +114,7 @@ class Controller(AdminOps):
         self.registry = Registry(self.config, clock)
         self.engine = engine if engine is not None else Engine()
         self.store = store if store is not None else MemoryStore()
+        self.fleet = fleet              # controller/fleet.py: replicas sharing the nodes
         self.metrics = ControllerMetrics()
         self.lock = threading.RLock()
         self.rounds = 0
@@ -178,8 +180,18 @@ class Controller(AdminOps):
         return self.config.tenant(tenant).mode_in(self.config.control)
 
     # -- nodes ----------------------------------------------------------------
+    def _check_owner(self, node_id: str):
+        """A replica serves only the nodes it owns (controller/fleet.py);
+        the others are sent to their owner."""
+        if self.fleet is not None and not self.fleet.owns(node_id):
+            name, address = self.fleet.owner(node_id)
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"node {node_id} is served by replica {name} at {address}",
+                          owner=address)
+
     def register(self, info: NodeInfo, peer: str = ""):
         """Returns (session, interval, the node's tenants as NodeTenants)."""
+        self._check_owner(info.node_id)
         with self.lock:
             rec = self.registry.register(info)
             rec.peer = peer
@@ -195,6 +207,7 @@ class Controller(AdminOps):
     def report(self, node_id: str, session: str, seq: int, reports: list[TenantReport],
                applied: list[ApplyResult], refused=()):
         """One node's report: returns (directives to send, round, refusals)."""
+        self._check_owner(node_id)
         with self.lock:
             rec, reports, refusals = self.registry.accept_report(
                 node_id, session, seq, reports, applied, refused)
@@ -370,6 +383,8 @@ def _guard(controller, context, fn, check=None):
         return fn()
     except Refused as err:
         controller.metrics.refused.labels(err.code.name).inc()
+        if err.owner:
+            context.set_trailing_metadata(((OWNER_HEADER, err.owner),))
         context.abort(err.code, err.message)
     except wire.WireError as err:
         controller.metrics.refused.labels("INVALID_ARGUMENT").inc()

@@ -62,6 +62,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_lib import CLI, RESULTS, cpu_seconds, free_port, make_tls, stop  # noqa: E402
+from cachepilot.protocol.channel import OWNER_HEADER  # noqa: E402
 
 POLICIES = ["linux", "lru", "mru", "s3fifo", "lfu"]
 NODE_BYTES = 64 << 30
@@ -73,7 +74,7 @@ PROJECT_NODES = 50_000
 # below this share of that core.
 REPLICA_CORES = 1.0
 TARGET_UTILISATION = 0.75
-OWNER_KEY = "cachepilot-owner"
+OWNER_KEY = OWNER_HEADER
 OWNER_IN_DETAILS = re.compile(r"([A-Za-z0-9_.\-\[\]:]+:\d+)\s*$")
 
 

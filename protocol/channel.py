@@ -12,6 +12,9 @@ from __future__ import annotations
 import grpc
 
 TOKEN_HEADER = "authorization"
+# A controller replica that does not own the calling node names the one
+# that does in this trailing metadata key (controller/fleet.py).
+OWNER_HEADER = "cachepilot-owner"
 
 
 def make_channel(target: str, root_cert: bytes | None = None, server_name: str | None = None,

@@ -1,0 +1,165 @@
+"""Controller replicas that share a fleet's nodes, through etcd.
+
+With `controller.store: etcd://…` every controller process is a replica.
+Each one:
+
+    joins      puts replicas/<name> = its address under a lease of about
+               one interval, kept alive from a thread; a replica that dies
+               or hangs stops renewing it, and etcd drops it
+    owns       a share of the nodes, by rendezvous hashing of the node's
+               name over the live replicas: every replica computes the same
+               owner from the same member list, with no table to agree on,
+               and a replica that joins or leaves moves only the nodes it
+               takes or held.  A node that calls the wrong replica is
+               redirected to its owner (service.py: FAILED_PRECONDITION
+               with the owner's address in `cachepilot-owner`)
+    leads      one replica holds the `leader` key under its lease and does
+               the fleet-wide work; when its lease ends, the next to
+               campaign leads
+
+Membership is read again every third of the lease.  If etcd cannot be
+reached, the member list stays as last read -- each replica goes on
+serving the nodes it owned, from its own memory, and the leader stops
+leading, since it can no longer show it holds the key -- and when etcd
+answers again the replica puts itself back under a new lease if its own
+lapsed, and reads the list again.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+
+from cachepilot.controller.etcd import Etcd, Lease, StoreUnavailable
+
+log = logging.getLogger("cachepilot.controller.fleet")
+
+MEMBERS = "replicas/"
+LEADER = "leader"
+
+
+def owner_of(node: str, members: dict[str, str]) -> str | None:
+    """The replica (name) that owns `node` among `members`: the highest
+    hash of (replica, node)."""
+    best, best_score = None, b""
+    for name in members:
+        score = hashlib.blake2b(f"{name}\0{node}".encode(), digest_size=8).digest()
+        if best is None or score > best_score:
+            best, best_score = name, score
+    return best
+
+
+class Fleet:
+    """This replica's view of the others: `owner(node)`, `leading`.
+
+    `on_change(members)` is called from the watch thread whenever the
+    member list changes (the service forgets owners it cached)."""
+
+    def __init__(self, etcd: Etcd, name: str, address: str, ttl_s: float,
+                 on_change=None):
+        self.etcd = etcd
+        self.name = name
+        self.address = address
+        self.ttl = max(1, math.ceil(ttl_s))
+        self.on_change = on_change
+        self.members: dict[str, str] = {}
+        self.leading = False
+        self.reachable = True
+        self.lease: Lease | None = None
+        self._owners: dict[str, str | None] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.changes = 0                    # member list changes seen
+
+    # -- joining and watching --------------------------------------------------------
+    def start(self) -> "Fleet":
+        """Join (raises StoreUnavailable when etcd cannot be reached: a
+        replica does not start blind) and watch from a thread."""
+        self._join()
+        self._read()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name=f"fleet-{self.name}")
+        self._thread.start()
+        return self
+
+    def _join(self):
+        self.lease = self.etcd.lease(self.ttl).start()
+        self.etcd.put(MEMBERS + self.name, self.address, lease=self.lease.id)
+        log.info("replica %s (%s) joined the fleet at %s, lease %d s", self.name,
+                 self.address, self.etcd.url, self.ttl)
+
+    def _read(self):
+        members = {k[len(MEMBERS):]: v for k, v, _ in self.etcd.get_prefix(MEMBERS)}
+        if self.name not in members or self.lease is None or self.lease.lost:
+            # our lease lapsed (etcd was away longer than it, or we hung):
+            # put ourselves back before anyone counts us out for good
+            if self.lease is not None:
+                self.lease.stop()
+            self._join()
+            members[self.name] = self.address
+        leader = self.etcd.leader(LEADER)
+        if leader is None:
+            self.etcd.campaign(LEADER, self.name, self.lease)
+            leader = self.etcd.leader(LEADER)
+        was = self.leading
+        self.leading = leader == self.name
+        if self.leading != was:
+            log.info("replica %s %s", self.name,
+                     "leads the fleet" if self.leading else "no longer leads")
+        if members != self.members:
+            with self._lock:
+                old, self.members, self._owners = self.members, members, {}
+            self.changes += 1
+            log.info("replica %s: %d replica(s) live: %s (were %s)", self.name, len(members),
+                     ", ".join(sorted(members)), ", ".join(sorted(old)) or "none")
+            if self.on_change is not None:
+                self.on_change(dict(members))
+
+    def _watch(self):
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                self._read()
+                if not self.reachable:
+                    self.reachable = True
+                    log.warning("replica %s: etcd answers again; member list read again",
+                                self.name)
+            except StoreUnavailable as err:
+                if self.reachable:
+                    self.reachable = False
+                    self.leading = False
+                    log.warning("replica %s: %s; serving the nodes it owns from its last "
+                                "state, member list kept as last read (%d replica(s))",
+                                self.name, err, len(self.members))
+
+    # -- asking ----------------------------------------------------------------------
+    def owner(self, node: str) -> tuple[str, str]:
+        """(replica name, address) that owns `node`; this replica when the
+        member list is empty (not read yet)."""
+        with self._lock:
+            name = self._owners.get(node)
+            if name is None:
+                name = owner_of(node, self.members) or self.name
+                self._owners[node] = name
+            return name, self.members.get(name, self.address)
+
+    def owns(self, node: str) -> bool:
+        return self.owner(node)[0] == self.name
+
+    def leader(self) -> str | None:
+        return self.name if self.leading else None
+
+    def stop(self, leave: bool = True) -> None:
+        """Stop watching; leave=True also gives the nodes up at once (the
+        lease is revoked), else they move when the lease runs out."""
+        self._stop.set()
+        if self.lease is not None:
+            if leave:
+                try:
+                    self.lease.revoke()
+                except StoreUnavailable as err:
+                    log.warning("replica %s: leaving: %s", self.name, err)
+            else:
+                self.lease.stop()
+
