@@ -10,7 +10,8 @@ record under the prefix, each a JSON value:
 Names are percent-quoted (the controller's own scope is `mode/`).  Log
 keys sort in time order, so the newest entries are one descending range
 read; `writer` is random per store, so two controllers never write the
-same key.  The log is pruned to `log_keep` entries.  etcd keeps every
+same key.  The log is pruned to the newest `log_keep` entries every
+`prune_every` entries written.  etcd keeps every
 revision until it is compacted: run it with --auto-compaction-retention
 (the store does not compact, a cluster-wide act on a shared etcd).
 
@@ -76,10 +77,12 @@ class EtcdStore:
     """StateStore on etcd, resilient to etcd going away (module docstring)."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT_S, log_keep: int = LOG_KEEP,
-                 retry_s: float = RETRY_S, pending_log: int = PENDING_LOG):
+                 retry_s: float = RETRY_S, pending_log: int = PENDING_LOG,
+                 prune_every: int = PRUNE_EVERY):
         self.client = Etcd(url, timeout)
         self.path = self.client.url          # what messages name the store by
         self.log_keep = log_keep
+        self.prune_every = prune_every
         self.retry_s = retry_s
         self.available = True
         self._lock = threading.RLock()
@@ -224,7 +227,7 @@ class EtcdStore:
                     self._pending.pop(k, None)
 
     def _prune(self):
-        if self._appended < PRUNE_EVERY:
+        if self._appended < self.prune_every:
             return
         self._appended = 0
         excess = self.client.count_prefix("log/") - self.log_keep

@@ -19,6 +19,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from etcd_fixture import EtcdServer  # noqa: E402
 from grpc_fixtures import report, small_config_dict  # noqa: E402
+from store_records import check_every_record_kind, write_every_record_kind  # noqa: E402
 
 from cachepilot.controller.config import load_config
 from cachepilot.controller.etcd import Etcd, StoreUnavailable
@@ -50,26 +51,10 @@ def _log(n, round_=7, t0=100.0):
 
 def test_every_record_kind_comes_back_from_etcd(url):
     s = EtcdStore(url)
-    s.put_slo("a", 1500.0, 1.0)
-    s.put_slo("b", None, 2.0)                     # cleared
-    s.put_mode("", "recommend", 3.0)
-    s.put_mode("a", None, 3.0)
-    s.put_node("n1", {"node_id": "n1", "memory_bytes": 64}, 4.0)
-    s.write_round(7, {"a": SavedDirective("n1", 32 * MiB, "fifo", "why", 7, 5.0, True)},
-                  {"a": {"streak": 2, "held_until": {"lfu": 40}}}, _log(10))
+    write_every_record_kind(s)
     s.close()
     s = EtcdStore(url)
-    saved = s.load(log_tail=4)
-    assert saved.slos == {"a": 1500.0, "b": None}
-    assert saved.modes == {"": "recommend", "a": None}
-    assert saved.nodes["n1"]["memory_bytes"] == 64
-    assert saved.directives["a"].limit_bytes == 32 * MiB and saved.directives["a"].sent
-    assert saved.tenants["a"]["held_until"] == {"lfu": 40}
-    assert saved.rounds == 7
-    assert [e.message for e in saved.log] == ["m6", "m7", "m8", "m9"]   # oldest first
-    assert [e.message for e in s.read_log(tenant="a", limit=3)] == ["m9", "m7", "m5"]
-    assert [e.message for e in s.read_log(since=107.0)] == ["m9", "m8", "m7"]
-    assert s.read_log(limit=1)[0].detail == {"predicted": 9}
+    check_every_record_kind(s)
     assert s.path == url and s.available
     s.close()
 
@@ -94,6 +79,15 @@ def test_a_round_over_128_operations_is_written_whole(url):
     assert len(saved.directives) == n and len(saved.tenants) == n
     assert saved.directives["t299"].limit_bytes == 299 * MiB and saved.tenants["t7"]["i"] == 7
     assert len(saved.log) == 150 and saved.rounds == 3
+
+
+def test_the_log_is_pruned_to_its_bound_keeping_the_newest(url):
+    s = EtcdStore(url, log_keep=50, prune_every=100)
+    for k in range(4):                             # 200 entries, pruned at 100 and 200
+        s.append_log([LogRecord(1, 10.0 + 50 * k + i, "n1", "a", "k", f"m{50 * k + i}")
+                      for i in range(50)])
+    assert Etcd(url).count_prefix("log/") == 50
+    assert [e.message for e in s.read_log(limit=1000)][::49] == ["m199", "m150"]
 
 
 def _revisions(url, prefix):
