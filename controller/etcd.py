@@ -121,9 +121,8 @@ class Etcd:
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as err:
-            raise StoreUnavailable(f"{self.url}: {what} failed: "
-                                   f"{getattr(err, 'strerror', None) or err or type(err).__name__}"
-                                   ) from None
+            why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+            raise StoreUnavailable(f"{self.url}: {what} failed: {why}") from None
         finally:
             conn.close()
         try:
@@ -131,8 +130,9 @@ class Etcd:
         except ValueError:
             reply = {"error": data[:200].decode(errors="replace")}
         if resp.status != 200 or "error" in reply:
-            raise StoreUnavailable(f"{self.url}: {what} failed: HTTP {resp.status}: "
-                                   f"{reply.get('message') or reply.get('error') or ''}", reply.get("code"))
+            why = reply.get("message") or reply.get("error") or resp.reason
+            raise StoreUnavailable(f"{self.url}: {what} failed: HTTP {resp.status}: {why}",
+                                   reply.get("code"))
         return reply
 
     def key(self, key: str) -> str:

@@ -9,6 +9,7 @@ and everything written meanwhile is in etcd once it is back), and a
 controller restarted on the same etcd.  The config key needs no etcd.
 """
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
@@ -145,6 +146,17 @@ def test_an_unreachable_etcd_is_one_typed_error_naming_the_url(etcd):
                                         r"etcd://127\.0\.0\.1:\d+/x"):
         EtcdStore(etcd_dead.url).load(10)
     assert port                                    # the live one is not disturbed
+
+
+def test_an_etcd_that_never_answers_costs_one_short_timeout():
+    with socket.socket() as hung:                  # accepts (the backlog), never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        client = Etcd(f"etcd://127.0.0.1:{hung.getsockname()[1]}", timeout=0.5)
+        t = time.monotonic()
+        with pytest.raises(StoreUnavailable, match="put k failed: timed out"):
+            client.put("k", "v")
+        assert time.monotonic() - t < 1.5
 
 
 def _closed_port():
