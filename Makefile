@@ -5,7 +5,7 @@ PY       := .venv/bin/python
 PIP      := .venv/bin/pip
 STAMP    := .venv/.installed
 APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-source-6.12 \
-            libzstd-dev fio rocksdb-tools iproute2 python3-venv systemd
+            libzstd-dev fio rocksdb-tools iproute2 python3-venv systemd etcd-server
 # installed without their recommendations (prometheus would pull in
 # node-exporter and smartmontools, and start them where systemd runs)
 APT_LEAN := prometheus

@@ -5,7 +5,8 @@
                  whether directives are enforced or only recommended)
     controller:  where it listens, how callers prove who they are (a
                  certificate per node and one for admins, or a shared
-                 token), where its state is kept
+                 token), where its state is kept (`store`: the embedded
+                 SQLite file, or etcd://host:port[/prefix])
     nodes:       the hosts (name, memory offered to tenants, backend)
     tenants:     one per cgroup: its node, cgroup (or pods), throughput
                  source, SLO, priority, floor and ceiling, allowed
@@ -27,6 +28,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from cachepilot.controller.etcd import parse_url
 from cachepilot.core import config as base
 from cachepilot.core.config import Bytes, FilePath, Strict
 from cachepilot.core.errors import UserError
@@ -183,7 +185,22 @@ class ControllerSpec(Strict):
     # API, the decision log, node registrations and last directives,
     # autopilot holds.  Default: beside the config file, <name>.state.db.
     state_path: FilePath | None = None
+    # Where that store lives: "sqlite" (the embedded default, at
+    # state_path) or an etcd: etcd://host:port[/prefix] (prefix default
+    # /cachepilot; controller/store_etcd.py), for a controller whose state
+    # must outlive its host.
+    store: str = "sqlite"
     metrics_port: int | None = Field(None, ge=0, le=65535)
+
+    @field_validator("store")
+    @classmethod
+    def _store(cls, store):
+        if store != "sqlite":
+            try:
+                parse_url(store)
+            except ValueError:
+                raise ValueError("expected 'sqlite' or etcd://host:port[/prefix]") from None
+        return store
 
     @model_validator(mode="after")
     def _auth(self):

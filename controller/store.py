@@ -24,7 +24,8 @@ the log as keys in revision order, a round as one transaction) implements
 the same calls.  `SQLiteStore` is the embedded default (stdlib sqlite3 in
 WAL mode: a reader never waits for the writer, and a commit survives the
 process being killed); `MemoryStore` keeps nothing past the process
-(`cachepilot run`, tests).
+(`cachepilot run`, tests).  `EtcdStore` (controller/store_etcd.py) keeps
+the same records on etcd, for `controller.store: etcd://host:port[/prefix]`.
 """
 from __future__ import annotations
 
@@ -326,8 +327,12 @@ def default_state_path(config) -> Path | None:
 
 
 def open_store(config) -> StateStore:
-    """The store a config asks for: SQLite at its state path, or in memory
-    when the config came from no file and names no path."""
+    """The store a config asks for: etcd when controller.store names one,
+    else SQLite at its state path, or in memory when the config came from
+    no file and names no path."""
+    if config.controller.store != "sqlite":
+        from cachepilot.controller.store_etcd import EtcdStore   # it imports this module
+        return EtcdStore(config.controller.store)
     path = default_state_path(config)
     return SQLiteStore(path) if path is not None else MemoryStore()
 

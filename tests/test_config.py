@@ -113,6 +113,8 @@ def test_example_from_the_issue_negative_slo(tmp_path):
      "tenants[0].workload.phases[0]", "needs a `trace` path"),
     ("controller: {listen: ':1'}\nnodes: [{name: n1, memory_bytes: 1G}]",
      "controller", "tls_cert and tls_key are required"),
+    ("controller: {insecure: true, store: foo}\nnodes: [{name: n1, memory_bytes: 1G}]",
+     "controller.store", "expected 'sqlite' or etcd://host:port[/prefix], got 'foo'"),
 ])
 def test_bad_input_names_key_and_expectation(tmp_path, body, key, expect):
     msg = error_of(tmp_path, body)

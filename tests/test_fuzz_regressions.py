@@ -140,7 +140,9 @@ def test_the_config_and_report_targets_pass_their_seeds_and_refuse_garbage(tmp_p
         t.run(s, tmp_path / "in")
     if name == "config":
         hostile = [b"\x00tenants: [", b"\x01{}", b"\x01- 1\n- 2", b"\x00sampling: {rate: 7}",
-                   b"\x01nodes: [{name: a, memory_bytes: -1}]"]
+                   b"\x01nodes: [{name: a, memory_bytes: -1}]",
+                   b"\x01controller: {insecure: true, store: 'etcd://'}\n"
+                   b"nodes: [{name: a, memory_bytes: 1G}]"]
     else:
         lying = pb.Curve(policy="lru", method="exact", rate=0.5, sizes_pages=[4, 2],
                          miss_ratio=[1.0, 0.5])

@@ -20,11 +20,12 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grpc_fixtures import TOKEN, report, small_config_dict  # noqa: E402
+from store_records import check_every_record_kind, write_every_record_kind  # noqa: E402
 
 from cachepilot.controller.config import load_config
 from cachepilot.controller.engine.watchdog import Probation
 from cachepilot.controller.service import Controller
-from cachepilot.controller.store import LogRecord, SavedDirective, SQLiteStore
+from cachepilot.controller.store import SQLiteStore
 from cachepilot.core.errors import UserError
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
@@ -39,29 +40,10 @@ MiB = 1 << 20
 def test_every_record_kind_comes_back_from_the_file(tmp_path):
     path = tmp_path / "s" / "state.db"
     s = SQLiteStore(path)
-    s.put_slo("a", 1500.0, 1.0)
-    s.put_slo("b", None, 2.0)                     # cleared
-    s.put_mode("", "recommend", 3.0)
-    s.put_mode("a", None, 3.0)
-    s.put_node("n1", {"node_id": "n1", "memory_bytes": 64}, 4.0)
-    log = [LogRecord(7, 100.0 + i, "n1", "a" if i % 2 else "b", "limit", f"m{i}",
-                     {"predicted": i}) for i in range(10)]
-    s.write_round(7, {"a": SavedDirective("n1", 32 * MiB, "fifo", "why", 7, 5.0, True)},
-                  {"a": {"streak": 2, "held_until": {"lfu": 40}}}, log)
+    write_every_record_kind(s)
     s.close()
     s = SQLiteStore(path)
-    saved = s.load(log_tail=4)
-    assert saved.slos == {"a": 1500.0, "b": None}
-    assert saved.modes == {"": "recommend", "a": None}
-    assert saved.nodes["n1"]["memory_bytes"] == 64
-    assert saved.directives["a"].limit_bytes == 32 * MiB and saved.directives["a"].sent
-    assert saved.tenants["a"]["held_until"] == {"lfu": 40}
-    assert saved.rounds == 7
-    assert [e.message for e in saved.log] == ["m6", "m7", "m8", "m9"]   # oldest first
-    # the log's filters: newest first, by tenant, since a time, at most n
-    assert [e.message for e in s.read_log(tenant="a", limit=3)] == ["m9", "m7", "m5"]
-    assert [e.message for e in s.read_log(since=107.0)] == ["m9", "m8", "m7"]
-    assert s.read_log(limit=1)[0].detail == {"predicted": 9}
+    check_every_record_kind(s)
     s.close()
 
 

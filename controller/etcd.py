@@ -1,0 +1,295 @@
+"""A thin etcd v3 client over the gateway's JSON API, for the controller.
+
+etcd serves its v3 API as gRPC and, on the same client port, as JSON over
+HTTP (the "gateway": POST /v3/kv/range, /v3/kv/put, /v3/kv/txn,
+/v3/kv/deleterange, /v3/lease/grant, /v3/lease/keepalive,
+/v3/lease/revoke; keys and values base64).  The controller needs only
+those calls, so they are spoken here with the standard library's
+http.client rather than through a client package and its dependencies.
+
+    Etcd(url)         a connection to one etcd, from
+                      ``etcd://host:port[/prefix]`` (default prefix
+                      /cachepilot); every key given to it is relative to
+                      the prefix, and every key it returns is too
+    Lease             a lease granted with a TTL, kept alive from a daemon
+                      thread at TTL/3, revoked on request; `lost` says it
+                      has expired (a keepalive found it gone, or none
+                      succeeded for a whole TTL)
+    campaign/leader   leader election on one key: the first to create it
+                      (a transaction comparing its create_revision with 0)
+                      holds it for as long as its lease lives
+
+Every failure -- etcd unreachable, too slow, or refusing a request --
+raises `StoreUnavailable`, whose message names the URL and the call.  The
+timeout is short (1.5 s by default): a controller round that writes to a
+dead etcd waits that long at most, never for TCP's own timeouts.
+"""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from cachepilot.core.errors import UserError
+
+log = logging.getLogger("cachepilot.controller.etcd")
+
+DEFAULT_PREFIX = "/cachepilot"
+TIMEOUT_S = 1.5
+NOT_FOUND = 5          # gRPC status code
+URL_RE = re.compile(r"^etcd://(?P<host>[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\]):(?P<port>\d{1,5})"
+                    r"(?P<prefix>(/[A-Za-z0-9_.-]+)*)/?$")
+
+
+class StoreUnavailable(UserError):
+    """etcd did not do what was asked: unreachable, too slow, or refused.
+    A UserError, so one that reaches the command line is one clear line.
+    `code` is etcd's gRPC status code when etcd answered (5: not found)."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"etcd://{self.host}:{self.port}{self.prefix}"
+
+
+def parse_url(url: str) -> Address:
+    """``etcd://host:port[/prefix]`` -> Address; ValueError says what is wrong."""
+    m = URL_RE.match(url or "")
+    if m is None or not 0 < int(m["port"]) < 65536:
+        raise ValueError(f"expected etcd://host:port[/prefix], got {url!r}")
+    return Address(m["host"].strip("[]"), int(m["port"]), m["prefix"] or DEFAULT_PREFIX)
+
+
+def _b64(s: str | bytes) -> str:
+    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
+
+
+def _unb64(s: str) -> bytes:
+    return base64.b64decode(s or "")
+
+
+# -- transaction parts: build these, hand them to Etcd.txn -------------------------------
+
+def put_op(key: str, value: str, lease: int | None = None) -> tuple:
+    return ("put", key, value, lease)
+
+
+def delete_op(key: str) -> tuple:
+    return ("delete", key)
+
+
+def absent(key: str) -> tuple:
+    """A compare that holds while `key` does not exist (create_revision 0)."""
+    return ("absent", key)
+
+
+class Etcd:
+    """One etcd endpoint under one key prefix."""
+
+    def __init__(self, url: str, timeout: float = TIMEOUT_S):
+        try:
+            self.address = parse_url(url)
+        except ValueError as err:
+            raise UserError(f"state store: {err}") from None
+        self.url = self.address.url
+        self.prefix = self.address.prefix.rstrip("/") + "/"
+        self.timeout = timeout
+
+    # -- the wire --------------------------------------------------------------------
+    def call(self, path: str, body: dict, what: str) -> dict:
+        """POST one JSON request to /v3/<path>; the decoded reply."""
+        conn = http.client.HTTPConnection(self.address.host, self.address.port,
+                                          timeout=self.timeout)
+        try:
+            conn.request("POST", "/v3/" + path, json.dumps(body),
+                         {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as err:
+            why = getattr(err, "strerror", None) or str(err) or type(err).__name__
+            raise StoreUnavailable(f"{self.url}: {what} failed: {why}") from None
+        finally:
+            conn.close()
+        try:
+            reply = json.loads(data or b"{}")
+        except ValueError:
+            reply = {"error": data[:200].decode(errors="replace")}
+        if resp.status != 200 or "error" in reply:
+            why = reply.get("message") or reply.get("error") or resp.reason
+            raise StoreUnavailable(f"{self.url}: {what} failed: HTTP {resp.status}: {why}",
+                                   reply.get("code"))
+        return reply
+
+    def key(self, key: str) -> str:
+        return self.prefix + key
+
+    def _range_end(self, prefix: str) -> str:
+        """The key just past every key that starts with `prefix`."""
+        raw = bytearray(self.key(prefix).encode())
+        raw[-1] += 1                # prefixes here end in "/" or a name: never 0xff
+        return _b64(bytes(raw))
+
+    # -- keys ------------------------------------------------------------------------
+    def get(self, key: str) -> str | None:
+        kvs = self.call("kv/range", {"key": _b64(self.key(key))}, f"get {key}").get("kvs")
+        return _unb64(kvs[0].get("value", "")).decode() if kvs else None
+
+    def get_prefix(self, prefix: str, limit: int = 0, newest_first: bool = False,
+                   start: str = "", end: str = "",
+                   keys_only: bool = False) -> list[tuple[str, str, int]]:
+        """(key, value, mod_revision) of the keys under `prefix` in key
+        order (reversed with newest_first), at most `limit` (0: all), from
+        `start` on and before `end` (keys under the prefix) when given."""
+        body = {"key": _b64(self.key(start or prefix)),
+                "range_end": _b64(self.key(end)) if end else self._range_end(prefix),
+                "limit": limit, "sort_target": "KEY",
+                "sort_order": "DESCEND" if newest_first else "ASCEND", "keys_only": keys_only}
+        kvs = self.call("kv/range", body, f"get {prefix}*").get("kvs", [])
+        n = len(self.prefix)
+        return [(_unb64(kv["key"]).decode()[n:], _unb64(kv.get("value", "")).decode(),
+                 int(kv.get("mod_revision", 0))) for kv in kvs]
+
+    def count_prefix(self, prefix: str) -> int:
+        body = {"key": _b64(self.key(prefix)), "range_end": self._range_end(prefix),
+                "count_only": True}
+        return int(self.call("kv/range", body, f"count {prefix}*").get("count", 0))
+
+    def put(self, key: str, value: str, lease: int | None = None) -> int:
+        """Returns the revision the put made."""
+        body = {"key": _b64(self.key(key)), "value": _b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        return int(self.call("kv/put", body, f"put {key}")["header"].get("revision", 0))
+
+    def delete(self, key: str) -> int:
+        """Deletes `key`; returns how many keys went (0 or 1)."""
+        reply = self.call("kv/deleterange", {"key": _b64(self.key(key))}, f"delete {key}")
+        return int(reply.get("deleted", 0))
+
+    def delete_before(self, prefix: str, end: str) -> int:
+        """Deletes the keys under `prefix` that sort before `end`."""
+        body = {"key": _b64(self.key(prefix)), "range_end": _b64(self.key(end))}
+        return int(self.call("kv/deleterange", body, f"delete {prefix}* before {end}")
+                   .get("deleted", 0))
+
+    def txn(self, ops: list[tuple], compare: list[tuple] = (), failure: list[tuple] = (),
+            what: str = "transaction") -> bool:
+        """Runs `ops` if every compare holds (else `failure`) in one
+        transaction; returns whether the compares held."""
+        body = {"compare": [self._compare(c) for c in compare],
+                "success": [self._op(o) for o in ops],
+                "failure": [self._op(o) for o in failure]}
+        return bool(self.call("kv/txn", body, what).get("succeeded", False))
+
+    def _op(self, op: tuple) -> dict:
+        if op[0] == "put":
+            _, key, value, lease = op
+            put = {"key": _b64(self.key(key)), "value": _b64(value)}
+            if lease:
+                put["lease"] = str(lease)
+            return {"request_put": put}
+        if op[0] == "delete":
+            return {"request_delete_range": {"key": _b64(self.key(op[1]))}}
+        raise ValueError(f"unknown transaction op {op[0]!r}")
+
+    def _compare(self, cmp: tuple) -> dict:
+        if cmp[0] == "absent":
+            return {"key": _b64(self.key(cmp[1])), "target": "CREATE", "result": "EQUAL",
+                    "create_revision": "0"}
+        raise ValueError(f"unknown compare {cmp[0]!r}")
+
+    # -- leases and leaders ----------------------------------------------------------
+    def lease(self, ttl: int) -> "Lease":
+        return Lease(self, ttl)
+
+    def campaign(self, key: str, value: str, lease: "Lease") -> bool:
+        """Takes `key` for `value` if no one holds it; True when this call
+        took it.  It stays taken while `lease` lives: revoked or expired,
+        the key goes and the next campaign wins."""
+        return self.txn([put_op(key, value, lease.id)], compare=[absent(key)],
+                        what=f"campaign for {key}")
+
+    def leader(self, key: str) -> str | None:
+        """The value of whoever holds `key` (None: no one)."""
+        return self.get(key)
+
+
+class Lease:
+    """An etcd lease: granted with a TTL (seconds) when made.  `start()`
+    keeps it alive from a daemon thread every TTL/3; `revoke()` ends it
+    (and with it every key put under it).  `lost` is True once a keepalive
+    found it expired, or none succeeded for a whole TTL: a leader whose
+    lease is lost must stop acting as one."""
+
+    def __init__(self, client: Etcd, ttl: int):
+        self.client = client
+        self.ttl = max(1, int(ttl))
+        reply = client.call("lease/grant", {"TTL": self.ttl}, f"lease grant (TTL {self.ttl} s)")
+        self.id = int(reply["ID"])
+        self._alive_until = time.monotonic() + int(reply.get("TTL", self.ttl))
+        self._expired = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def lost(self) -> bool:
+        return self._expired or time.monotonic() >= self._alive_until
+
+    def keepalive(self) -> bool:
+        """One refresh; False when etcd says the lease is gone.  Raises
+        StoreUnavailable when etcd cannot be asked."""
+        reply = self.client.call("lease/keepalive", {"ID": str(self.id)},
+                                 f"lease {self.id:x} keepalive")
+        ttl = int(reply.get("result", reply).get("TTL", 0))
+        if ttl <= 0:
+            self._expired = True
+            return False
+        self._alive_until = time.monotonic() + ttl
+        return True
+
+    def start(self) -> "Lease":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"etcd-lease-{self.id:x}")
+            self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.wait(self.ttl / 3):
+            try:
+                if not self.keepalive():
+                    log.warning("etcd lease %x expired (%s)", self.id, self.client.url)
+                    return
+            except StoreUnavailable as err:
+                log.warning("%s", err)
+
+    def stop(self) -> None:
+        """Stops the keepalives only: the lease ends by itself after its TTL
+        (what a controller that hangs or dies looks like to the others)."""
+        self._stop.set()
+
+    def revoke(self) -> None:
+        """Stops the keepalives and ends the lease (unreachable etcd: the
+        lease ends by itself after its TTL)."""
+        self._stop.set()
+        self._expired = True
+        try:
+            self.client.call("lease/revoke", {"ID": str(self.id)}, f"lease {self.id:x} revoke")
+        except StoreUnavailable as err:
+            if err.code != NOT_FOUND:       # already expired: nothing to end
+                raise
