@@ -190,6 +190,15 @@ class ControllerSpec(Strict):
     # /cachepilot; controller/store_etcd.py), for a controller whose state
     # must outlive its host.
     store: str = "sqlite"
+    # With an etcd store every controller process is a replica that owns a
+    # share of the nodes (controller/fleet.py): its name among them
+    # (default: its advertised address), the address agents are redirected
+    # to (default: listen), and how long it may go silent before its nodes
+    # move to the others (default: half a control interval, at least 1 s:
+    # then its nodes are served again within two intervals of its death).
+    replica: Name | None = None
+    advertise: str | None = None
+    replica_ttl_s: float | None = Field(None, ge=1, le=3600)
     metrics_port: int | None = Field(None, ge=0, le=65535)
 
     @field_validator("store")

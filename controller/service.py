@@ -475,6 +475,8 @@ class Served:
 
     def stop(self, grace: float | None = 0.5):
         self.stop_event.set()
+        if self.controller.fleet is not None:
+            self.controller.fleet.stop()
         self.server.stop(grace).wait()
         self.controller.close()
 
@@ -498,6 +500,24 @@ def _credentials(spec, address, token):
                                                                          "client CA"),
                                            require_client_auth=True)
     return grpc.ssl_server_credentials(pair)
+
+
+def _join_fleet(config, address, port, server, controller):
+    """This process as one of the replicas sharing the fleet's nodes
+    (controller/fleet.py); a replica that cannot join does not serve."""
+    from cachepilot.controller.etcd import Etcd, StoreUnavailable
+    from cachepilot.controller.fleet import Fleet
+    spec = config.controller
+    host = address.rsplit(":", 1)[0]
+    advertise = spec.advertise or f"{host}:{port}"
+    try:
+        return Fleet(Etcd(spec.store), spec.replica or advertise, advertise,
+                     spec.replica_ttl_s or max(1.0, config.control.interval_s / 2)).start()
+    except StoreUnavailable as err:
+        server.stop(0)
+        controller.close()
+        raise UserError(f"controller: cannot join the replicas at {spec.store}: {err}") \
+            from None
 
 
 def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
@@ -532,6 +552,8 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
         controller.close()
         raise UserError(f"controller: cannot listen on {address}")
     server.start()
+    if spec.store != "sqlite":
+        controller.fleet = _join_fleet(config, address, port, server, controller)
     stop = threading.Event()
 
     def watch():

@@ -57,7 +57,10 @@ class EtcdServer:
             [self.binary, "--name", self.name, "--data-dir", str(self.data_dir),
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"{self.name}={peer}", "--log-level", "warn"],
+             "--initial-cluster", f"{self.name}={peer}", "--log-level", "warn",
+             # a one-member cluster elects at once; short ticks let it grant
+             # 1 s leases (its least TTL is 1.5 election timeouts)
+             "--heartbeat-interval", "20", "--election-timeout", "200"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         end = time.monotonic() + timeout
