@@ -51,6 +51,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -64,11 +65,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_lib import CLI, RESULTS, cpu_seconds, free_port, make_tls, stop  # noqa: E402
 from cachepilot.protocol.channel import OWNER_HEADER  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from etcd_fixture import EtcdServer  # noqa: E402  (a loopback etcd, as the tests start it)
+
 POLICIES = ["linux", "lru", "mru", "s3fifo", "lfu"]
 NODE_BYTES = 64 << 30
 PAGE = 4096
 DEFAULT_NODES = (100, 250, 500, 1000, 2000, 3500, 5000)
 PROJECT_NODES = 50_000
+STEP_FRACTION = 0.1                 # the replicas' max_step_fraction
+MAX_STEP = int(STEP_FRACTION * NODE_BYTES)
 # A replica is one Python process: its decision rounds hold the GIL, so it
 # gets about one core however many the host has; the projection keeps it
 # below this share of that core.
@@ -118,7 +124,8 @@ def fleet_config(nodes: int, tenants: int, interval: float, seed: int, points: i
                 spec["slo"] = {"min_throughput": slo}
             tenant_specs.append(spec)
     return {
-        "control": {"interval_s": interval, "max_step_fraction": 0.1, "autopilot_k": 3},
+        "control": {"interval_s": interval, "max_step_fraction": STEP_FRACTION,
+                    "autopilot_k": 3},
         "controller": {"listen": "127.0.0.1:0", "tls_cert": str(cert), "tls_key": str(key),
                        "tls_ca": str(cert), "token_file": str(token),
                        "state_path": str(state_path)},
@@ -160,6 +167,7 @@ class SynthNode:
         self.limit = {st.name: share for st in self.tenants}
         self.policy = {st.name: "linux" for st in self.tenants}
         self.curves = {st.name: st.curves for st in self.tenants}
+        self.step_violations = 0            # directives moving a limit by more than the step
 
     def next_request(self):
         """The request for this interval: each tenant's observed miss ratio
@@ -188,6 +196,8 @@ class SynthNode:
         for d in reply.directives:
             if d.tenant not in self.limit:
                 continue
+            if abs(int(d.limit_bytes) - self.limit[d.tenant]) > MAX_STEP + PAGE:
+                self.step_violations += 1
             self.limit[d.tenant] = min(int(d.limit_bytes), NODE_BYTES)
             ok_policy = d.policy in self.curves[d.tenant]
             if ok_policy:
@@ -357,6 +367,7 @@ async def agents_main(spec: dict, t0_source) -> dict:
     t0 = await t0_source(registered)
     log = await agents.run(t0, spec["intervals_total"])
     await agents.close()
+    agents.counts["step_violations"] = sum(n.step_violations for n in agents.nodes)
     return {"nodes": len(agents.nodes), "registered": registered, "register_s": register_s,
             "counts": agents.counts, "errors": agents.errors, "log": log}
 
@@ -460,7 +471,7 @@ def proc_cpu(pids) -> list[float]:
 
 # -- one step -------------------------------------------------------------------------
 
-def run_step(nodes: int, tenants: int, args, say=print) -> dict:
+def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = False) -> dict:
     interval, warmup, intervals = args.interval, args.warmup, args.intervals
     total = warmup + intervals
     work = Path(tempfile.mkdtemp(prefix=f"bench_fleet-{nodes}x{tenants}-"))
@@ -471,19 +482,24 @@ def run_step(nodes: int, tenants: int, args, say=print) -> dict:
     t = time.monotonic()
     base = fleet_config(nodes, tenants, interval, args.seed, args.points, tls,
                         work / "replica-0.state.db")
+    etcd = EtcdServer(work / "etcd") if args.replicas > 1 else None
     for r in range(args.replicas):
-        # each replica its own state store
-        cfg = dict(base, controller=dict(base["controller"],
-                                         state_path=str(work / f"replica-{r}.state.db")))
+        if etcd is not None:
+            # replicas share the nodes through etcd (controller/fleet.py)
+            ctl = dict(base["controller"], store=etcd.url(), replica=f"r{r}")
+            ctl.pop("state_path")
+        else:
+            ctl = dict(base["controller"], state_path=str(work / f"replica-{r}.state.db"))
+        cfg = dict(base, controller=ctl)
         path = work / f"replica-{r}.yaml"
         path.write_text(json.dumps(cfg))        # JSON is YAML, and quicker to write
         configs.append(path)
     config_s = time.monotonic() - t
     # a replica reads and checks the whole fleet's config at start
-    replicas, startup_s = start_replicas(configs, ports, work,
-                                         timeout=60 + 0.01 * nodes * tenants)
-    workers = []
+    workers, replicas = [], []
     try:
+        replicas, startup_s = start_replicas(configs, ports, work,
+                                             timeout=60 + 0.01 * nodes * tenants)
         procs = max(1, min(args.agent_procs, nodes))
         for w in range(procs):
             spec = {"addresses": addresses, "nodes": list(range(w, nodes, procs)),
@@ -514,6 +530,12 @@ def run_step(nodes: int, tenants: int, args, say=print) -> dict:
         _sleep_until(t0 + warmup * interval, say, f"{nodes} nodes: warm-up")
         r0, a0, w0 = proc_cpu(rpids), proc_cpu(apids), time.monotonic()
         spies = start_profiles(args.py_spy, rpids, intervals * interval, work)
+        killed = None
+        if kill_leader:
+            # a third of the way into the first measured interval, SIGKILL
+            # the replica that leads: no goodbye, its lease runs out
+            _sleep_until(t0 + (warmup + 0.33) * interval, say, "before the kill")
+            killed = kill_the_leader(etcd, replicas)
         _sleep_until(t0 + total * interval, say, f"{nodes} nodes: measuring")
         r1, a1, w1 = proc_cpu(rpids), proc_cpu(apids), time.monotonic()
         alive = [p.poll() is None for p in replicas]
@@ -533,6 +555,10 @@ def run_step(nodes: int, tenants: int, args, say=print) -> dict:
             results.append(json.loads(out.read_text()))
     finally:
         stop(workers + replicas)
+        if etcd is not None:
+            etcd.stop()
+    if killed is not None:
+        return failover_figures(results, t0, killed, interval, nodes)
     step = summarise(nodes, tenants, args, results,
                      [b - a for a, b in zip(r0, r1)], [b - a for a, b in zip(a0, a1)],
                      w1 - w0)
@@ -640,11 +666,57 @@ def projection(steps: list[dict], interval: float) -> dict:
 
 # -- failover (filled in by the --failover mode) -----------------------------------
 
-def measure_failover(args) -> float | None:
-    """Intervals the fleet needs to be served again after a replica is
-    killed (its nodes failing over to the others).  Hook for the
-    `--failover` mode, still to be written; None until then."""
-    return None
+def kill_the_leader(etcd, replicas) -> dict:
+    """SIGKILL the replica etcd names as leader; (which, when)."""
+    from cachepilot.controller.etcd import Etcd
+    from cachepilot.controller.fleet import LEADER
+    name = Etcd(etcd.url()).leader(LEADER)
+    if name is None or not name.startswith("r"):
+        raise RuntimeError(f"no replica leads (leader key: {name!r})")
+    proc = replicas[int(name[1:])]
+    proc.send_signal(signal.SIGKILL)
+    return {"replica": name, "at": time.monotonic()}
+
+
+def failover_figures(results, t0, killed, interval, nodes) -> dict:
+    """From the agents' logs: how long after the kill the last node that
+    missed a report was answered again (in intervals), and how many
+    reports went unanswered."""
+    at = killed["at"]
+    by_node: dict[int, list] = {}
+    for res in results:
+        for k, node, due, _sent, done in res["log"]:
+            by_node.setdefault(node, []).append((k, due, done))
+    lost, missed, never, worst = 0, 0, 0, 0.0
+    for node, entries in by_node.items():
+        missing = False
+        for k, due, done in sorted(entries):
+            if t0 + k * interval + due + interval < at:
+                continue                    # due well before the kill
+            if done is None:
+                lost += 1
+                missing = True
+            elif missing:
+                worst = max(worst, t0 + k * interval + done - at)
+                missing = False
+                break
+        missed += any(done is None for *_, done in entries)
+        never += missing
+    violations = sum(res["counts"].get("step_violations", 0) for res in results)
+    return {"killed": killed["replica"], "nodes": nodes,
+            "nodes_that_missed_a_report": missed, "nodes_never_served_again": never,
+            "reports_unanswered": lost, "failover_s": worst,
+            "failover_intervals": worst / interval, "step_violations": violations}
+
+
+def measure_failover(args, say=print) -> dict | None:
+    """Two replicas on etcd at args.failover_nodes nodes; the leader is
+    SIGKILLed a third into the first measured interval.  Its nodes must be
+    served by the other within two intervals (the issue's bar)."""
+    if not args.failover_nodes:
+        return None
+    fa = argparse.Namespace(**{**vars(args), "replicas": 2, "intervals": max(args.intervals, 4)})
+    return run_step(args.failover_nodes, args.tenants, fa, say, kill_leader=True)
 
 
 # -- output -------------------------------------------------------------------------------
@@ -738,6 +810,9 @@ def main(argv=None) -> int:
                          "intervals (the step's `profile`; implies --keep for its stacks)")
     ap.add_argument("--out", default=str(RESULTS / "bench_fleet"),
                     help="output path without suffix (.json and .png are written)")
+    ap.add_argument("--failover-nodes", type=int, default=200,
+                    help="after the ramp, kill the leader of 2 replicas at this many nodes "
+                         "and time the failover (0: skip)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
@@ -789,7 +864,18 @@ def main(argv=None) -> int:
             break
     measured = [s for s in result["steps"] if s.get("cpu_s_per_interval") is not None]
     result["projection"] = projection(measured, args.interval)
-    result["failover_intervals"] = measure_failover(args)
+    if args.failover_nodes:
+        console.print(f"[bold]failover[/bold] {args.failover_nodes} nodes, 2 replicas on "
+                      "etcd: SIGKILL the leader ...")
+        failover = measure_failover(args)
+        result["failover"] = failover
+        result["failover_intervals"] = failover["failover_intervals"]
+        console.print(f"  the leader ({failover['killed']}) killed: its nodes served again "
+                      f"after {failover['failover_s']:.1f} s = "
+                      f"{failover['failover_intervals']:.2f} intervals; "
+                      f"{failover['reports_unanswered']} report(s) unanswered, "
+                      f"{failover['nodes_never_served_again']} node(s) never served again, "
+                      f"{failover['step_violations']} step violation(s)")
     fitting = [s for s in measured if s["fits"]]
     result["largest_fitting"] = ({"nodes": fitting[-1]["nodes"],
                                   "tenants": fitting[-1]["tenants"]} if fitting else None)
