@@ -679,29 +679,34 @@ def kill_the_leader(etcd, replicas) -> dict:
 
 
 def failover_figures(results, t0, killed, interval, nodes) -> dict:
-    """From the agents' logs: how long after the kill the last node that
-    missed a report was answered again (in intervals), and how many
+    """From the agents' logs: per node, from its first report due after
+    the kill (or the one in flight at it, if that went unanswered) until a
+    report was answered again; the longest of those, in intervals (a node
+    whose replica lived waits only its usual latency), and how many
     reports went unanswered."""
     at = killed["at"]
     by_node: dict[int, list] = {}
     for res in results:
         for k, node, due, _sent, done in res["log"]:
-            by_node.setdefault(node, []).append((k, due, done))
+            by_node.setdefault(node, []).append((t0 + k * interval + due,
+                                                 None if done is None else
+                                                 t0 + k * interval + done))
     lost, missed, never, worst = 0, 0, 0, 0.0
-    for node, entries in by_node.items():
-        missing = False
-        for k, due, done in sorted(entries):
-            if t0 + k * interval + due + interval < at:
-                continue                    # due well before the kill
+    for entries in by_node.values():
+        began = None
+        for due, done in sorted(entries):
+            if began is None and (due >= at or (done is None and due + interval >= at)):
+                began = due
+            if began is None:
+                continue
             if done is None:
                 lost += 1
-                missing = True
-            elif missing:
-                worst = max(worst, t0 + k * interval + done - at)
-                missing = False
-                break
-        missed += any(done is None for *_, done in entries)
-        never += missing
+                continue
+            worst = max(worst, done - began)
+            break
+        else:
+            never += began is not None
+        missed += any(done is None for _, done in entries)
     violations = sum(res["counts"].get("step_violations", 0) for res in results)
     return {"killed": killed["replica"], "nodes": nodes,
             "nodes_that_missed_a_report": missed, "nodes_never_served_again": never,

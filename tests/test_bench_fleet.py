@@ -23,13 +23,25 @@ STEP_KEYS = {"nodes", "tenants", "replicas", "round_s", "cpu_s_per_interval"}
 def test_harness_at_a_tiny_load_answers_every_report(tmp_path, replicas):
     out = tmp_path / "bench_fleet"
     began = time.monotonic()
+    # with two replicas, also the failover: the leader killed at 4 nodes
+    failover = "4" if replicas == 2 else "0"
     assert bench_fleet.main(["--nodes", "4", "--tenants", "3", "--interval", "1",
                              "--intervals", "3", "--warmup", "1", "--replicas", str(replicas),
-                             "--agent-procs", "2", "--out", str(out)]) == 0
-    assert time.monotonic() - began < 30
+                             "--agent-procs", "2", "--failover-nodes", failover,
+                             "--out", str(out)]) == 0
+    assert time.monotonic() - began < 60
     result = json.loads(out.with_suffix(".json").read_text())
     assert set(result) >= {"steps", "failover_intervals"}
-    assert result["failover_intervals"] is None
+    if replicas == 1:
+        assert result["failover_intervals"] is None
+    else:
+        f = result["failover"]
+        # every node served again, the dead leader's after its lease ran
+        # out (at a 1 s interval its 1 s lease, etcd's least, and the watch
+        # take most of two intervals, so the bound here is loose)
+        assert f["nodes_never_served_again"] == 0 and f["step_violations"] == 0
+        assert 0.5 < result["failover_intervals"] < 4
+        assert f["reports_unanswered"] <= 2 * f["nodes_that_missed_a_report"]
     [step] = result["steps"]
     assert STEP_KEYS <= set(step)
     assert (step["nodes"], step["tenants"], step["replicas"]) == (4, 3, replicas)
