@@ -164,6 +164,20 @@ class Etcd:
         return [(_unb64(kv["key"]).decode()[n:], _unb64(kv.get("value", "")).decode(),
                  int(kv.get("mod_revision", 0))) for kv in kvs]
 
+    def get_many(self, keys: list[str], per_call: int = 128) -> dict[str, str]:
+        """The values of `keys` that exist, read in transactions of up to
+        `per_call` reads (etcd's default limit on a transaction's ops)."""
+        out = {}
+        for i in range(0, len(keys), per_call):
+            part = keys[i:i + per_call]
+            body = {"success": [{"request_range": {"key": _b64(self.key(k))}} for k in part]}
+            reply = self.call("kv/txn", body, f"get {len(part)} keys")
+            n = len(self.prefix)
+            for r in reply.get("responses", []):
+                for kv in r.get("response_range", {}).get("kvs", []):
+                    out[_unb64(kv["key"]).decode()[n:]] = _unb64(kv.get("value", "")).decode()
+        return out
+
     def count_prefix(self, prefix: str) -> int:
         body = {"key": _b64(self.key(prefix)), "range_end": self._range_end(prefix),
                 "count_only": True}

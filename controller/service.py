@@ -115,6 +115,7 @@ class Controller(AdminOps):
         self.engine = engine if engine is not None else Engine()
         self.store = store if store is not None else MemoryStore()
         self.fleet = fleet              # controller/fleet.py: replicas sharing the nodes
+        self.serving: set[str] = set()  # nodes reported here since this replica owned them
         self.metrics = ControllerMetrics()
         self.lock = threading.RLock()
         self.rounds = 0
@@ -199,6 +200,8 @@ class Controller(AdminOps):
                        f"node {rec.name} registered ({info.backend}, "
                        f"{info.memory_bytes} bytes, cache_ext={info.has_cache_ext})")
             self.store.put_node(rec.name, asdict(info), time.time())
+            if self.fleet is not None and rec.name not in self.serving:
+                self._adopt(rec)
             self._flush()
             self._export_nodes()
             return (rec.session, self.config.control.interval_s,
@@ -211,6 +214,7 @@ class Controller(AdminOps):
         with self.lock:
             rec, reports, refusals = self.registry.accept_report(
                 node_id, session, seq, reports, applied, refused)
+            self.serving.add(node_id)
             self._note_refusals(node_id, refusals, applied)
             self._observe(reports)
             placed = {t.name for t in self.config.tenants_on(node_id)}
@@ -235,10 +239,44 @@ class Controller(AdminOps):
             self._export_nodes()
             return sent, self.rounds, refusals
 
+    def fleet_changed(self, members):
+        """The replicas changed: the nodes that moved away are no longer
+        served here (if one comes back, what another replica learnt of it
+        meanwhile is taken from the store)."""
+        with self.lock:
+            if self.fleet is not None:
+                self.serving = {n for n in self.serving if self.fleet.owns(n)}
+
+    def _adopt(self, rec):
+        """A node registering with this replica may come from another (one
+        that died, or the owner before a replica joined): take its
+        tenants' last directives and the engine's memory of them (autopilot
+        streaks, watchdog holds, the throughput model) from the shared
+        store, as they were written by whichever replica served it last."""
+        names = [t.name for t in self.config.tenants_on(rec.name)]
+        try:
+            saved = self.store.load_tenants(names)
+        except UserError as err:        # etcd away: start them from the reports
+            self._note(rec.name, "", "adopt", f"node {rec.name}: its tenants' saved state "
+                       f"could not be read ({err}); they start from the reports")
+            return
+        if saved.tenants and hasattr(self.engine, "restore"):
+            self.engine.restore(saved.tenants, self.rounds, self.config)
+        for tenant, d in saved.directives.items():
+            if d.node == rec.name and d.sent:
+                rec.directives[tenant] = Directive(tenant, d.limit_bytes, d.policy, d.reason)
+                self.last_reason[tenant] = d.reason
+        if saved.tenants or saved.directives:
+            self._note(rec.name, "", "adopt",
+                       f"node {rec.name}: took {len(saved.tenants)} tenant record(s) and "
+                       f"{len(saved.directives)} directive(s) from the shared store")
+
     def check_lost(self) -> list[str]:
         with self.lock:
             c = self.config.control
             lost = self.registry.check_lost(c.interval_s, c.lost_after_intervals)
+            if self.fleet is not None:      # another replica's nodes are not ours to lose
+                lost = [n for n in lost if self.fleet.owns(n)]
             for name in lost:
                 self._note(name, "", "lost", f"node {name} sent no report for "
                            f"{c.lost_after_intervals} intervals; its memory leaves the pool")
@@ -512,7 +550,8 @@ def _join_fleet(config, address, port, server, controller):
     advertise = spec.advertise or f"{host}:{port}"
     try:
         return Fleet(Etcd(spec.store), spec.replica or advertise, advertise,
-                     spec.replica_ttl_s or max(1.0, config.control.interval_s / 2)).start()
+                     spec.replica_ttl_s or max(1.0, config.control.interval_s / 2),
+                     on_change=controller.fleet_changed).start()
     except StoreUnavailable as err:
         server.stop(0)
         controller.close()
@@ -551,9 +590,10 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
     if port == 0:
         controller.close()
         raise UserError(f"controller: cannot listen on {address}")
-    server.start()
     if spec.store != "sqlite":
+        # joined before serving: no node is taken that another replica owns
         controller.fleet = _join_fleet(config, address, port, server, controller)
+    server.start()
     stop = threading.Event()
 
     def watch():

@@ -121,6 +121,17 @@ class EtcdStore:
             return _saved(records, [_entry(v) for _, v in log_kvs[-log_tail:]]
                           if log_tail else [])
 
+    def load_tenants(self, names) -> Saved:
+        """The directives and engine records of these tenants alone (a
+        replica taking over a node from another: controller/fleet.py).
+        Raises StoreUnavailable when etcd cannot be asked."""
+        keys = [record_key(kind, n) for n in names for kind in ("directive", "tenant")]
+        with self._lock:
+            records = self.client.get_many(keys)
+            self._written.update(records)
+            records.update({k: v for k, v in self._pending.items() if k in set(keys)})
+        return _saved(records, [])
+
     def read_log(self, since=0.0, tenant="", limit=50) -> list[LogRecord]:
         """Newest first, from etcd and from the entries not yet written;
         while etcd is unreachable, from the latter alone."""
