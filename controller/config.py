@@ -159,6 +159,10 @@ class ControlSpec(Strict):
     curve_error_sigmas: float = Field(2.0, ge=0, le=10)
     # A node with no report for this many intervals is lost.
     lost_after_intervals: int = Field(3, ge=1)
+    # With replicas on etcd (controller/fleet.py), the leader plans the
+    # fleet's consolidation every this many intervals from the demands each
+    # replica publishes for its nodes (0: never).
+    plan_every_intervals: int = Field(30, ge=0)
     # Prior for tenants that do not give their own.
     prior: ModelPrior = ModelPrior()
 

@@ -17,6 +17,10 @@ Each one:
                the fleet-wide work; when its lease ends, the next to
                campaign leads
 
+Each replica also publishes, under demand/<node>, what its nodes'
+tenants need (controller/planner.py: live_demand), and the leader packs
+them into the fewest hosts now and then and puts the plan under `plan`.
+
 Membership is read again every third of the lease.  If etcd cannot be
 reached, the member list stays as last read -- each replica goes on
 serving the nodes it owned, from its own memory, and the leader stops
@@ -27,16 +31,20 @@ lapsed, and reads the list again.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import threading
 
-from cachepilot.controller.etcd import Etcd, Lease, StoreUnavailable
+from cachepilot.controller.etcd import Etcd, Lease, StoreUnavailable, put_op
 
 log = logging.getLogger("cachepilot.controller.fleet")
 
 MEMBERS = "replicas/"
 LEADER = "leader"
+DEMANDS = "demand/"
+PLAN = "plan"
+OUTBOX_TXN = 100            # demand puts per transaction (etcd allows 128 ops)
 
 
 def owner_of(node: str, members: dict[str, str]) -> str | None:
@@ -68,6 +76,7 @@ class Fleet:
         self.reachable = True
         self.lease: Lease | None = None
         self._owners: dict[str, str | None] = {}
+        self._outbox: dict[str, str] = {}    # node -> its demands, not yet put
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -121,6 +130,7 @@ class Fleet:
         while not self._stop.wait(self.ttl / 3):
             try:
                 self._read()
+                self._flush_outbox()
                 if not self.reachable:
                     self.reachable = True
                     log.warning("replica %s: etcd answers again; member list read again",
@@ -132,6 +142,34 @@ class Fleet:
                     log.warning("replica %s: %s; serving the nodes it owns from its last "
                                 "state, member list kept as last read (%d replica(s))",
                                 self.name, err, len(self.members))
+
+    # -- demands and the plan -----------------------------------------------------------
+    def publish(self, node: str, demands: list[dict]) -> None:
+        """What `node`'s tenants need; put from the watch thread (a round
+        never waits on etcd for it), the newest only."""
+        with self._lock:
+            self._outbox[node] = json.dumps(demands, separators=(",", ":"))
+
+    def _flush_outbox(self):
+        with self._lock:
+            out, self._outbox = self._outbox, {}
+        items = sorted(out.items())
+        try:
+            for i in range(0, len(items), OUTBOX_TXN):
+                self.etcd.txn([put_op(DEMANDS + n, v) for n, v in items[i:i + OUTBOX_TXN]],
+                              what=f"put {min(OUTBOX_TXN, len(items) - i)} nodes' demands")
+        except StoreUnavailable:
+            with self._lock:            # keep what was not put, unless newer came
+                self._outbox = {**dict(items), **self._outbox}
+            raise
+
+    def read_demands(self) -> dict[str, list[dict]]:
+        """node -> its tenants' demands, as the replicas last published them."""
+        return {k[len(DEMANDS):]: json.loads(v)
+                for k, v, _ in self.etcd.get_prefix(DEMANDS)}
+
+    def put_plan(self, summary: dict) -> None:
+        self.etcd.put(PLAN, json.dumps(summary, separators=(",", ":")))
 
     # -- asking ----------------------------------------------------------------------
     def owner(self, node: str) -> tuple[str, str]:

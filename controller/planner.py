@@ -259,6 +259,27 @@ def _page_up(b: float) -> int:
     return int(math.ceil(b / PAGE_SIZE)) * PAGE_SIZE
 
 
+def live_demand(config, spec, st, limit_bytes: int) -> Demand:
+    """A running tenant's demand from what the engine has learnt of it
+    (its TenantState): an SLO tenant needs the size its SLO was last
+    judged feasible at, under the policy directed; one whose SLO no size
+    meets keeps the limit it has; a tenant without an SLO, its floor.
+    The controller's leader plans from these (no profiling: the curves
+    the replicas see every interval already said it)."""
+    lb = max(spec.floor_bytes, config.control.anon_margin_bytes)
+    slo = spec.slo.min_throughput if spec.slo is not None else None
+    if not slo:
+        return Demand(spec.name, spec.node, _page_up(lb), None, slo, None, "floor",
+                      why="no SLO: its floor")
+    need = getattr(st, "slo_need_pages", None) if st is not None else None
+    if st is not None and st.slo_feasible and need is not None and math.isfinite(need):
+        return Demand(spec.name, spec.node, _page_up(max(need * PAGE_SIZE, lb)),
+                      st.policy or st.running, slo, None, "engine",
+                      why=f"the engine's need for {slo:g}/s under {st.policy or st.running}")
+    return Demand(spec.name, spec.node, _page_up(max(limit_bytes, lb)), None, slo, None,
+                  "engine", why="SLO not judged feasible: keeps its limit")
+
+
 # -- packing ---------------------------------------------------------------------
 
 def _compatible(config, demands) -> np.ndarray:

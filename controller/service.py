@@ -237,7 +237,61 @@ class Controller(AdminOps):
                 self._note_engine(node_id, e)
             self._save_round(node_id, directives, advice)
             self._export_nodes()
+            every = self.config.control.plan_every_intervals
+            if self.fleet is not None and every and rec.reports % every == 1 % every:
+                self._publish_demands(rec, reports)
             return sent, self.rounds, refusals
+
+    def _publish_demands(self, rec, reports):
+        """What this node's tenants need, for the leader's plan."""
+        from cachepilot.controller.planner import live_demand
+        limits = {r.tenant: r.limit_bytes for r in reports}
+        state = getattr(self.engine, "state", None)
+        out = []
+        for spec in self.config.tenants_on(rec.name):
+            st = state.tenants.get(spec.name) if state is not None else None
+            d = live_demand(self.config, spec, st, limits.get(spec.name, 0))
+            out.append({"tenant": d.tenant, "demand_bytes": d.demand_bytes,
+                        "policy": d.policy, "why": d.why})
+        self.fleet.publish(rec.name, out)
+
+    def plan_fleet(self) -> dict:
+        """The leader's consolidation plan over every node's published
+        demands (controller/planner.py packs them); logged and put under
+        the fleet's `plan` key."""
+        from cachepilot.controller.planner import Demand, plan
+        published = {d["tenant"]: d for ds in self.fleet.read_demands().values() for d in ds}
+        demands = []
+        for spec in self.config.tenants:
+            d = published.get(spec.name)
+            slo = spec.slo.min_throughput if spec.slo is not None else None
+            if d is None:       # its node has not reported: its floor, for now
+                floor = max(spec.floor_bytes, self.config.control.anon_margin_bytes)
+                d = {"demand_bytes": floor, "policy": None, "why": "not reported yet"}
+            demands.append(Demand(spec.name, spec.node, int(d["demand_bytes"]), d["policy"],
+                                  slo, None, "engine", why=d["why"]))
+        try:
+            result = plan(self.config, demands=demands, method="auto")
+        except UserError as err:
+            summary = {"time": time.time(), "error": str(err)}
+            message = f"consolidation plan: {err}"
+        else:
+            summary = {"time": time.time(), "method": result.method,
+                       "hosts_used": len(result.hosts_used), "hosts": len(self.config.nodes),
+                       "lower_bound_hosts": result.lower_bound_hosts,
+                       "memory_freed_bytes": result.memory_freed_bytes,
+                       "tenants_moved": len(result.moved), "tenants": len(demands),
+                       "reported": len(published), "seconds": round(result.seconds, 3)}
+            message = (f"consolidation plan ({result.method}, {result.seconds:.2f} s): "
+                       f"{len(result.hosts_used)} of {len(self.config.nodes)} hosts would "
+                       f"hold every tenant's demand ({len(published)} of {len(demands)} "
+                       f"reported); {len(result.moved)} tenant(s) would move, freeing "
+                       f"{result.memory_freed_bytes >> 20} MiB")
+        self.fleet.put_plan(summary)
+        with self.lock:
+            self._note("", "", "plan", message, summary)
+            self._flush()
+        return summary
 
     def fleet_changed(self, members):
         """The replicas changed: the nodes that moved away are no longer
@@ -604,6 +658,16 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
             controller.check_lost()
     if watch_lost:
         threading.Thread(target=watch, name="lost-node-watch", daemon=True).start()
+    every = config.control.plan_every_intervals * config.control.interval_s
+    if controller.fleet is not None and every > 0:
+        def plan_loop():
+            while not stop.wait(every):
+                if controller.fleet.leading:
+                    try:
+                        controller.plan_fleet()
+                    except UserError as err:        # etcd away: the next period
+                        log.warning("consolidation plan: %s", err)
+        threading.Thread(target=plan_loop, name="fleet-plan", daemon=True).start()
     if spec.metrics_port is not None:
         controller.metrics.serve(spec.metrics_port)
     host = address.rsplit(":", 1)[0]

@@ -12,9 +12,12 @@ nodes whose agents know both addresses:
     within two intervals, taking what the dead one knew of their tenants
     from the store; no node misses more than the report in flight, and no
     limit moves by more than the step;
+  * the leader plans the fleet's consolidation from the demands both
+    replicas publish for their nodes;
   * etcd is killed: both replicas go on serving the nodes they own, and
     when it is back they read the member list again and lead again.
 """
+import json
 import sys
 import time
 from pathlib import Path
@@ -58,9 +61,10 @@ def etcd(tmp_path):
     server.stop()
 
 
-def _replicas(etcd, tmp_path, n=2):
+def _replicas(etcd, tmp_path, n=2, plan_every=0):
     data = small_config_dict(tmp_path, tls=False, nodes=NODES, interval_s=INTERVAL,
                              memory=MEMORY, lost_after=100)
+    data["control"]["plan_every_intervals"] = plan_every
     data["controller"]["store"] = etcd.url(f"/fleet-{tmp_path.name}")
     out = []
     for i in range(n):
@@ -198,6 +202,35 @@ def test_replicas_serve_their_nodes_while_etcd_is_away(etcd, tmp_path):
         _step_all(clients, limits)
         assert _wait(lambda: all(s.controller.store.available for s in replicas), 5)
         assert {c.info.node_id: c.target for c in clients} == targets
+    finally:
+        for c in clients:
+            c.close()
+        for s in replicas:
+            s.stop(0)
+
+
+def test_the_leader_plans_from_every_replicas_demands(etcd, tmp_path):
+    replicas, _ = _replicas(etcd, tmp_path, plan_every=1)
+    clients = _agents(replicas)
+    try:
+        assert _wait(lambda: all(len(s.controller.fleet.members) == 2 for s in replicas), 5)
+        for _ in range(3):
+            _step_all(clients, {})
+            time.sleep(0.4)             # the watch thread puts the demands
+        [leader] = [s for s in replicas if s.controller.fleet.leading]
+        published = leader.controller.fleet.read_demands()
+        assert sorted(published) == sorted(NODES)    # both replicas' nodes
+        summary = leader.controller.plan_fleet()
+        assert summary["tenants"] == summary["reported"] == 2 * len(NODES)
+        # eight tenants' demands on four 256 MiB hosts: fewer hosts will do
+        assert 1 <= summary["lower_bound_hosts"] <= summary["hosts_used"] < len(NODES)
+        stored = json.loads(leader.controller.fleet.etcd.get("plan"))
+        assert stored["hosts_used"] == summary["hosts_used"]
+        assert any(e.kind == "plan" for e in leader.controller.log)
+        # and the leader's own thread plans every interval
+        before = stored["time"]
+        assert _wait(lambda: json.loads(leader.controller.fleet.etcd.get("plan"))["time"]
+                     > before, 3 * INTERVAL)
     finally:
         for c in clients:
             c.close()
