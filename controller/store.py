@@ -332,7 +332,11 @@ def open_store(config) -> StateStore:
     no file and names no path."""
     if config.controller.store != "sqlite":
         from cachepilot.controller.store_etcd import EtcdStore   # it imports this module
-        return EtcdStore(config.controller.store)
+        # written behind, a few times an interval: a controller's rounds
+        # never wait on etcd, and a replica killed loses at most that much
+        # (the next reports carry it again)
+        return EtcdStore(config.controller.store,
+                         write_behind_s=min(0.25, config.control.interval_s / 4))
     path = default_state_path(config)
     return SQLiteStore(path) if path is not None else MemoryStore()
 

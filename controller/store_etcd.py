@@ -78,7 +78,7 @@ class EtcdStore:
 
     def __init__(self, url: str, timeout: float = TIMEOUT_S, log_keep: int = LOG_KEEP,
                  retry_s: float = RETRY_S, pending_log: int = PENDING_LOG,
-                 prune_every: int = PRUNE_EVERY):
+                 prune_every: int = PRUNE_EVERY, write_behind_s: float | None = None):
         self.client = Etcd(url, timeout)
         self.path = self.client.url          # what messages name the store by
         self.log_keep = log_keep
@@ -94,6 +94,16 @@ class EtcdStore:
         self._writer = os.urandom(4).hex()
         self._seq = itertools.count()
         self._appended = 0
+        # write-behind: calls only queue, and a thread writes what is queued
+        # every write_behind_s without holding the lock the calls take, so
+        # a round never waits for etcd (its fsync, or its absence)
+        self._behind = write_behind_s
+        self._stop = threading.Event()
+        self._flusher = None
+        if write_behind_s:
+            self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                             name="etcd-store-flush")
+            self._flusher.start()
 
     @property
     def pending(self) -> dict[str, int]:
@@ -191,7 +201,39 @@ class EtcdStore:
                     self._dropped += 1
                 key = f"log/{int(e.time * 1e9):020d}-{self._writer}-{next(self._seq):010d}"
                 self._pending_log.append((key, _json(asdict(e))))
-            self._sync()
+            if not self._behind:
+                self._sync()
+
+    def _flush_loop(self):
+        while not self._stop.wait(self._behind):
+            self._flush_behind()
+
+    def _flush_behind(self):
+        """Write-behind: what is queued now, written with the lock free; a
+        record queued again meanwhile stays queued with its newer value."""
+        with self._lock:
+            if (not self._pending and not self._pending_log) or \
+                    (not self.available and time.monotonic() < self._next_try):
+                return
+            kept = (len(self._pending), len(self._pending_log), self._dropped)
+            items = [(k, v) for k, v in self._pending.items() if k != "rounds"]
+            items += list(self._pending_log)
+            if "rounds" in self._pending:
+                items.append(("rounds", self._pending["rounds"]))
+        try:
+            for batch in batches(items):
+                self.client.txn([put_op(k, v) for k, v in batch],
+                                what=f"write of {len(batch)} records")
+                with self._lock:
+                    self._mark_written(batch)
+            with self._lock:
+                self._prune()
+        except StoreUnavailable as err:
+            with self._lock:
+                self._lost(err)
+            return
+        with self._lock:
+            self._back(kept)
 
     # -- writing what is pending, and losing etcd -----------------------------------------
     def _sync(self):
@@ -206,6 +248,9 @@ class EtcdStore:
         except StoreUnavailable as err:
             self._lost(err)
             return
+        self._back(kept)
+
+    def _back(self, kept):
         if not self.available:
             self.available = True
             log.warning("state store %s reachable again: wrote the %d records and %d log "
@@ -229,13 +274,20 @@ class EtcdStore:
         for batch in batches(items):
             self.client.txn([put_op(k, v) for k, v in batch],
                             what=f"write of {len(batch)} records")
-            for k, v in batch:
-                if k.startswith("log/"):
+            self._mark_written(batch)
+
+    def _mark_written(self, batch):
+        for k, v in batch:
+            if k.startswith("log/"):
+                # the oldest entries are the ones written: only a writer
+                # takes from the left, and new entries join on the right
+                if self._pending_log and self._pending_log[0][0] == k:
                     self._pending_log.popleft()
-                    self._appended += 1
-                else:
-                    self._written[k] = v
-                    self._pending.pop(k, None)
+                self._appended += 1
+            else:
+                self._written[k] = v
+                if self._pending.get(k) == v:
+                    self._pending.pop(k)
 
     def _prune(self):
         if self._appended < self.prune_every:
@@ -247,6 +299,9 @@ class EtcdStore:
             self.client.delete_before("log/", oldest[-1][0] + "\0")
 
     def close(self):
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=10)
         with self._lock:
             self._next_try = 0.0
             self._sync()

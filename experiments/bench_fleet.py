@@ -528,7 +528,8 @@ def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = Fals
             p.stdin.flush()
         rpids, apids = [p.pid for p in replicas], [p.pid for p in workers]
         _sleep_until(t0 + warmup * interval, say, f"{nodes} nodes: warm-up")
-        r0, a0, w0 = proc_cpu(rpids), proc_cpu(apids), time.monotonic()
+        epids = [etcd.proc.pid] if etcd is not None else []
+        r0, a0, e0, w0 = proc_cpu(rpids), proc_cpu(apids), proc_cpu(epids), time.monotonic()
         spies = start_profiles(args.py_spy, rpids, intervals * interval, work)
         killed = None
         if kill_leader:
@@ -537,7 +538,7 @@ def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = Fals
             _sleep_until(t0 + (warmup + 0.33) * interval, say, "before the kill")
             killed = kill_the_leader(etcd, replicas)
         _sleep_until(t0 + total * interval, say, f"{nodes} nodes: measuring")
-        r1, a1, w1 = proc_cpu(rpids), proc_cpu(apids), time.monotonic()
+        r1, a1, e1, w1 = proc_cpu(rpids), proc_cpu(apids), proc_cpu(epids), time.monotonic()
         alive = [p.poll() is None for p in replicas]
         # the machine is shared: how busy it was over the step (1-minute average)
         load = Path("/proc/loadavg").read_text().split()[0]
@@ -562,6 +563,9 @@ def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = Fals
     step = summarise(nodes, tenants, args, results,
                      [b - a for a, b in zip(r0, r1)], [b - a for a, b in zip(a0, a1)],
                      w1 - w0)
+    # etcd shares the cores too (the replicas' store, with two or more)
+    step["store_cpu_s_per_interval"] = sum(b - a for a, b in zip(e0, e1)) * \
+        (interval / (w1 - w0))
     step.update({"config_s": round(config_s, 2), "startup_s": round(startup_s, 2),
                  "register_s": round(register_s, 2), "registered": registered,
                  "replicas_alive": alive, "load_average": float(load)})
@@ -859,7 +863,8 @@ def main(argv=None) -> int:
         console.print(
             f"  round {step['round_s']:.2f} s (p95 {step['round_p95_s']:.2f}), latency p95 "
             f"{step['latency_p95_s']:.3f} s, replica CPU {step['cpu_s_per_interval']:.2f} "
-            f"s/interval, agents {step['agent_cpu_s_per_interval']:.2f} s/interval, "
+            f"s/interval, agents {step['agent_cpu_s_per_interval']:.2f} s/interval, etcd "
+            f"{step['store_cpu_s_per_interval']:.2f} s/interval, "
             f"late {step['late']}, unanswered {step['unanswered']}; start-up "
             f"{step['startup_s']:.1f} s, registration {step['register_s']:.1f} s; "
             f"{'fits' if step['fits'] else 'does NOT fit: ' + step['why_not']} "
