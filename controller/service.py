@@ -19,6 +19,7 @@ and from the reports.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -45,6 +46,12 @@ from cachepilot.protocol.channel import OWNER_HEADER
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
 log = logging.getLogger("cachepilot.controller")
+
+# An engine record is saved at once when one of these changed, else every
+# SAVE_EVERY of its tenant's reports (service._save_round).
+SAVE_NOW_KEYS = ("policy", "held_until", "probation", "streak", "streak_policy",
+                 "slo_feasible", "target_bytes", "limit_bytes", "calib_since")
+SAVE_EVERY = 5
 
 LOG_MEMORY = 20000        # decision log entries kept in memory (all are in the store)
 
@@ -116,6 +123,7 @@ class Controller(AdminOps):
         self.store = store if store is not None else MemoryStore()
         self.fleet = fleet              # controller/fleet.py: replicas sharing the nodes
         self.serving: set[str] = set()  # nodes reported here since this replica owned them
+        self._last_saved: dict[str, tuple] = {}   # what each record last saved said
         self.metrics = ControllerMetrics()
         self.lock = threading.RLock()
         self.rounds = 0
@@ -404,12 +412,35 @@ class Controller(AdminOps):
             self.metrics.set_policy(d.tenant, d.policy, recommended=True)
 
     def _save_round(self, node_id, directives, advice):
-        saved = {d.tenant: directive_record(node_id, d, self.rounds, d.tenant not in advice)
-                 for d in directives}
+        """The round's directives and the engine's records of their
+        tenants, each only when it says something new -- a limit, a policy,
+        a hold, a streak, a feasibility verdict -- or SAVE_EVERY rounds
+        since it was last saved (for the model's observations): a fleet's
+        store takes every replica's rounds, and a record rewritten every
+        round for its round count alone was most of etcd's work."""
+        saved = {}
+        for d in directives:
+            rec = directive_record(node_id, d, self.rounds, d.tenant not in advice)
+            if self._changed("d:" + d.tenant, d.tenant,
+                             (rec.node, rec.limit_bytes, rec.policy, rec.sent)):
+                saved[d.tenant] = rec
         records = self.engine.records([d.tenant for d in directives]) \
             if hasattr(self.engine, "records") else {}
+        records = {t: r for t, r in records.items()
+                   if self._changed("t:" + t, t, json.dumps([r.get(k) for k in SAVE_NOW_KEYS],
+                                                            sort_keys=True, default=str))}
         self.store.write_round(self.rounds, saved, records, self._unsaved)
         self._unsaved = []
+
+    def _changed(self, key, tenant, what) -> bool:
+        """Whether `what` (a record of `tenant`) must be saved this round,
+        and if so remember it as saved."""
+        n = self.books[tenant].intervals
+        last = self._last_saved.get(key)
+        if last is not None and last[0] == what and n - last[1] < SAVE_EVERY:
+            return False
+        self._last_saved[key] = (what, n)
+        return True
 
     def _flush(self):
         """Log entries made outside a round go to the store at once."""

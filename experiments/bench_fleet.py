@@ -695,9 +695,9 @@ def failover_figures(results, t0, killed, interval, nodes) -> dict:
             by_node.setdefault(node, []).append((t0 + k * interval + due,
                                                  None if done is None else
                                                  t0 + k * interval + done))
-    lost, missed, never, worst = 0, 0, 0, 0.0
+    lost, missed, never, worst, most = 0, 0, 0, 0.0, 0
     for entries in by_node.values():
-        began = None
+        began, mine = None, 0
         for due, done in sorted(entries):
             if began is None and (due >= at or (done is None and due + interval >= at)):
                 began = due
@@ -705,6 +705,8 @@ def failover_figures(results, t0, killed, interval, nodes) -> dict:
                 continue
             if done is None:
                 lost += 1
+                mine += 1
+                most = max(most, mine)
                 continue
             worst = max(worst, done - began)
             break
@@ -714,7 +716,8 @@ def failover_figures(results, t0, killed, interval, nodes) -> dict:
     violations = sum(res["counts"].get("step_violations", 0) for res in results)
     return {"killed": killed["replica"], "nodes": nodes,
             "nodes_that_missed_a_report": missed, "nodes_never_served_again": never,
-            "reports_unanswered": lost, "failover_s": worst,
+            "reports_unanswered": lost, "most_reports_lost_by_one_node": most,
+            "failover_s": worst,
             "failover_intervals": worst / interval, "step_violations": violations}
 
 
@@ -883,7 +886,8 @@ def main(argv=None) -> int:
         console.print(f"  the leader ({failover['killed']}) killed: its nodes served again "
                       f"after {failover['failover_s']:.1f} s = "
                       f"{failover['failover_intervals']:.2f} intervals; "
-                      f"{failover['reports_unanswered']} report(s) unanswered, "
+                      f"{failover['reports_unanswered']} report(s) unanswered (at most "
+                      f"{failover['most_reports_lost_by_one_node']} a node), "
                       f"{failover['nodes_never_served_again']} node(s) never served again, "
                       f"{failover['step_violations']} step violation(s)")
     fitting = [s for s in measured if s["fits"]]

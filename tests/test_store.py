@@ -187,3 +187,54 @@ def test_sigkill_and_restart_keep_the_slo_and_log_and_move_no_limit_past_the_ste
         proc.kill()
         proc.wait(timeout=10)
     assert (tmp_path / "ctl.state.db").exists()     # beside the config, by default
+
+
+def test_a_round_saves_only_what_says_something_new(tmp_path):
+    """A directive is saved when its limit or policy changes, an engine
+    record when a hold, streak, policy or target changes -- and either
+    every SAVE_EVERY reports regardless; not every round for its round
+    count alone (a fleet's etcd took every replica's every round)."""
+    from cachepilot.controller.config import config_from_dict
+    from cachepilot.controller.service import SAVE_EVERY
+    from cachepilot.controller.store import MemoryStore
+    from cachepilot.protocol.types import Directive
+
+    class Engine:
+        def __init__(self):
+            self.limit, self.held = 16 << 20, {}
+
+        def decide(self, node, reports, config, advisory=False, **kw):
+            return [Directive(r.tenant, self.limit, "lru", "test") for r in reports], [], []
+
+        def records(self, tenants):
+            return {t: {"rounds": 99, "held_until": dict(self.held)} for t in tenants}
+
+    class Spy(MemoryStore):
+        def __init__(self):
+            super().__init__()
+            self.rounds = []
+
+        def write_round(self, rounds, directives, tenants, log):
+            self.rounds.append((sorted(directives), sorted(tenants)))
+            super().write_round(rounds, directives, tenants, log)
+
+    cfg = config_from_dict(small_config_dict(tmp_path, tls=False), "t.yaml")
+    eng, spy = Engine(), Spy()
+    c = Controller(cfg, engine=eng, store=spy)
+    session = c.register(NodeInfo("n1", 64 << 20, 1, True, ["lru", "fifo"], "sim"))[0]
+    names = ["n1-t0", "n1-t1"]
+
+    def one(seq):
+        c.report("n1", session, seq, [report(t) for t in names], [])
+        return spy.rounds[-1]
+
+    assert one(1) == (names, names)                    # first: everything
+    assert one(2) == ([], [])                          # nothing new
+    eng.held = {"lfu": 40}
+    assert one(3) == ([], names)                       # a hold: the records at once
+    eng.limit = 20 << 20
+    assert one(4) == (names, [])                       # a new limit: the directives
+    # unchanged, each comes again SAVE_EVERY reports after it was last saved
+    saved = {seq: one(seq) for seq in range(5, 5 + SAVE_EVERY)}
+    assert {k for k, v in saved.items() if v != ([], [])} == {3 + SAVE_EVERY, 4 + SAVE_EVERY}
+    assert saved[3 + SAVE_EVERY] == ([], names) and saved[4 + SAVE_EVERY] == (names, [])
