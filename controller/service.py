@@ -50,7 +50,7 @@ log = logging.getLogger("cachepilot.controller")
 # An engine record is saved at once when one of these changed, else every
 # SAVE_EVERY of its tenant's reports (service._save_round).
 SAVE_NOW_KEYS = ("policy", "held_until", "probation", "streak", "streak_policy",
-                 "slo_feasible", "target_bytes", "limit_bytes", "calib_since")
+                 "slo_feasible", "calib_since")
 SAVE_EVERY = 5
 
 LOG_MEMORY = 20000        # decision log entries kept in memory (all are in the store)
@@ -413,16 +413,18 @@ class Controller(AdminOps):
 
     def _save_round(self, node_id, directives, advice):
         """The round's directives and the engine's records of their
-        tenants, each only when it says something new -- a limit, a policy,
-        a hold, a streak, a feasibility verdict -- or SAVE_EVERY rounds
-        since it was last saved (for the model's observations): a fleet's
-        store takes every replica's rounds, and a record rewritten every
-        round for its round count alone was most of etcd's work."""
+        tenants, each only when it says something a restart or another
+        replica could not learn again from the next report -- a policy, a
+        hold, a streak, a feasibility verdict -- or SAVE_EVERY reports
+        since it was last saved (limits, targets, the model's
+        observations): a fleet's store takes every replica's rounds, and
+        records rewritten every round for their round counts and limits
+        were most of etcd's work."""
         saved = {}
         for d in directives:
             rec = directive_record(node_id, d, self.rounds, d.tenant not in advice)
-            if self._changed("d:" + d.tenant, d.tenant,
-                             (rec.node, rec.limit_bytes, rec.policy, rec.sent)):
+            # a limit is in the node's next report anyway: saved with the rest
+            if self._changed("d:" + d.tenant, d.tenant, (rec.node, rec.policy, rec.sent)):
                 saved[d.tenant] = rec
         records = self.engine.records([d.tenant for d in directives]) \
             if hasattr(self.engine, "records") else {}

@@ -190,10 +190,11 @@ def test_sigkill_and_restart_keep_the_slo_and_log_and_move_no_limit_past_the_ste
 
 
 def test_a_round_saves_only_what_says_something_new(tmp_path):
-    """A directive is saved when its limit or policy changes, an engine
-    record when a hold, streak, policy or target changes -- and either
-    every SAVE_EVERY reports regardless; not every round for its round
-    count alone (a fleet's etcd took every replica's every round)."""
+    """A directive is saved when its policy changes, an engine record when
+    a hold, streak or policy changes -- and either every SAVE_EVERY
+    reports regardless (a limit, which the next report carries anyway);
+    not every round for its round count alone (a fleet's etcd took every
+    replica's every round)."""
     from cachepilot.controller.config import config_from_dict
     from cachepilot.controller.service import SAVE_EVERY
     from cachepilot.controller.store import MemoryStore
@@ -201,10 +202,11 @@ def test_a_round_saves_only_what_says_something_new(tmp_path):
 
     class Engine:
         def __init__(self):
-            self.limit, self.held = 16 << 20, {}
+            self.limit, self.held, self.policy = 16 << 20, {}, "lru"
 
         def decide(self, node, reports, config, advisory=False, **kw):
-            return [Directive(r.tenant, self.limit, "lru", "test") for r in reports], [], []
+            return [Directive(r.tenant, self.limit, self.policy, "test") for r in reports], \
+                [], []
 
         def records(self, tenants):
             return {t: {"rounds": 99, "held_until": dict(self.held)} for t in tenants}
@@ -233,8 +235,10 @@ def test_a_round_saves_only_what_says_something_new(tmp_path):
     eng.held = {"lfu": 40}
     assert one(3) == ([], names)                       # a hold: the records at once
     eng.limit = 20 << 20
-    assert one(4) == (names, [])                       # a new limit: the directives
+    assert one(4) == ([], [])                          # a new limit: the next report has it
+    eng.policy = "fifo"
+    assert one(5) == (names, [])                       # a new policy: the directives
     # unchanged, each comes again SAVE_EVERY reports after it was last saved
-    saved = {seq: one(seq) for seq in range(5, 5 + SAVE_EVERY)}
-    assert {k for k, v in saved.items() if v != ([], [])} == {3 + SAVE_EVERY, 4 + SAVE_EVERY}
-    assert saved[3 + SAVE_EVERY] == ([], names) and saved[4 + SAVE_EVERY] == (names, [])
+    saved = {seq: one(seq) for seq in range(6, 6 + SAVE_EVERY)}
+    assert {k for k, v in saved.items() if v != ([], [])} == {3 + SAVE_EVERY, 5 + SAVE_EVERY}
+    assert saved[3 + SAVE_EVERY] == ([], names) and saved[5 + SAVE_EVERY] == (names, [])
