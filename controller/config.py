@@ -135,6 +135,15 @@ class ControlSpec(Strict):
     # this many rounds in a row agree, so a tenant's memory does not swing
     # between its SLO's need and its curve's best every other round.
     slo_feasibility_rounds: int = Field(3, ge=1, le=100)
+    # The share of intervals an SLO is to be met in.  Curves and models
+    # err where no spread shows it (a sampled curve's tail, a bias), so an
+    # SLO tenant's safe size also follows what happened: an interval it
+    # missed while holding its safe size adds `slo_feedback_step` (a
+    # fraction of its node's memory) x the share, one it met takes away
+    # the step x (1 - share) -- settling where it misses 1 - share of the
+    # intervals (0: off).
+    slo_target_share: float = Field(0.95, gt=0, lt=1)
+    slo_feedback_step: float = Field(0.05, ge=0, le=0.5)
     # A tenant whose SLO no size meets takes no memory ahead of the others:
     # in the marginal stage its modelled gains count this many times, so it
     # wins the memory that moves it toward its SLO unless another tenant

@@ -126,7 +126,7 @@ class Noisy:
         return self.inner.throughput(m) * self.rng.uniform(1 - self.width, 1 + self.width) >= slo
 
 
-def _attainment(noisy, sigmas):
+def _attainment(noisy, sigmas, feedback=0.0):
     """Share of intervals after warm-up x meets its SLO when its reports
     are made `noisy` (a wrapper of the true tenant); and x's state."""
     # x is slow (its pages are worth little throughput), z fast: beyond
@@ -136,7 +136,8 @@ def _attainment(noisy, sigmas):
     synth = {"x": noisy(x), "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
     cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}},
                 {"name": "z", "node": "n1"}], slo_headroom=0.05,
-               slo_headroom_sigmas=sigmas, max_step_fraction=0.2)
+               slo_headroom_sigmas=sigmas, max_step_fraction=0.2,
+               slo_feedback_step=feedback)
     loop = Loop(cfg, synth)
     met = []
     for k in range(60):
@@ -156,6 +157,18 @@ def test_headroom_follows_the_observed_spread():
     assert share >= 0.95
     fixed, _ = _attainment(noisy, sigmas=0.0)
     assert fixed < 0.9, fixed
+
+
+def test_misses_raise_the_safe_size_until_the_slo_holds():
+    """With no headroom from the spread at all, the SLO's misses alone
+    (slo_feedback_step) raise its safe size toward where it is missed in
+    1 - slo_target_share of the intervals."""
+    def noisy(x):
+        return Noisy(x, 0.15, seed=7)
+    off, _ = _attainment(noisy, sigmas=0.0)
+    on, st = _attainment(noisy, sigmas=0.0, feedback=0.05)
+    assert off < 0.8 and on >= 0.9, (off, on)
+    assert st.slo_extra_pages > 0
 
 
 class CurveNoise:
@@ -203,6 +216,18 @@ def test_headroom_follows_the_curves_observed_error():
     assert fixed < 0.9, fixed
 
 
+def test_misses_raise_the_safe_size_until_the_slo_holds():
+    """With no headroom from the spread at all, the SLO's misses alone
+    (slo_feedback_step) raise its safe size toward where it is missed in
+    1 - slo_target_share of the intervals."""
+    def noisy(x):
+        return Noisy(x, 0.15, seed=7)
+    off, _ = _attainment(noisy, sigmas=0.0)
+    on, st = _attainment(noisy, sigmas=0.0, feedback=0.05)
+    assert off < 0.8 and on >= 0.9, (off, on)
+    assert st.slo_extra_pages > 0
+
+
 def _marginal_loop(shrink_after, pattern):
     # x's SLO is easy: its memory beyond is what its curve says it gains;
     # every other round its curve looks flat (a phase's first window)
@@ -235,3 +260,52 @@ def test_a_one_round_dip_in_a_curve_does_not_shrink_the_tenant():
         loop.step()
         seq.append(loop.limit["x"])
     assert seq[4] == seq[3] and seq[5] < 0.8 * seq[3], [v >> 20 for v in seq]
+
+
+class Jittered:
+    """A tenant whose reported curve is its true curve with the size axis
+    stretched by a random factor each round (a sampled curve's noise);
+    what it serves follows the true curve."""
+
+    def __init__(self, inner, width, seed):
+        self.inner, self.width = inner, width
+        self.rng = np.random.default_rng(seed)
+        self.curves = inner.curves
+
+    def throughput(self, m):
+        return self.inner.throughput(m)
+
+    def report(self, limit, policy):
+        r = self.inner.report(limit, policy)
+        k = float(self.rng.uniform(1 - self.width, 1 + self.width))
+        r.curves = [dataclasses.replace(c, sizes=np.maximum(c.sizes * k, 1).astype(np.int64))
+                    for c in r.curves]
+        return r
+
+
+def _limits_under_jitter(monkeypatch, history):
+    from cachepilot.controller.engine import round as rnd
+    monkeypatch.setattr(rnd, "SAFE_HISTORY", history)
+    x = tenant("x", 0.8, 0.9, t_hit=3e-5, t_miss=2e-3)
+    slo = x.throughput(float(x.curves["linux"].at(0.3 * PAGES)))
+    synth = {"x": Jittered(x, 0.25, seed=3),
+             "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}},
+                {"name": "z", "node": "n1"}], slo_headroom=0.05, max_step_fraction=0.5,
+               slo_feedback_step=0.0, warmup_intervals=3)
+    loop = Loop(cfg, synth)
+    out = []
+    for k in range(50):
+        loop.step()
+        if k >= 15:
+            out.append(loop.limit["x"])
+    return np.asarray(out, dtype=np.float64)
+
+
+def test_an_slos_safe_size_is_read_off_its_recent_curves_not_the_last_alone(monkeypatch):
+    """The safe size is averaged over the tenant's recent curves: under a
+    sampled curve's noise its limit moves far less than when it is read
+    off each round's curve alone."""
+    one = _limits_under_jitter(monkeypatch, 1)
+    six = _limits_under_jitter(monkeypatch, 6)
+    assert six.std() < 0.6 * one.std(), (six.std() / PAGES, one.std() / PAGES)

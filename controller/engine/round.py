@@ -512,12 +512,78 @@ def size_slos(R: Round, ctl) -> None:
         m_star = model.miss_ratio_for(a[hr], b[hr], slo[hr])
         m_safe = np.where(m_star >= 0, np.minimum(
             m_safe, m_star - ctl.slo_headroom_sigmas * m_spread[hr]), m_safe)
-        safe = bank.size_for(alloc_row[hr], m_safe)
+        safe = _recent_size_for(R, hr, m_safe, ctl)
         safe = np.where(m_safe < 0, np.inf, safe)
         R.need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, R.need[hr], ub[hr]),
                                    R.need[hr])
+    _slo_feedback(R, ctl)
 
 
+def _slo_feedback(R: Round, ctl) -> None:
+    """Raise each feasible SLO's safe size by what its misses said.  The
+    interval just reported is judged only if the tenant then held at least
+    the safe size it was given (else the miss says the node lacked memory,
+    not that the size was short) and is past warm-up.  The extra moves by
+    a stochastic-approximation step toward the size at which the SLO is
+    missed in 1 - slo_target_share of the intervals: up on a miss, down a
+    little on each met interval, never below nothing.  A prediction
+    (what-if) reads the extra as it stands and judges nothing."""
+    step = ctl.slo_feedback_step
+    rows = np.flatnonzero(R.feasible & R.has_slo & (R.slo > 0) & R.has_curve)
+    for i in rows.tolist():
+        st = R.tstates[i]
+        r = R.rows[i][2]
+        extra = st.slo_extra_pages
+        held = st.slo_safe_pages is not None and \
+            r.limit_bytes / PAGE_SIZE >= 0.99 * st.slo_safe_pages
+        if R.learn and step > 0 and held and st.rounds > ctl.warmup_intervals and \
+                r.throughput is not None and math.isfinite(r.throughput):
+            unit = step * float(R.mem_pages[R.node_of[i]])
+            missed = r.throughput < R.slo[i]
+            extra += unit * (ctl.slo_target_share if missed else ctl.slo_target_share - 1.0)
+            extra = min(max(extra, 0.0), float(R.ub[i]))
+        R.need_safe[i] = min(float(R.need_safe[i]) + extra, float(R.ub[i]))
+        if R.learn:
+            st.slo_extra_pages = extra
+            st.slo_safe_pages = float(R.need_safe[i])
+
+
+def _recent_size_for(R: Round, rows: np.ndarray, m_safe: np.ndarray, ctl) -> np.ndarray:
+    """Pages at which each row's allocation policy misses <= m_safe,
+    averaged over the tenant's recent reports' curves of that policy (the
+    newest among them; not those of its warm-up).  One interval's sampled
+    curve puts the size an SLO needs anywhere within several MiB; sized on
+    it alone, an SLO tenant's limit follows that noise down as readily as
+    up, and a dip below the real need that two rounds confirm is an
+    interval missed.  The average of a few curves moves by a fraction of
+    that.  A phase that needs more still gets it at once: the newest
+    curve's own need (R.need) is the floor of the safe size.  A curve that
+    never gets down to m_safe (its floor, one interval's cold misses, lies
+    above it) counts with where it reaches that floor."""
+    curves, owner = [], []
+    for k, i in enumerate(rows.tolist()):
+        policy = R.row_policy[int(R.alloc_row[i])]
+        report = R.rows[i][2]
+        st = R.tstates[i]
+        history = list(st.recent_curves)
+        if not history or history[-1] is not report.curves:
+            history.append(report.curves)
+        keep = min(SAFE_HISTORY, max(1, st.rounds - ctl.warmup_intervals))
+        mine = [c for cs in history[-keep:] for c in cs if c.policy == policy]
+        curves.extend(mine)
+        owner.extend([k] * len(mine))
+    owner = np.asarray(owner, dtype=np.int64)
+    hist = CurveBank(curves, ctl.curve_error_sigmas)
+    at = np.arange(hist.n)
+    floor = hist.ys[hist.end(at)]
+    sizes = hist.size_for(at, np.maximum(m_safe[owner], floor + FLOOR_SLACK))
+    total = np.bincount(owner, weights=sizes, minlength=len(rows))
+    count = np.bincount(owner, minlength=len(rows))
+    return np.where(count > 0, total / np.maximum(count, 1), np.inf)
+
+
+SAFE_HISTORY = 6        # reports' curves an SLO's safe size is averaged over
+FLOOR_SLACK = 0.002     # above a curve's floor, where it counts as reaching it
 MAX_HEADROOM = 1.0      # an SLO is never sized for more than twice itself
 SLO_HISTORY = 20        # rounds of feasibility verdicts kept per tenant
 

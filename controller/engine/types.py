@@ -43,6 +43,10 @@ class TenantState:
     slo_disagree: int = 0
     slo_need_pages: float | None = None
     slo_history: list[bool] = field(default_factory=list)
+    # what the SLO's misses have added to its safe size (pages), and the
+    # safe size last round, which the next interval judges (_slo_feedback)
+    slo_extra_pages: float = 0.0
+    slo_safe_pages: float | None = None
     spread: float = 0.0             # relative spread of throughput around the model
     # the allocation's targets (pages) of the last rounds, before a shrink
     # is confirmed (engine/round.py _confirm_shrinks)
