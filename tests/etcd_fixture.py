@@ -89,3 +89,13 @@ class EtcdServer:
     def stop(self) -> None:
         self.kill()
         self.proc = None
+
+
+def wait_until(cond, timeout: float, step: float = 0.05) -> bool:
+    """Poll cond() until it holds or `timeout` seconds pass."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()

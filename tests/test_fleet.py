@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from etcd_fixture import EtcdServer  # noqa: E402
+from etcd_fixture import EtcdServer, wait_until  # noqa: E402
 from grpc_fixtures import FakeBackend, small_config_dict  # noqa: E402
 
 from cachepilot.agent.client import NodeClient
@@ -61,6 +61,24 @@ def etcd(tmp_path):
     server.stop()
 
 
+@pytest.fixture
+def fleet(etcd, tmp_path):
+    """make(plan_every=0) -> (replicas, config, agents); all stopped after."""
+    made = []
+
+    def make(plan_every=0):
+        replicas, cfg = _replicas(etcd, tmp_path, plan_every=plan_every)
+        clients = _agents(replicas)
+        made.append((replicas, clients))
+        return replicas, cfg, clients
+    yield make
+    for replicas, clients in made:
+        for c in clients:
+            c.close()
+        for s in replicas:
+            s.stop(0)
+
+
 def _replicas(etcd, tmp_path, n=2, plan_every=0):
     data = small_config_dict(tmp_path, tls=False, nodes=NODES, interval_s=INTERVAL,
                              memory=MEMORY, lost_after=100)
@@ -72,15 +90,6 @@ def _replicas(etcd, tmp_path, n=2, plan_every=0):
         cfg.controller.replica = f"r{i}"
         out.append(serve(cfg, watch_lost=False))
     return out, config_from_dict(data, "fleet.yaml")
-
-
-def _wait(cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def _agents(replicas):
@@ -107,133 +116,107 @@ def _step_all(clients, limits_seen):
     return out
 
 
-def _owner_served(replicas, node):
-    return [s.controller.fleet.name for s in replicas
-            if s.controller.registry.nodes[node].reports > 0]
-
-
-def test_nodes_find_their_owner_and_move_when_the_leader_dies(etcd, tmp_path):
-    replicas, cfg = _replicas(etcd, tmp_path)
-    clients = _agents(replicas)
-    limits = {}
-    try:
-        assert _wait(lambda: all(len(s.controller.fleet.members) == 2 for s in replicas), 5)
-        for _ in range(3):
-            _step_all(clients, limits)
-            time.sleep(INTERVAL / 4)
-        by_name = {s.controller.fleet.name: s for s in replicas}
-        for c in clients:
-            owner = replicas[0].controller.fleet.owner(c.info.node_id)
-            assert owner == replicas[1].controller.fleet.owner(c.info.node_id)
-            assert c.target == owner[1], (c.info.node_id, c.target, owner)
-            assert c.connected
-        assert sum(c.moves for c in clients) >= 1          # someone was redirected
-        leaders = [s for s in replicas if s.controller.fleet.leading]
-        assert len(leaders) == 1
-        dead = leaders[0]
-        other = [s for s in replicas if s is not dead][0]
-        orphans = [c for c in clients if c.target == dead.address]
-        # the leader's process dies: no goodbye, its lease runs out
-        dead.controller.fleet.stop(leave=False)
-        dead.server.stop(0).wait()
-        died = time.monotonic()
-        missed = {c.info.node_id: 0 for c in clients}
-        intervals = 0
-        while time.monotonic() - died < 4 * INTERVAL:
-            time.sleep(INTERVAL - (time.monotonic() - died) % INTERVAL)
-            intervals += 1
-            for c, o in zip(clients, _step_all(clients, limits)):
-                missed[c.info.node_id] += not o.connected
-            if other.controller.fleet.leading and all(c.target == other.address and c.connected
-                                                      for c in clients):
-                break
-        took = time.monotonic() - died
-        assert other.controller.fleet.leading
-        assert all(c.target == other.address for c in clients)
-        # within two intervals (the lease: 1 s, half of one)
-        assert took <= 2 * INTERVAL, took
-        # no report lost beyond the one in flight, and only the dead
-        # replica's nodes lost even that
-        assert all(missed[c.info.node_id] <= 1 for c in clients), missed
-        assert all(missed[c.info.node_id] == 0 for c in clients if c not in orphans), missed
-        for c in orphans:
-            node = c.info.node_id
-            assert other.controller.registry.nodes[node].reports > 0
-            # the survivor took what the dead replica knew of the node's
-            # tenants from the store: their round counts carried on
-            served_here = other.controller.registry.nodes[node].reports
-            for t in c.backend.limits:
-                assert other.controller.engine.state.tenants[t].rounds > served_here, t
-            assert any(e.kind == "adopt" and e.node == node and "took 2 tenant" in e.message
-                       for e in other.controller.log)
-        step = cfg.control.max_step_fraction * MEMORY
-        moves = [abs(b - a) for pairs in limits.values() for a, b in pairs]
-        assert moves and max(moves) <= step + 4096, max(moves)
-        assert any(m > 0 for m in moves)                 # the engine did move limits
-        assert by_name
-    finally:
-        for c in clients:
-            c.close()
-        for s in replicas:
-            s.stop(0)
-
-
-def test_replicas_serve_their_nodes_while_etcd_is_away(etcd, tmp_path):
-    replicas, _ = _replicas(etcd, tmp_path)
-    clients = _agents(replicas)
-    limits = {}
-    try:
-        assert _wait(lambda: all(len(s.controller.fleet.members) == 2 for s in replicas), 5)
-        for _ in range(2):
-            _step_all(clients, limits)
-        targets = {c.info.node_id: c.target for c in clients}
-        etcd.kill()
-        assert _wait(lambda: not any(s.controller.fleet.reachable for s in replicas), 5)
-        assert not any(s.controller.fleet.leading for s in replicas)
-        for _ in range(4):
-            out = _step_all(clients, limits)
-            assert all(o.connected for o in out), [o.error for o in out]
-            time.sleep(INTERVAL / 2)
-        assert {c.info.node_id: c.target for c in clients} == targets
-        assert all(not s.controller.store.available for s in replicas)
-        etcd.start()
-        assert _wait(lambda: all(s.controller.fleet.reachable for s in replicas), 10)
-        assert _wait(lambda: sum(s.controller.fleet.leading for s in replicas) == 1, 10)
-        assert _wait(lambda: all(len(s.controller.fleet.members) == 2 for s in replicas), 5)
+def _started(replicas, clients, limits, intervals):
+    """Both replicas see each other; then `intervals` of every node."""
+    assert wait_until(lambda: all(len(s.controller.fleet.members) == 2 for s in replicas), 5)
+    for _ in range(intervals):
         _step_all(clients, limits)
-        assert _wait(lambda: all(s.controller.store.available for s in replicas), 5)
-        assert {c.info.node_id: c.target for c in clients} == targets
-    finally:
-        for c in clients:
-            c.close()
-        for s in replicas:
-            s.stop(0)
+        time.sleep(INTERVAL / 4)
 
 
-def test_the_leader_plans_from_every_replicas_demands(etcd, tmp_path):
-    replicas, _ = _replicas(etcd, tmp_path, plan_every=1)
-    clients = _agents(replicas)
-    try:
-        assert _wait(lambda: all(len(s.controller.fleet.members) == 2 for s in replicas), 5)
-        for _ in range(3):
-            _step_all(clients, {})
-            time.sleep(0.4)             # the watch thread puts the demands
-        [leader] = [s for s in replicas if s.controller.fleet.leading]
-        published = leader.controller.fleet.read_demands()
-        assert sorted(published) == sorted(NODES)    # both replicas' nodes
-        summary = leader.controller.plan_fleet()
-        assert summary["tenants"] == summary["reported"] == 2 * len(NODES)
-        # eight tenants' demands on four 256 MiB hosts: fewer hosts will do
-        assert 1 <= summary["lower_bound_hosts"] <= summary["hosts_used"] < len(NODES)
-        stored = json.loads(leader.controller.fleet.etcd.get("plan"))
-        assert stored["hosts_used"] == summary["hosts_used"]
-        assert any(e.kind == "plan" for e in leader.controller.log)
-        # and the leader's own thread plans every interval
-        before = stored["time"]
-        assert _wait(lambda: json.loads(leader.controller.fleet.etcd.get("plan"))["time"]
-                     > before, 3 * INTERVAL)
-    finally:
-        for c in clients:
-            c.close()
-        for s in replicas:
-            s.stop(0)
+def test_nodes_find_their_owner_and_move_when_the_leader_dies(fleet):
+    replicas, cfg, clients = fleet()
+    limits = {}
+    _started(replicas, clients, limits, 3)
+    for c in clients:
+        owner = replicas[0].controller.fleet.owner(c.info.node_id)
+        assert owner == replicas[1].controller.fleet.owner(c.info.node_id)
+        assert c.target == owner[1], (c.info.node_id, c.target, owner)
+        assert c.connected
+    assert sum(c.moves for c in clients) >= 1          # someone was redirected
+    leaders = [s for s in replicas if s.controller.fleet.leading]
+    assert len(leaders) == 1
+    dead = leaders[0]
+    other = [s for s in replicas if s is not dead][0]
+    orphans = [c for c in clients if c.target == dead.address]
+    # the leader's process dies: no goodbye, its lease runs out
+    dead.controller.fleet.stop(leave=False)
+    dead.server.stop(0).wait()
+    died = time.monotonic()
+    missed = {c.info.node_id: 0 for c in clients}
+    intervals = 0
+    while time.monotonic() - died < 4 * INTERVAL:
+        time.sleep(INTERVAL - (time.monotonic() - died) % INTERVAL)
+        intervals += 1
+        for c, o in zip(clients, _step_all(clients, limits)):
+            missed[c.info.node_id] += not o.connected
+        if other.controller.fleet.leading and all(c.target == other.address and c.connected
+                                                  for c in clients):
+            break
+    took = time.monotonic() - died
+    assert other.controller.fleet.leading
+    assert all(c.target == other.address for c in clients)
+    # within two intervals (the lease: 1 s, half of one)
+    assert took <= 2 * INTERVAL, took
+    # no report lost beyond the one in flight, and only the dead
+    # replica's nodes lost even that
+    assert all(missed[c.info.node_id] <= 1 for c in clients), missed
+    assert all(missed[c.info.node_id] == 0 for c in clients if c not in orphans), missed
+    for c in orphans:
+        node = c.info.node_id
+        assert other.controller.registry.nodes[node].reports > 0
+        # the survivor took what the dead replica knew of the node's
+        # tenants from the store: their round counts carried on
+        served_here = other.controller.registry.nodes[node].reports
+        for t in c.backend.limits:
+            assert other.controller.engine.state.tenants[t].rounds > served_here, t
+        assert any(e.kind == "adopt" and e.node == node and "took 2 tenant" in e.message
+                   for e in other.controller.log)
+    step = cfg.control.max_step_fraction * MEMORY
+    moves = [abs(b - a) for pairs in limits.values() for a, b in pairs]
+    assert moves and max(moves) <= step + 4096, max(moves)
+    assert any(m > 0 for m in moves)                 # the engine did move limits
+
+
+
+def test_replicas_serve_their_nodes_while_etcd_is_away(fleet, etcd):
+    replicas, _, clients = fleet()
+    limits = {}
+    _started(replicas, clients, limits, 2)
+    targets = {c.info.node_id: c.target for c in clients}
+    etcd.kill()
+    assert wait_until(lambda: not any(s.controller.fleet.reachable for s in replicas), 5)
+    assert not any(s.controller.fleet.leading for s in replicas)
+    for _ in range(4):
+        out = _step_all(clients, limits)
+        assert all(o.connected for o in out), [o.error for o in out]
+        time.sleep(INTERVAL / 2)
+    assert {c.info.node_id: c.target for c in clients} == targets
+    assert all(not s.controller.store.available for s in replicas)
+    etcd.start()
+    assert wait_until(lambda: all(s.controller.fleet.reachable for s in replicas), 10)
+    assert wait_until(lambda: sum(s.controller.fleet.leading for s in replicas) == 1, 10)
+    assert wait_until(lambda: all(len(s.controller.fleet.members) == 2 for s in replicas), 5)
+    _step_all(clients, limits)
+    assert wait_until(lambda: all(s.controller.store.available for s in replicas), 5)
+    assert {c.info.node_id: c.target for c in clients} == targets
+
+
+def test_the_leader_plans_from_every_replicas_demands(fleet):
+    replicas, _, clients = fleet(plan_every=1)
+    _started(replicas, clients, {}, 3)
+    time.sleep(0.4)                 # the watch thread puts the demands
+    [leader] = [s for s in replicas if s.controller.fleet.leading]
+    published = leader.controller.fleet.read_demands()
+    assert sorted(published) == sorted(NODES)    # both replicas' nodes
+    summary = leader.controller.plan_fleet()
+    assert summary["tenants"] == summary["reported"] == 2 * len(NODES)
+    # eight tenants' demands on four 256 MiB hosts: fewer hosts will do
+    assert 1 <= summary["lower_bound_hosts"] <= summary["hosts_used"] < len(NODES)
+    stored = json.loads(leader.controller.fleet.etcd.get("plan"))
+    assert stored["hosts_used"] == summary["hosts_used"]
+    assert any(e.kind == "plan" for e in leader.controller.log)
+    # and the leader's own thread plans every interval
+    before = stored["time"]
+    assert wait_until(lambda: json.loads(leader.controller.fleet.etcd.get("plan"))["time"]
+                      > before, 3 * INTERVAL)

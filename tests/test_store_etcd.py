@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-from etcd_fixture import EtcdServer  # noqa: E402
+from etcd_fixture import EtcdServer, wait_until  # noqa: E402
 from grpc_fixtures import report, small_config_dict  # noqa: E402
 from store_records import check_every_record_kind, write_every_record_kind  # noqa: E402
 
@@ -212,7 +212,7 @@ def test_written_behind_a_round_never_waits_for_etcd_and_loses_nothing(tmp_path,
         s = EtcdStore(url, retry_s=0.3, write_behind_s=0.05)
         s.load(0)
         s.write_round(1, {}, {"a": {"x": 1}}, _log(2))
-        assert _until(lambda: s.pending == {"records": 0, "log": 0}, 3)
+        assert wait_until(lambda: s.pending == {"records": 0, "log": 0}, 3)
         assert EtcdStore(url).load(10).tenants["a"] == {"x": 1}
         server.kill()
         caplog.set_level(logging.WARNING, logger="cachepilot.controller.store")
@@ -220,24 +220,15 @@ def test_written_behind_a_round_never_waits_for_etcd_and_loses_nothing(tmp_path,
         for r in range(2, 40):
             s.write_round(r, {}, {"a": {"x": r}, f"t{r}": {"y": r}}, _log(1, r, 100.0 + r))
         assert time.monotonic() - t < 0.5          # no call waited on the dead etcd
-        assert _until(lambda: not s.available, 5)
+        assert wait_until(lambda: not s.available, 5)
         server.start()
-        assert _until(lambda: s.available and s.pending == {"records": 0, "log": 0}, 10)
+        assert wait_until(lambda: s.available and s.pending == {"records": 0, "log": 0}, 10)
         saved = EtcdStore(url).load(100)
         assert saved.tenants["a"] == {"x": 39} and saved.rounds == 39
         assert len(saved.tenants) == 39 and len(saved.log) == 2 + 38
         s.close()
     finally:
         server.stop()
-
-
-def _until(cond, timeout):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def _config(tmp_path, store):
