@@ -317,6 +317,8 @@ class Controller(AdminOps):
         store, as they were written by whichever replica served it last."""
         names = [t.name for t in self.config.tenants_on(rec.name)]
         try:
+            if not self.fleet.reachable:    # not a timeout under the lock for each node
+                raise UserError(f"{self.fleet.etcd.url} is unreachable")
             saved = self.store.load_tenants(names)
         except UserError as err:        # etcd away: start them from the reports
             self._note(rec.name, "", "adopt", f"node {rec.name}: its tenants' saved state "
