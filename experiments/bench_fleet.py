@@ -537,6 +537,7 @@ def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = Fals
             # the replica that leads: no goodbye, its lease runs out
             _sleep_until(t0 + (warmup + 0.33) * interval, say, "before the kill")
             killed = kill_the_leader(etcd, replicas)
+            killed["new_leader_s"] = new_leader_after(etcd, killed, 3 * interval)
         _sleep_until(t0 + total * interval, say, f"{nodes} nodes: measuring")
         r1, a1, e1, w1 = proc_cpu(rpids), proc_cpu(apids), proc_cpu(epids), time.monotonic()
         alive = [p.poll() is None for p in replicas]
@@ -682,6 +683,23 @@ def kill_the_leader(etcd, replicas) -> dict:
     return {"replica": name, "at": time.monotonic()}
 
 
+def new_leader_after(etcd, killed, timeout: float) -> float | None:
+    """Seconds from the kill until etcd names another replica as leader
+    (None: none within `timeout`)."""
+    from cachepilot.controller.etcd import Etcd, StoreUnavailable
+    from cachepilot.controller.fleet import LEADER
+    client = Etcd(etcd.url())
+    while time.monotonic() - killed["at"] < timeout:
+        try:
+            name = client.leader(LEADER)
+        except StoreUnavailable:
+            name = None
+        if name is not None and name != killed["replica"]:
+            return time.monotonic() - killed["at"]
+        time.sleep(0.1)
+    return None
+
+
 def failover_figures(results, t0, killed, interval, nodes) -> dict:
     """From the agents' logs: per node, from its first report due after
     the kill (or the one in flight at it, if that went unanswered) until a
@@ -714,7 +732,10 @@ def failover_figures(results, t0, killed, interval, nodes) -> dict:
             never += began is not None
         missed += any(done is None for _, done in entries)
     violations = sum(res["counts"].get("step_violations", 0) for res in results)
+    lead = killed.get("new_leader_s")
     return {"killed": killed["replica"], "nodes": nodes,
+            "new_leader_s": lead,
+            "new_leader_intervals": None if lead is None else lead / interval,
             "nodes_that_missed_a_report": missed, "nodes_never_served_again": never,
             "reports_unanswered": lost, "most_reports_lost_by_one_node": most,
             "failover_s": worst,
@@ -883,7 +904,10 @@ def main(argv=None) -> int:
         failover = measure_failover(args)
         result["failover"] = failover
         result["failover_intervals"] = failover["failover_intervals"]
-        console.print(f"  the leader ({failover['killed']}) killed: its nodes served again "
+        lead = failover["new_leader_intervals"]
+        console.print(f"  the leader ({failover['killed']}) killed: another led after "
+                      + (f"{lead:.2f} intervals" if lead is not None else "NEVER") + "; "
+                      f"its nodes served again "
                       f"after {failover['failover_s']:.1f} s = "
                       f"{failover['failover_intervals']:.2f} intervals; "
                       f"{failover['reports_unanswered']} report(s) unanswered (at most "
