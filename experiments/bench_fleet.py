@@ -32,9 +32,12 @@ Per step (nodes x tenants), after the warm-up intervals:
                         replicas per interval: their sum, and per replica
     agent_cpu_...       the same for the agent worker processes, which
                         share this machine's cores with the replicas
-A step fits when no report of a measured interval is late and the
-replicas' CPU per interval is below cores x interval.  The ramp stops
-after the first step that does not fit.
+A step fits when no report of a measured interval is late (answered
+more than an interval after it was due), its rounds end within the
+interval (the median round within ROUND_SLACK x interval: the last
+node reports at the interval's very end, and its answer takes a moment)
+and the replicas' CPU per interval is below cores x interval.  The ramp
+stops after the first step that does not fit.
 
 Writes experiments/results/bench_fleet.json and .png.
 Usage: experiments/bench_fleet.py [--nodes 100,250,...] [--tenants 20]
@@ -80,6 +83,7 @@ MAX_STEP = int(STEP_FRACTION * NODE_BYTES)
 # below this share of that core.
 REPLICA_CORES = 1.0
 TARGET_UTILISATION = 0.75
+ROUND_SLACK = 1.1           # a round may end this many intervals after it began
 OWNER_KEY = OWNER_HEADER
 OWNER_IN_DETAILS = re.compile(r"([A-Za-z0-9_.\-\[\]:]+:\d+)\s*$")
 
@@ -618,6 +622,9 @@ def summarise(nodes, tenants, args, results, replica_cpu, agent_cpu, window_s) -
     if cpu_sum >= cores * interval:
         why.append(f"replica CPU {cpu_sum:.1f} s per interval >= {cores} cores x "
                    f"{interval:g} s")
+    if rounds and statistics.median(rounds) > ROUND_SLACK * interval:
+        why.append(f"the median round ended {statistics.median(rounds):.1f} s after its "
+                   f"interval began (> {ROUND_SLACK:g} x {interval:g} s)")
     counts = {}
     for res in results:
         for key, v in res["counts"].items():
@@ -864,7 +871,8 @@ def main(argv=None) -> int:
                        "with the replicas (agent_cpu_s_per_interval). round_s: from the "
                        "interval's start until the last node's report of it was answered; "
                        "nodes report spread evenly over the interval. A step fits when "
-                       "every report is answered within one interval of being due and "
+                       "every report is answered within one interval of being due, the "
+                       f"median round ends within {ROUND_SLACK:g} x the interval, and "
                        "the replicas' CPU per interval is below cores x interval."),
               "steps": [], "failover_intervals": None}
     out = Path(args.out)
