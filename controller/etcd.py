@@ -89,10 +89,6 @@ def put_op(key: str, value: str, lease: int | None = None) -> tuple:
     return ("put", key, value, lease)
 
 
-def delete_op(key: str) -> tuple:
-    return ("delete", key)
-
-
 def absent(key: str) -> tuple:
     """A compare that holds while `key` does not exist (create_revision 0)."""
     return ("absent", key)
@@ -145,9 +141,14 @@ class Etcd:
         return _b64(bytes(raw))
 
     # -- keys ------------------------------------------------------------------------
+    def _kv(self, kv: dict) -> tuple[str, str]:
+        """(key under the prefix, value) of one key-value etcd returned."""
+        return (_unb64(kv["key"]).decode()[len(self.prefix):],
+                _unb64(kv.get("value", "")).decode())
+
     def get(self, key: str) -> str | None:
         kvs = self.call("kv/range", {"key": _b64(self.key(key))}, f"get {key}").get("kvs")
-        return _unb64(kvs[0].get("value", "")).decode() if kvs else None
+        return self._kv(kvs[0])[1] if kvs else None
 
     def get_prefix(self, prefix: str, limit: int = 0, newest_first: bool = False,
                    start: str = "", end: str = "",
@@ -160,9 +161,7 @@ class Etcd:
                 "limit": limit, "sort_target": "KEY",
                 "sort_order": "DESCEND" if newest_first else "ASCEND", "keys_only": keys_only}
         kvs = self.call("kv/range", body, f"get {prefix}*").get("kvs", [])
-        n = len(self.prefix)
-        return [(_unb64(kv["key"]).decode()[n:], _unb64(kv.get("value", "")).decode(),
-                 int(kv.get("mod_revision", 0))) for kv in kvs]
+        return [(*self._kv(kv), int(kv.get("mod_revision", 0))) for kv in kvs]
 
     def get_many(self, keys: list[str], per_call: int = 128) -> dict[str, str]:
         """The values of `keys` that exist, read in transactions of up to
@@ -172,10 +171,8 @@ class Etcd:
             part = keys[i:i + per_call]
             body = {"success": [{"request_range": {"key": _b64(self.key(k))}} for k in part]}
             reply = self.call("kv/txn", body, f"get {len(part)} keys")
-            n = len(self.prefix)
-            for r in reply.get("responses", []):
-                for kv in r.get("response_range", {}).get("kvs", []):
-                    out[_unb64(kv["key"]).decode()[n:]] = _unb64(kv.get("value", "")).decode()
+            out.update(self._kv(kv) for r in reply.get("responses", [])
+                       for kv in r.get("response_range", {}).get("kvs", []))
         return out
 
     def count_prefix(self, prefix: str) -> int:
@@ -189,11 +186,6 @@ class Etcd:
         if lease:
             body["lease"] = str(lease)
         return int(self.call("kv/put", body, f"put {key}")["header"].get("revision", 0))
-
-    def delete(self, key: str) -> int:
-        """Deletes `key`; returns how many keys went (0 or 1)."""
-        reply = self.call("kv/deleterange", {"key": _b64(self.key(key))}, f"delete {key}")
-        return int(reply.get("deleted", 0))
 
     def delete_before(self, prefix: str, end: str) -> int:
         """Deletes the keys under `prefix` that sort before `end`."""
@@ -217,8 +209,6 @@ class Etcd:
             if lease:
                 put["lease"] = str(lease)
             return {"request_put": put}
-        if op[0] == "delete":
-            return {"request_delete_range": {"key": _b64(self.key(op[1]))}}
         raise ValueError(f"unknown transaction op {op[0]!r}")
 
     def _compare(self, cmp: tuple) -> dict:

@@ -80,7 +80,6 @@ class Fleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.changes = 0                    # member list changes seen
 
     # -- joining and watching --------------------------------------------------------
     def start(self) -> "Fleet":
@@ -120,7 +119,6 @@ class Fleet:
         if members != self.members:
             with self._lock:
                 old, self.members, self._owners = self.members, members, {}
-            self.changes += 1
             log.info("replica %s: %d replica(s) live: %s (were %s)", self.name, len(members),
                      ", ".join(sorted(members)), ", ".join(sorted(old)) or "none")
             if self.on_change is not None:
@@ -184,9 +182,6 @@ class Fleet:
 
     def owns(self, node: str) -> bool:
         return self.owner(node)[0] == self.name
-
-    def leader(self) -> str | None:
-        return self.name if self.leading else None
 
     def stop(self, leave: bool = True) -> None:
         """Stop watching; leave=True also gives the nodes up at once (the

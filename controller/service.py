@@ -246,7 +246,7 @@ class Controller(AdminOps):
             self._save_round(node_id, directives, advice)
             self._export_nodes()
             every = self.config.control.plan_every_intervals
-            if self.fleet is not None and every and rec.reports % every == 1 % every:
+            if self.fleet is not None and every and (rec.reports - 1) % every == 0:
                 self._publish_demands(rec, reports)
             return sent, self.rounds, refusals
 
@@ -267,17 +267,19 @@ class Controller(AdminOps):
         """The leader's consolidation plan over every node's published
         demands (controller/planner.py packs them); logged and put under
         the fleet's `plan` key."""
-        from cachepilot.controller.planner import Demand, plan
+        from cachepilot.controller.planner import Demand, live_demand, plan
         published = {d["tenant"]: d for ds in self.fleet.read_demands().values() for d in ds}
         demands = []
         for spec in self.config.tenants:
             d = published.get(spec.name)
-            slo = spec.slo.min_throughput if spec.slo is not None else None
             if d is None:       # its node has not reported: its floor, for now
-                floor = max(spec.floor_bytes, self.config.control.anon_margin_bytes)
-                d = {"demand_bytes": floor, "policy": None, "why": "not reported yet"}
-            demands.append(Demand(spec.name, spec.node, int(d["demand_bytes"]), d["policy"],
-                                  slo, None, "engine", why=d["why"]))
+                demand = live_demand(self.config, spec, None, 0)
+                demand.why = "not reported yet"
+            else:
+                demand = Demand(spec.name, spec.node, int(d["demand_bytes"]), d["policy"],
+                                spec.slo.min_throughput if spec.slo is not None else None,
+                                None, "engine", why=d["why"])
+            demands.append(demand)
         try:
             result = plan(self.config, demands=demands, method="auto")
         except UserError as err:
@@ -316,13 +318,15 @@ class Controller(AdminOps):
         streaks, watchdog holds, the throughput model) from the shared
         store, as they were written by whichever replica served it last."""
         names = [t.name for t in self.config.tenants_on(rec.name)]
-        try:
-            if not self.fleet.reachable:    # not a timeout under the lock for each node
-                raise UserError(f"{self.fleet.etcd.url} is unreachable")
-            saved = self.store.load_tenants(names)
-        except UserError as err:        # etcd away: start them from the reports
+        saved, why = None, f"{self.fleet.etcd.url} is unreachable"
+        if self.fleet.reachable:        # else not a timeout under the lock for each node
+            try:
+                saved = self.store.load_tenants(names)
+            except UserError as err:
+                why = str(err)
+        if saved is None:               # etcd away: start them from the reports
             self._note(rec.name, "", "adopt", f"node {rec.name}: its tenants' saved state "
-                       f"could not be read ({err}); they start from the reports")
+                       f"could not be read ({why}); they start from the reports")
             return
         if saved.tenants and hasattr(self.engine, "restore"):
             self.engine.restore(saved.tenants, self.rounds, self.config)

@@ -206,11 +206,15 @@ class EtcdStore:
 
     def _flush_loop(self):
         while not self._stop.wait(self._behind):
-            self._flush_behind()
+            self._sync()
 
-    def _flush_behind(self):
-        """Write-behind: what is queued now, written with the lock free; a
-        record queued again meanwhile stays queued with its newer value."""
+    # -- writing what is pending, and losing etcd -----------------------------------------
+    def _sync(self):
+        """Write what is queued now.  The queues are touched only under the
+        (reentrant) lock, taken again around each step: a caller that holds
+        it (a call in synchronous mode, close) keeps etcd's answers under
+        it, while the write-behind thread lets go of it while etcd answers.
+        A record queued again meanwhile stays queued with its newer value."""
         with self._lock:
             if (not self._pending and not self._pending_log) or \
                     (not self.available and time.monotonic() < self._next_try):
@@ -235,21 +239,6 @@ class EtcdStore:
         with self._lock:
             self._back(kept)
 
-    # -- writing what is pending, and losing etcd -----------------------------------------
-    def _sync(self):
-        if not self._pending and not self._pending_log:
-            return
-        if not self.available and time.monotonic() < self._next_try:
-            return
-        kept = (len(self._pending), len(self._pending_log), self._dropped)
-        try:
-            self._write_pending()
-            self._prune()
-        except StoreUnavailable as err:
-            self._lost(err)
-            return
-        self._back(kept)
-
     def _back(self, kept):
         if not self.available:
             self.available = True
@@ -265,16 +254,6 @@ class EtcdStore:
             log.warning("state store %s unreachable: %s; keeping %d records to write when "
                         "it returns", self.path, err,
                         len(self._pending) + len(self._pending_log))
-
-    def _write_pending(self):
-        items = [(k, v) for k, v in self._pending.items() if k != "rounds"]
-        items += list(self._pending_log)
-        if "rounds" in self._pending:
-            items.append(("rounds", self._pending["rounds"]))
-        for batch in batches(items):
-            self.client.txn([put_op(k, v) for k, v in batch],
-                            what=f"write of {len(batch)} records")
-            self._mark_written(batch)
 
     def _mark_written(self, batch):
         for k, v in batch:

@@ -84,7 +84,6 @@ MAX_STEP = int(STEP_FRACTION * NODE_BYTES)
 REPLICA_CORES = 1.0
 TARGET_UTILISATION = 0.75
 ROUND_SLACK = 1.1           # a round may end this many intervals after it began
-OWNER_KEY = OWNER_HEADER
 OWNER_IN_DETAILS = re.compile(r"([A-Za-z0-9_.\-\[\]:]+:\d+)\s*$")
 
 
@@ -220,7 +219,7 @@ def owner_of(err) -> str | None:
     trailing metadata `cachepilot-owner`, else the end of the details."""
     try:
         for key, value in (err.trailing_metadata() or ()):
-            if key == OWNER_KEY and value:
+            if key == OWNER_HEADER and value:
                 return value.decode() if isinstance(value, bytes) else str(value)
     except Exception:       # noqa: BLE001 -- no metadata is no owner
         pass

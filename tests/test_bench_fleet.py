@@ -12,6 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from cachepilot.protocol.channel import OWNER_HEADER
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import bench_fleet  # noqa: E402
 from e2e_lib import free_port, make_tls  # noqa: E402
@@ -75,7 +77,7 @@ class Redirector:
 
     def _refuse(self, request, context):
         self.calls += 1
-        context.set_trailing_metadata(((bench_fleet.OWNER_KEY, self.owner),))
+        context.set_trailing_metadata(((OWNER_HEADER, self.owner),))
         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                       f"this replica does not own the node; its owner is {self.owner}")
 

@@ -548,6 +548,15 @@ def _slo_feedback(R: Round, ctl) -> None:
             st.slo_safe_pages = float(R.need_safe[i])
 
 
+def recent_curves(st: TenantState | None, report) -> list:
+    """The tenant's recent reports' curves, oldest first, `report`'s last
+    (a round has appended it already; a prediction has not)."""
+    history = list(st.recent_curves) if st is not None else []
+    if not history or history[-1] is not report.curves:
+        history.append(report.curves)
+    return history
+
+
 def _recent_size_for(R: Round, rows: np.ndarray, m_safe: np.ndarray, ctl) -> np.ndarray:
     """Pages at which each row's allocation policy misses <= m_safe,
     averaged over the tenant's recent reports' curves of that policy (the
@@ -563,11 +572,8 @@ def _recent_size_for(R: Round, rows: np.ndarray, m_safe: np.ndarray, ctl) -> np.
     curves, owner = [], []
     for k, i in enumerate(rows.tolist()):
         policy = R.row_policy[int(R.alloc_row[i])]
-        report = R.rows[i][2]
         st = R.tstates[i]
-        history = list(st.recent_curves)
-        if not history or history[-1] is not report.curves:
-            history.append(report.curves)
+        history = recent_curves(st, R.rows[i][2])
         keep = min(SAFE_HISTORY, max(1, st.rounds - ctl.warmup_intervals))
         mine = [c for cs in history[-keep:] for c in cs if c.policy == policy]
         curves.extend(mine)

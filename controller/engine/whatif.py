@@ -31,7 +31,7 @@ import numpy as np
 
 from cachepilot.controller.engine import model
 from cachepilot.controller.engine.round import (allocate_memory, bank_curves, gather_rows,
-                                                size_bounds, size_slos)
+                                                recent_curves, size_bounds, size_slos)
 from cachepilot.controller.engine.types import EngineState, TenantState
 from cachepilot.models.mrc import PAGE_SIZE
 
@@ -89,10 +89,8 @@ def tenant(state: EngineState, spec, report, ctl, limit_bytes: int | None = None
 def mean_miss(st: TenantState | None, report, policy: str, pages: float) -> float:
     """The miss ratio `policy`'s curves give at `pages`, averaged over the
     tenant's recent reports (the last one, `report`, always among them)."""
-    history = list(st.recent_curves) if st is not None else []
-    if not history or history[-1] is not report.curves:
-        history.append(report.curves)
-    at = [float(c.at(pages)) for curves in history for c in curves if c.policy == policy]
+    at = [float(c.at(pages)) for curves in recent_curves(st, report) for c in curves
+          if c.policy == policy]
     return float(np.mean(at))
 
 
