@@ -13,6 +13,7 @@ A configuration is what decides limits and policies:
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -122,6 +123,10 @@ class Cgroups:
         """The tenant's anonymous memory now (what no limit can reclaim
         without swap)."""
         return cgroups.read_stats(self.root / name).anon_bytes
+
+    def cache_bytes(self, name: str) -> int:
+        """The page cache charged to the tenant now (how full its share is)."""
+        return cgroups.read_stats(self.root / name).file_bytes
 
     def limit_file(self, name: str) -> Path:
         return self.root / name / ("memory.limit_in_bytes" if self.version == 1
@@ -323,6 +328,56 @@ def scrape(port: int) -> float | None:
     return None
 
 
+def agent_view(port: int, limits: dict) -> dict:
+    """What the agent's endpoint says of each tenant now: {tenant:
+    {"observed": its miss ratio over the agent's last interval, "curves":
+    {policy: the miss ratio its curve gives at the tenant's limit}}} (the
+    curves' sizes are limits in pages, interpolated on a log scale).  {}
+    when the endpoint does not answer."""
+    import urllib.request
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    points: dict = {}
+    out: dict = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            lab = sample.labels
+            if sample.name == "cachepilot_mrc_miss_ratio":
+                points.setdefault(lab["tenant"], {}).setdefault(lab["policy"], []).append(
+                    (int(lab["size_pages"]), sample.value))
+            elif sample.name == "cachepilot_cgroup_miss_ratio":
+                out.setdefault(lab["tenant"], {})["observed"] = sample.value
+    for tenant, curves in points.items():
+        limit = limits.get(tenant)
+        if not limit:
+            continue
+        at = {}
+        for policy, pts in curves.items():
+            pts.sort()
+            sizes = [max(sz, 1) for sz, _ in pts]
+            at[policy] = interpolate_log(sizes, [m for _, m in pts], limit / 4096)
+        out.setdefault(tenant, {})["curves"] = at
+    return out
+
+
+def interpolate_log(sizes: list, values: list, x: float) -> float:
+    """`values` at `x`, linear in log(size) between the points around it,
+    the end values beyond them."""
+    if not sizes:
+        return float("nan")
+    if x <= sizes[0]:
+        return values[0]
+    for (s0, v0), (s1, v1) in zip(zip(sizes, values), zip(sizes[1:], values[1:])):
+        if x <= s1:
+            f = (math.log(x) - math.log(s0)) / (math.log(s1) - math.log(s0)) if s1 > s0 else 1
+            return v0 + f * (v1 - v0)
+    return values[-1]
+
+
 def start_tenant(t: Tenant, cg: Cgroups, log: Path) -> subprocess.Popen:
     """The tenant's application in its cgroup, under an exporter that stays
     outside it (its interpreter is not the tenant's memory)."""
@@ -432,11 +487,13 @@ def controller_config(name: str, ts, cg: Cgroups, budget: int, interval: float,
 
 
 def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port: int,
-                 tls, standalone: bool = False, calibrate_dir: Path | None = None) -> dict:
+                 tls, standalone: bool = False, calibrate_dir: Path | None = None,
+                 metrics_port: int = 0) -> dict:
     """The agent's config: following the controller, or `standalone` with
     the tenants of its own (agent_sampling: curves, no decisions).  The
     policies' hook costs are measured (agent/hookcost.py) with a file in
-    `calibrate_dir`, where one is given."""
+    `calibrate_dir`, where one is given.  `metrics_port` (0: none) serves
+    its Prometheus endpoint on loopback, where a run reads the curves."""
     key, cert, token = tls
     curves = sorted({p for t in ts for p in t.policies}) if name == "autopilot" else ["linux"]
     cfg = {
@@ -445,7 +502,7 @@ def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port:
         "sampling": {"rate": SAMPLING_RATE, "slices": 4},
         "safety": {"floor": budget // 16, "anon_margin": ANON_MARGIN,
                    "max_step": budget // 4},
-        "prometheus": {"port": 0},
+        "prometheus": {"address": "127.0.0.1", "port": metrics_port},
         "cache_ext": {"calibrate_dir": str(calibrate_dir) if calibrate_dir else None}}
     if standalone:
         cfg["tenants"] = node_tenants(name, ts)
@@ -482,6 +539,7 @@ class Run:
     agent: subprocess.Popen | None = None
     startup_s: float = 0.0
     last: dict = field(default_factory=dict)
+    metrics_port: int = 0        # the agent's Prometheus endpoint (0: no agent)
     agent_cpu0: float = 0.0      # the agent's CPU time when measuring began
     measured_s: float = 0.0      # seconds measured so far
 
@@ -505,14 +563,17 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
         set_static(ts, cg, static)
     procs = []
     ctl = agent = None
+    metrics_port = 0
     with_agent = name in CONTROLLED or name == "agent_sampling"
     if with_agent:
         port = free_port()
         tls = make_tls(work)
+        metrics_port = free_port()
         acfg = agent_config("autopilot" if name == "agent_sampling" else name,
                             ts, cg, budget, interval, port, tls,
                             standalone=name == "agent_sampling",
-                            calibrate_dir=work if name == "autopilot" else None)
+                            calibrate_dir=work if name == "autopilot" else None,
+                            metrics_port=metrics_port)
         (work / "agent.yaml").write_text(yaml.safe_dump(acfg))
     if name in CONTROLLED:
         (work / "controller.yaml").write_text(yaml.safe_dump(
@@ -546,7 +607,8 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
         if APPLIED.search((work / f"{name}-agent.log").read_text(errors="replace")):
             break
         time.sleep(1.0)
-    run = Run(name, work, procs, ctl, agent, time.monotonic() - started)
+    run = Run(name, work, procs, ctl, agent, time.monotonic() - started,
+              metrics_port=metrics_port)
     run.last = {t.name: scrape(t.port) or 0.0 for t in ts}
     run.agent_cpu0 = tree_cpu_seconds(agent.pid) if agent is not None else 0.0
     return run
@@ -600,7 +662,7 @@ def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int
     policy and phase.  After interval `phase_at` the two-phase tenants
     switch to their second phase."""
     series = {t.name: {"ops_per_s": [], "limit_bytes": [], "policy": [], "phase": [],
-                       "cpu": [], "throttled": []} for t in ts}
+                       "cpu": [], "throttled": [], "cache_bytes": []} for t in ts}
     # the machine's busy CPUs and the agent's, per interval: whether a
     # tenant was held by its disk or by its CPU share, and what was left
     series["_host"] = {"busy_cpus": [], "agent_cpus": []}
@@ -623,12 +685,21 @@ def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int
             run.last[t.name] = now if now is not None else last
             series[t.name]["ops_per_s"].append(ops)
             series[t.name]["limit_bytes"].append(cg.limit(t.name))
+            series[t.name]["cache_bytes"].append(cg.cache_bytes(t.name))
             series[t.name]["policy"].append(running(cg, t.name))
             series[t.name]["phase"].append(phase[t.name])
             used, throttled = cg.cpu_usage(t.name)
             series[t.name]["cpu"].append((used - cpu0[t.name][0]) / interval)
             series[t.name]["throttled"].append((throttled - cpu0[t.name][1]) / interval)
             cpu0[t.name] = (used, throttled)
+        if run.metrics_port:
+            seen = agent_view(run.metrics_port,
+                              {t.name: series[t.name]["limit_bytes"][-1] for t in ts})
+            for t in ts:
+                v = seen.get(t.name, {})
+                series[t.name].setdefault("observed_miss_ratio", []).append(
+                    v.get("observed", float("nan")))
+                series[t.name].setdefault("curves_at_limit", []).append(v.get("curves", {}))
         busy = host_cpu()[0]
         series["_host"]["busy_cpus"].append((busy - busy0) / interval)
         busy0 = busy

@@ -73,6 +73,12 @@ CPU = {"kv": 0.5, "search": 0.4, "zipf": 0.5, "stream": 0.1}
 # how skewed kv's GETs are (db_bench's read_random_exp_range: key num * e^-r,
 # r uniform in [0, KV_SKEW], scattered over the key space)
 KV_SKEW = 5.0
+# the sweep warms the first setting at a limit on until every tenant's
+# page cache grew by at most FILL_TOLERANCE of its limit in an interval,
+# for at most FILL_MAX_INTERVALS more intervals (kv fills 160 MiB at its
+# disk's 300 reads a second in some two minutes)
+FILL_TOLERANCE = 0.01
+FILL_MAX_INTERVALS = 40
 # the tenants whose GETs or reads have an SLO (derive_slos sets its level:
 # SLO_GAIN times the equal split's, where the sweep found SLO_HEADROOM)
 SLO_TENANTS = ("kv", "zipf")
@@ -140,11 +146,15 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
     limit) per tenant is applied in place, warmed up for `warm` intervals
     and measured for `meas`.  Limits go from large to small and policies
     rotate within each limit; with a two-phase tenant, the sweep runs once
-    per phase.  The first setting at each limit warms three times as long:
-    a cache fills only as fast as its tenant misses (the first of each
-    half, where limits grow), and after a shrink the kernel's lists take
-    tens of seconds to settle (README, End to end).  The rotation starts
-    one policy further at each limit, so that no policy is always the one
+    per phase.  The first setting at each limit warms three times as long,
+    since after a shrink the kernel's lists take tens of seconds to settle
+    (README, End to end), and then on until every tenant's page cache has
+    stopped growing (`cache_settled`, at most FILL_MAX_INTERVALS): at the
+    start of each half, where limits grow, a cache fills only as fast as
+    its tenant misses, at a few hundred pages a second, and a setting
+    measured while it filled read a third less than the same setting
+    measured full.  The rotation starts one policy further at each limit
+    and in each half (`rotation`), so that no policy is always the one
     measured right after the limit moved."""
     share = budget // len(ts)
     run = start_run("sweep", ts, cg, budget, interval, work, {})
@@ -160,8 +170,8 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
                 limits = {t.name: sweep_limit(f * share, cg.anon_bytes(t.name))
                           for t in ts}
                 for j in range(width):
-                    static = {t.name: (t.policies[(j + fi) % len(t.policies)],
-                                       limits[t.name]) for t in ts if limits[t.name]}
+                    static = {t.name: (rotation(t.policies, j, fi, half), limits[t.name])
+                              for t in ts if limits[t.name]}
                     label = f"sweep p{half} x{f:g} " + ",".join(p for p, _ in static.values())
                     try:
                         set_static(ts, cg, static)
@@ -173,8 +183,16 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
                                        "ops": {n: float("nan") for n in static}})
                         continue
                     first = j == 0
-                    measure_intervals(run, ts, cg, interval, 3 * warm if first else warm,
-                                      label=label + " (warm)")
+                    w = measure_intervals(run, ts, cg, interval, 3 * warm if first else warm,
+                                          label=label + " (warm)")
+                    cache = {n: w[n]["cache_bytes"] for n in static}
+                    more = 0
+                    while first and more < FILL_MAX_INTERVALS and not cache_settled(cache, static):
+                        w = measure_intervals(run, ts, cg, interval, 1,
+                                              label=label + " (filling)")
+                        for n in static:
+                            cache[n] += w[n]["cache_bytes"]
+                        more += 1
                     s = measure_intervals(run, ts, cg, interval, meas, label=label)
                     trials.append({"phase": half, "factor": f,
                                    "settings": {n: list(v) for n, v in static.items()},
@@ -183,6 +201,30 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
     finally:
         finish_run(run, ts, cg)
     return trials
+
+
+def rotation(policies: list[str], j: int, fi: int, half: int) -> str:
+    """The policy a tenant runs in the `j`-th setting at the `fi`-th limit
+    of sweep half `half`: the rotation starts one policy further at each
+    limit and in each half, so that the setting measured first at a limit
+    (right after it moved) is another policy's each time, and a one-phase
+    tenant's two measurements of a setting, pooled, come from different
+    places in the order."""
+    return policies[(j + fi + half) % len(policies)]
+
+
+def cache_settled(cache: dict, static: dict, tol: float = FILL_TOLERANCE) -> bool:
+    """Whether every tenant of `static` ({tenant: (policy, limit)}) has
+    stopped filling its page cache: over the last interval of `cache`
+    ({tenant: page cache bytes at the end of each measured interval}) it
+    grew by at most `tol` of its limit.  A cache held below its limit by
+    what its tenant reads (a file smaller than the limit) has settled too;
+    one interval alone says nothing yet."""
+    for name, (_, limit) in static.items():
+        c = cache[name]
+        if len(c) < 2 or c[-1] - c[-2] > tol * limit:
+            return False
+    return True
 
 
 def sweep_limit(limit: float, anon: int) -> int:
@@ -584,7 +626,8 @@ def policy_choices(args, ts, auto, table, errors, share, phase_at, win):
             choices.append({"tenant": t.name, "phase": p, "autopilot_policy": ran,
                             "best_static_policy": best, "best_static_policies": tied,
                             "match": ran in tied, "at_limit_factor": f,
-                            "sweep_ops": at, "sweep_stderr": se})
+                            "sweep_ops": at, "sweep_stderr": se,
+                            "curves": curve_view(s, a, b)})
         pol = ["linux" if x == "none" else x for x in s["policy"]]
         first_final = next((i + 1 for i in range(phase_at)
                             if pol[i] == pol[phase_at - 1]), None)
@@ -594,6 +637,23 @@ def policy_choices(args, ts, auto, table, errors, share, phase_at, win):
                 (i - phase_at + 1 for i in range(phase_at, args.intervals)
                  if pol[i] != pol[phase_at - 1]), None)
     return choices, latency
+
+
+def curve_view(s: dict, a: int, b: int) -> dict:
+    """What the agent's curves said of one tenant over intervals [a, b) of
+    a controlled run (series `s`), beside what its cgroup did: the mean
+    miss ratio each policy's curve gave at the tenant's limit, and the
+    mean observed miss ratio with the policy that ran most.  Empty for a
+    run whose agent's endpoint was not read."""
+    curves = [c for c in s.get("curves_at_limit", [])[a:b] if c]
+    if not curves:
+        return {}
+    pols = s["policy"][a:b]
+    ran = max(set(pols), key=pols.count)
+    return {"ran": "linux" if ran == "none" else ran,
+            "observed": mean(s.get("observed_miss_ratio", [])[a:b]),
+            "predicted": {p: mean([c[p] for c in curves if p in c])
+                          for p in sorted({p for c in curves for p in c})}}
 
 
 def report(result, ts):
@@ -612,6 +672,11 @@ def report(result, ts):
         print(f"  {c['tenant']} phase {c['phase']}: autopilot {c['autopilot_policy']}, "
               f"best static {'/'.join(c['best_static_policies'])} (at "
               f"{c['at_limit_factor']:g} x share): {'match' if c['match'] else 'MISMATCH'}")
+        cv = c.get("curves")
+        if cv:
+            print("    curves at its limit: " + ", ".join(
+                f"{p} {m:.3f}" for p, m in cv["predicted"].items()) +
+                f"; observed {cv['observed']:.3f} under {cv['ran']}")
     print("noise, (a) again over (a): " + ", ".join(
         f"{n} {v:.2f}" for n, v in result["noise"]["repeat_over_first"].items()) +
         f", normalised {result['noise']['normalised']:.3f}")

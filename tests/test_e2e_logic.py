@@ -104,6 +104,67 @@ def test_nearest_factor():
     assert e2e_vm.nearest_factor(115 * MiB, 80 * MiB) == 2.0
 
 
+def test_the_rotation_puts_another_policy_first_at_each_limit_and_half():
+    pols = ["linux", "lfu", "s3fifo"]
+    firsts = [e2e_vm.rotation(pols, 0, fi, half) for half in (0, 1) for fi in range(4)]
+    # the first setting after a limit moves is never the same policy twice
+    # in a row, and the largest limit (fi 0) starts with another policy in
+    # each half, so a one-phase tenant's pooled measurement there is not
+    # always the one taken while its cache filled
+    assert all(a != b for a, b in zip(firsts, firsts[1:]))
+    assert e2e_vm.rotation(pols, 0, 0, 0) != e2e_vm.rotation(pols, 0, 0, 1)
+    # within a limit every policy is measured once
+    for half in (0, 1):
+        for fi in range(4):
+            assert sorted(e2e_vm.rotation(pols, j, fi, half) for j in range(3)) == sorted(pols)
+
+
+def test_a_cache_still_filling_is_not_settled():
+    static = {"kv": ("linux", 160 * MiB), "search": ("mru", 160 * MiB)}
+    # kv fills 6 MiB an interval, search has read its whole 100 MiB file
+    cache = {"kv": [60 * MiB, 66 * MiB], "search": [100 * MiB, 100 * MiB]}
+    assert not e2e_vm.cache_settled(cache, static)
+    cache["kv"].append(67 * MiB)        # grew by 1 MiB: 0.6 % of the limit
+    cache["search"].append(100 * MiB)
+    assert e2e_vm.cache_settled(cache, static)
+    # a cache that shrank (the limit fell) has settled as far as filling goes
+    assert e2e_vm.cache_settled({"kv": [150 * MiB, 80 * MiB], "search": [1, 1]}, static)
+    # one interval alone says nothing yet
+    assert not e2e_vm.cache_settled({"kv": [67 * MiB], "search": [1, 1]}, static)
+
+
+def test_the_agents_curves_are_read_at_each_tenants_limit():
+    """agent_view reads the agent's own endpoint (AgentMetrics, served on
+    loopback) and gives each policy's curve at the tenant's limit, on a log
+    scale between the points around it, beside the observed miss ratio."""
+    from cachepilot.agent.metrics import AgentMetrics
+    from cachepilot.models.mrc import MRC
+    from cachepilot.protocol.types import TenantReport
+    pages = [1000, 4000, 16000, 64000]
+    rep = TenantReport("zipf", "/cg/zipf", 10.0, 100.0, 7.0, 7.0, 0.0, 16000 * 4096,
+                       0, 0, "linux", 5000.0, 0.07,
+                       curves=[MRC(pages, [0.5, 0.3, 0.1, 0.02], "linux"),
+                               MRC(pages, [0.4, 0.2, 0.08, 0.02], "lfu")])
+    m = AgentMetrics()
+    m.update([rep])
+    port = e2e_lib.free_port()
+    httpd, _ = m.serve("127.0.0.1", port)
+    try:
+        view = e2e_lib.agent_view(port, {"zipf": 16000 * 4096, "other": 4096})
+        mid = e2e_lib.agent_view(port, {"zipf": 8000 * 4096})
+    finally:
+        httpd.shutdown()
+    assert view["zipf"]["observed"] == pytest.approx(0.07)
+    assert view["zipf"]["curves"] == {"linux": pytest.approx(0.1), "lfu": pytest.approx(0.08)}
+    # halfway between 4,000 and 16,000 pages on a log scale
+    assert mid["zipf"]["curves"]["linux"] == pytest.approx(0.2)
+    assert "other" not in view
+    assert e2e_lib.agent_view(e2e_lib.free_port(), {"zipf": 1}) == {}
+    # beyond the points: the end values
+    assert e2e_lib.interpolate_log([10, 100], [0.5, 0.1], 1) == 0.5
+    assert e2e_lib.interpolate_log([10, 100], [0.5, 0.1], 1000) == 0.1
+
+
 def test_two_phase_shell_runs_the_second_command_after_switch(tmp_path):
     pidfile = tmp_path / "phase"
     out = tmp_path / "out"
@@ -235,6 +296,10 @@ def test_summarise_report_and_plot_a_whole_synthetic_run(tmp_path, capsys):
                        "limit_bytes": [80 * MiB] * n, "policy": ["none"] * n,
                        "cpu": [0.2] * n},
             "_host": {"busy_cpus": [1.0] * n, "agent_cpus": [0.1] * n}}
+        if c == "autopilot":
+            # what the agent's curves said at kv's limit, and kv's cgroup
+            series["kv"]["curves_at_limit"] = [{"linux": 0.3, "get_scan": 0.2}] * n
+            series["kv"]["observed_miss_ratio"] = [0.25] * n
         runs[c] = {"series": series, "agent_cpu_fraction": 0.1}
     trials = []
     for phase in (0, 1):
@@ -258,6 +323,9 @@ def test_summarise_report_and_plot_a_whole_synthetic_run(tmp_path, capsys):
     assert res["parts"]["autopilot (c)/(d)"] == pytest.approx(2.25 / ((2.1 + 2.5) / 2))
     kv_choice = next(c for c in res["choices"] if c["tenant"] == "kv")
     assert kv_choice["autopilot_policy"] == "get_scan" and kv_choice["match"]
+    assert kv_choice["curves"] == {"ran": "get_scan", "observed": pytest.approx(0.25),
+                                   "predicted": {"get_scan": pytest.approx(0.2),
+                                                 "linux": pytest.approx(0.3)}}
     s1 = next(c for c in res["choices"] if c["tenant"] == "search" and c["phase"] == 1)
     assert s1["best_static_policies"] == ["linux"] and s1["match"]
     # the kv SLO (~141 GETs/s) is met from the first interval of (c)
