@@ -19,8 +19,13 @@ against the equal split, and per SLO tenant how often its limit swung
 back (a move of >= 5 % of the node's memory followed at once by one the
 other way).
 
-Writes experiments/results/scenarios.json and scenarios.png.
-Usage: experiments/bench_scenarios.py [--intervals N] [--only NAME ...]
+`--seed-offset K` adds K to every sim node's and tenant's seed: the same
+scenarios with other draws of every generator and trace offset, so that
+a check passed on the committed seeds is seen to hold on others too.
+
+Writes experiments/results/scenarios.json and scenarios.png (with an
+offset, scenarios-seedK.*).
+Usage: experiments/bench_scenarios.py [--intervals N] [--only NAME ...] [--seed-offset K]
 """
 from __future__ import annotations
 
@@ -47,8 +52,13 @@ def swings(limits: list[int], memory: int) -> int:
     return sum(1 for x, y in zip(d, d[1:]) if abs(x) >= big and abs(y) >= big and x * y < 0)
 
 
-def run_scenario(path: Path, intervals: int) -> dict:
+def run_scenario(path: Path, intervals: int, seed_offset: int = 0) -> dict:
     cfg = load_config(path)
+    for n in cfg.nodes:
+        n.seed += seed_offset
+    for t in cfg.tenants:
+        if t.workload is not None and t.workload.seed is not None:
+            t.workload.seed += seed_offset
     warmup = cfg.control.warmup_intervals if intervals > cfg.control.warmup_intervals else 0
     fixed_cfg = cfg.model_copy(deep=True)
     fixed_cfg.control.slo_headroom_sigmas = 0.0
@@ -78,7 +88,7 @@ def run_scenario(path: Path, intervals: int) -> dict:
     totals = {name: total for name, (_, total) in runs.items()}
     return {
         "scenario": path.stem, "config": str(path.relative_to(ROOT)),
-        "intervals": intervals, "warmup_intervals": warmup,
+        "intervals": intervals, "warmup_intervals": warmup, "seed_offset": seed_offset,
         "nodes": {n.name: n.memory_bytes for n in cfg.nodes},
         "slos": slos, "aggregate_throughput": totals,
         "ratio_vs_equal": {k: totals[k] / totals["equal"] for k in ("fixed", "autopilot")},
@@ -117,6 +127,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--intervals", type=int, default=100)
     ap.add_argument("--only", nargs="*", help="scenario names (default: all)")
+    ap.add_argument("--seed-offset", type=int, default=0, metavar="K",
+                    help="add K to every sim seed (default 0: the configs' own)")
     args = ap.parse_args(argv)
     paths = sorted(SCENARIOS.glob("*.yaml"))
     if args.only:
@@ -129,7 +141,7 @@ def main(argv=None) -> int:
     for i, path in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {path.stem}: {args.intervals} intervals x 3 runs ...",
               flush=True)
-        r = run_scenario(path, args.intervals)
+        r = run_scenario(path, args.intervals, args.seed_offset)
         results.append(r)
         ratio = r["ratio_vs_equal"]
         print(f"  aggregate vs equal split: autopilot {ratio['autopilot']:.2f}x, "
@@ -142,8 +154,11 @@ def main(argv=None) -> int:
                   f"(swings {s['autopilot_swings']})  check {verdict}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "scenarios" if not args.only else "scenarios-" + "-".join(p.stem for p in paths)
+    if args.seed_offset:
+        name += f"-seed{args.seed_offset}"
     (RESULTS / f"{name}.json").write_text(json.dumps(
-        {"intervals": args.intervals, "target": TARGET, "scenarios": results}, indent=1))
+        {"intervals": args.intervals, "target": TARGET, "seed_offset": args.seed_offset,
+         "scenarios": results}, indent=1))
     plot(results, RESULTS / f"{name}.png")
     passed = all(r["check_passed"] for r in results)
     print(f"every SLO the equal split meets in >= {TARGET:.0%} of intervals is met by the "

@@ -18,6 +18,7 @@ nodes whose agents know both addresses:
     when it is back they read the member list again and lead again.
 """
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -179,7 +180,8 @@ def test_nodes_find_their_owner_and_move_when_the_leader_dies(fleet):
 
 
 
-def test_replicas_serve_their_nodes_while_etcd_is_away(fleet, etcd):
+def test_replicas_serve_their_nodes_while_etcd_is_away(fleet, etcd, caplog):
+    caplog.set_level(logging.WARNING, logger="cachepilot")
     replicas, _, clients = fleet()
     limits = {}
     _started(replicas, clients, limits, 2)
@@ -193,6 +195,10 @@ def test_replicas_serve_their_nodes_while_etcd_is_away(fleet, etcd):
         time.sleep(INTERVAL / 2)
     assert {c.info.node_id: c.target for c in clients} == targets
     assert all(not s.controller.store.available for s in replicas)
+    # each replica said so in its log
+    away = [r.getMessage() for r in caplog.records if "serving the nodes it owns" in
+            r.getMessage()]
+    assert len({m.split(":")[0] for m in away}) == len(replicas), away
     etcd.start()
     assert wait_until(lambda: all(s.controller.fleet.reachable for s in replicas), 10)
     assert wait_until(lambda: sum(s.controller.fleet.leading for s in replicas) == 1, 10)
@@ -200,6 +206,8 @@ def test_replicas_serve_their_nodes_while_etcd_is_away(fleet, etcd):
     _step_all(clients, limits)
     assert wait_until(lambda: all(s.controller.store.available for s in replicas), 5)
     assert {c.info.node_id: c.target for c in clients} == targets
+    back = [r.getMessage() for r in caplog.records if "etcd answers again" in r.getMessage()]
+    assert len({m.split(":")[0] for m in back}) == len(replicas), back
 
 
 def test_the_leader_plans_from_every_replicas_demands(fleet):
