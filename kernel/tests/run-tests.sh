@@ -227,9 +227,12 @@ test_bypass() {
 }
 
 # Folios cached before the policy came have no node: reclaim must still
-# get rid of the cold ones (the LRU is scanned too while more than a
-# batch, 32 pages, is left: at most 6 % of the cold 2 MiB file may stay)
-# and the ones accessed again are adopted by the policy.
+# get rid of the cold ones and the ones accessed again are adopted by the
+# policy.  The LRU reclaims alone while more than a batch, 32 pages, is
+# counted left; the count is held to the cgroup's file LRU size, which
+# misses the folios a reclaim has isolated or a CPU has not yet added (a
+# few dozen on two CPUs), so up to some 80 pages, 15 % of the cold 2 MiB
+# file, may stay.
 test_preexisting() {
 	drop_caches
 	cxtest read /data/s1 "$CG/a" && cxtest read /data/s2 "$CG/a"
@@ -242,10 +245,33 @@ test_preexisting() {
 	un1=$(stat_of a untracked_pages) fb=$(stat_of a fallbacks)
 	cur=$(cat $CG/a/memory.current) max=$(cat $CG/a/memory.max)
 	if [ "$un0" -ge 900 ] && [ "$ad" -ge 450 ] && [ "$un1" -le 32 ] &&
-	   [ "$cold" -le 10 ] && [ "$fb" -gt 0 ] && [ "$cur" -le "$max" ]; then
+	   [ "$cold" -le 15 ] && [ "$fb" -gt 0 ] && [ "$cur" -le "$max" ]; then
 		pass "pre-existing: untracked at attach=$un0, adopted=$ad, left=$un1, cold file ${cold}% resident, fallbacks=$fb"
 	else
 		fail "pre-existing" "untracked at attach=$un0 adopted=$ad left=$un1 cold file ${cold}% fallbacks=$fb current=$cur max=$max"
+	fi
+	detach a
+}
+
+# A policy attached to a full cache does not evict the working set it is
+# still learning: s3 (4 MiB) cached and left cold, s1 (2 MiB) cached and
+# read again after FIFO is attached (adopted), then 4 MiB more (s4)
+# through the 8 MiB limit.  The LRU reclaims while s3's untouched pages
+# are there, so they go and s1 stays; asked first, FIFO would have
+# evicted s1, its oldest pages.
+test_handover() {
+	drop_caches
+	cxtest read /data/s3 "$CG/a" && cxtest read /data/s1 "$CG/a"
+	attach a fifo || { fail "handover" "attach failed"; return; }
+	cxtest read /data/s1 "$CG/a"	# hits: adopted
+	cxtest read /data/s4 "$CG/a"	# pressure
+	set -- $(cxtest res /data/s1); hot=$3
+	set -- $(cxtest res /data/s3); cold=$3
+	fb=$(stat_of a fallbacks)
+	if [ "$hot" -ge 90 ] && [ "$cold" -le 60 ] && [ "$fb" -gt 0 ]; then
+		pass "handover: adopted file ${hot}% resident, untouched file ${cold}%, fallbacks=$fb"
+	else
+		fail "handover" "adopted file ${hot}% resident, untouched file ${cold}%, fallbacks=$fb"
 	fi
 	detach a
 }
@@ -398,6 +424,7 @@ test_verifier
 test_attach_errors
 test_bypass
 test_preexisting
+test_handover
 test_removal
 test_detach_under_pressure
 test_migration
