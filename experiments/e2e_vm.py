@@ -73,12 +73,12 @@ CPU = {"kv": 0.5, "search": 0.4, "zipf": 0.5, "stream": 0.1}
 # how skewed kv's GETs are (db_bench's read_random_exp_range: key num * e^-r,
 # r uniform in [0, KV_SKEW], scattered over the key space)
 KV_SKEW = 5.0
-# the sweep warms the first setting at a limit on until every tenant's
-# page cache grew by at most FILL_TOLERANCE of its limit in an interval,
-# for at most FILL_MAX_INTERVALS more intervals (kv fills 160 MiB at its
-# disk's 300 reads a second in some two minutes)
+# a sweep pass fills its caches, disk limits lifted, until every tenant's
+# page cache grew by at most FILL_TOLERANCE of its limit in an interval, for
+# at most FILL_MAX_INTERVALS intervals (at its disk's 300 reads a second kv
+# would take some two minutes to fill 160 MiB)
 FILL_TOLERANCE = 0.01
-FILL_MAX_INTERVALS = 40
+FILL_MAX_INTERVALS = 24
 # the tenants whose GETs or reads have an SLO (derive_slos sets its level:
 # SLO_GAIN times the equal split's, where the sweep found SLO_HEADROOM)
 SLO_TENANTS = ("kv", "zipf")
@@ -141,21 +141,23 @@ def phase_means(series: dict, win: dict, phased: bool) -> dict:
     return {p: mean(ops[a:b]) for p, (a, b) in win.items()}
 
 
-def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
-    """The offline sweep: the tenants run once; every setting of (policy,
-    limit) per tenant is applied in place, warmed up for `warm` intervals
-    and measured for `meas`.  Limits go from large to small and policies
-    rotate within each limit; with a two-phase tenant, the sweep runs once
-    per phase.  The first setting at each limit warms three times as long,
-    since after a shrink the kernel's lists take tens of seconds to settle
-    (README, End to end), and then on until every tenant's page cache has
-    stopped growing (`cache_settled`, at most FILL_MAX_INTERVALS): at the
-    start of each half, where limits grow, a cache fills only as fast as
-    its tenant misses, at a few hundred pages a second, and a setting
-    measured while it filled read a third less than the same setting
-    measured full.  The rotation starts one policy further at each limit
-    and in each half (`rotation`), so that no policy is always the one
-    measured right after the limit moved."""
+def sweep(ts, cg, budget, interval, warm, meas, work, data) -> list[dict]:
+    """The offline sweep: the tenants run once; each tenant's allowed
+    policies are measured one after another, each over every limit.  A
+    policy's pass starts from cold caches with the policy attached to
+    the empty cache at the largest limit, filled at full disk speed until
+    every tenant's page cache has stopped growing (`fill`), then steps
+    down through the limits, each warmed for `warm` intervals and measured
+    for `meas`.  With a two-phase tenant, the sweep runs once per phase.
+
+    Why in passes: a policy swapped in place inherits a cache its
+    predecessor filled, and at two shares (160 MiB, a few hundred misses
+    a second) a cache takes minutes to turn over.  Measured a minute after
+    a swap, a policy read what its predecessor had cached (kv under
+    get_scan fell from 680 to 500 GETs/s right after linux), and the
+    order of the rotation decided the comparison.  Within a pass only the
+    limit moves, and after a shrink the policy itself chooses what stays.
+    The pass order rotates in each half (`rotation`)."""
     share = budget // len(ts)
     run = start_run("sweep", ts, cg, budget, interval, work, {})
     trials = []
@@ -166,15 +168,19 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
             if half:
                 for t in ts:
                     t.switch_phase()
-            for fi, f in enumerate(LIMIT_FACTORS):
-                limits = {t.name: sweep_limit(f * share, cg.anon_bytes(t.name))
-                          for t in ts}
-                for j in range(width):
-                    static = {t.name: (rotation(t.policies, j, fi, half), limits[t.name])
+            for j in range(width):
+                policy = {t.name: rotation(t.policies, j, half) for t in ts}
+                for fi, f in enumerate(LIMIT_FACTORS):
+                    limits = {t.name: sweep_limit(f * share, cg.anon_bytes(t.name))
+                              for t in ts}
+                    static = {t.name: (policy[t.name], limits[t.name])
                               for t in ts if limits[t.name]}
                     label = f"sweep p{half} x{f:g} " + ",".join(p for p, _ in static.values())
                     try:
-                        set_static(ts, cg, static)
+                        if fi == 0:
+                            fill(run, ts, cg, interval, static, data, label)
+                        else:
+                            set_static(ts, cg, static)
                     except RuntimeError as err:
                         # a setting that cannot be made is no candidate
                         print(f"    {label}: {err}", flush=True)
@@ -182,35 +188,52 @@ def sweep(ts, cg, budget, interval, warm, meas, work) -> list[dict]:
                                        "settings": {n: list(v) for n, v in static.items()},
                                        "ops": {n: float("nan") for n in static}})
                         continue
-                    first = j == 0
-                    w = measure_intervals(run, ts, cg, interval, 3 * warm if first else warm,
-                                          label=label + " (warm)")
-                    cache = {n: w[n]["cache_bytes"] for n in static}
-                    more = 0
-                    while first and more < FILL_MAX_INTERVALS and not cache_settled(cache, static):
-                        w = measure_intervals(run, ts, cg, interval, 1,
-                                              label=label + " (filling)")
-                        for n in static:
-                            cache[n] += w[n]["cache_bytes"]
-                        more += 1
+                    measure_intervals(run, ts, cg, interval, warm, label=label + " (warm)")
                     s = measure_intervals(run, ts, cg, interval, meas, label=label)
                     trials.append({"phase": half, "factor": f,
                                    "settings": {n: list(v) for n, v in static.items()},
                                    "ops": {n: mean(s[n]["ops_per_s"]) for n in static},
                                    "series": {n: s[n]["ops_per_s"] for n in static}})
     finally:
+        for t in ts:
+            cg.set_io(t.name, data, *IO[t.name])
         finish_run(run, ts, cg)
     return trials
 
 
-def rotation(policies: list[str], j: int, fi: int, half: int) -> str:
-    """The policy a tenant runs in the `j`-th setting at the `fi`-th limit
-    of sweep half `half`: the rotation starts one policy further at each
-    limit and in each half, so that the setting measured first at a limit
-    (right after it moved) is another policy's each time, and a one-phase
+def fill(run, ts, cg, interval, static, data, label):
+    """A policy pass's start: every tenant's policy swapped back to the
+    kernel's, the page cache dropped, `static` set (each policy attached
+    to an empty cache), and the tenants' disk limits lifted until every
+    page cache has stopped growing (`cache_settled`, at most
+    FILL_MAX_INTERVALS), so that a cache fills in seconds rather than in
+    the minutes its tenant's misses would take; the limits are then set
+    back.  What a cache holds when full comes from the tenant's own
+    reads either way."""
+    set_static(ts, cg, {n: ("linux", lim) for n, (_, lim) in static.items()})
+    drop_caches()
+    set_static(ts, cg, static)
+    for t in ts:
+        cg.unset_io(t.name, data)
+    try:
+        cache = {n: [] for n in static}
+        for _ in range(FILL_MAX_INTERVALS):
+            w = measure_intervals(run, ts, cg, interval, 1, label=label + " (filling)")
+            for n in static:
+                cache[n] += w[n]["cache_bytes"]
+            if cache_settled(cache, static):
+                break
+    finally:
+        for t in ts:
+            cg.set_io(t.name, data, *IO[t.name])
+
+
+def rotation(policies: list[str], j: int, half: int) -> str:
+    """The policy of a tenant's `j`-th pass in sweep half `half`: the
+    order starts one policy further in each half, so that a one-phase
     tenant's two measurements of a setting, pooled, come from different
     places in the order."""
-    return policies[(j + fi + half) % len(policies)]
+    return policies[(j + half) % len(policies)]
 
 
 def cache_settled(cache: dict, static: dict, tol: float = FILL_TOLERANCE) -> bool:
@@ -351,7 +374,7 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
         print(f"  {name}", flush=True)
         if name == "sweep":
             trials = sweep(ts, cg, budget, args.interval, args.sweep_warm,
-                           args.sweep_measure, work)
+                           args.sweep_measure, work, Path(args.data))
             print_sweep(trials, ts)
             continue
         if name == "overhead":
@@ -396,7 +419,8 @@ def main(argv=None) -> int:
     ap.add_argument("--settle", type=int, default=3,
                     help="measured intervals left out of means after the phase change (3; "
                          "under emulation the second phase's fio takes some 20 s to start)")
-    ap.add_argument("--sweep-warm", type=int, default=3, help="sweep: warm-up intervals (3)")
+    ap.add_argument("--sweep-warm", type=int, default=4,
+                    help="sweep: intervals after each limit is set before it is measured (4)")
     ap.add_argument("--sweep-measure", type=int, default=4, help="sweep: measured intervals (4)")
     ap.add_argument("--overhead-intervals", type=int, default=8,
                     help="overhead: measured intervals of each readrandom run, the first "
@@ -450,7 +474,8 @@ def main(argv=None) -> int:
 
     # the sweep first: the best static choice (d) and the SLOs come from it
     print("  sweep", flush=True)
-    trials = sweep(ts, cg, budget, args.interval, args.sweep_warm, args.sweep_measure, work)
+    trials = sweep(ts, cg, budget, args.interval, args.sweep_warm, args.sweep_measure, work,
+                   data)
     table, errors = sweep_table(trials, ts), sweep_error(trials, ts)
     slos = derive_slos(table, SLO_TENANTS)
     static, static_score = best_static(table, ts, budget, slos)

@@ -104,19 +104,61 @@ def test_nearest_factor():
     assert e2e_vm.nearest_factor(115 * MiB, 80 * MiB) == 2.0
 
 
-def test_the_rotation_puts_another_policy_first_at_each_limit_and_half():
+def test_the_sweeps_passes_start_with_another_policy_in_each_half():
     pols = ["linux", "lfu", "s3fifo"]
-    firsts = [e2e_vm.rotation(pols, 0, fi, half) for half in (0, 1) for fi in range(4)]
-    # the first setting after a limit moves is never the same policy twice
-    # in a row, and the largest limit (fi 0) starts with another policy in
-    # each half, so a one-phase tenant's pooled measurement there is not
-    # always the one taken while its cache filled
-    assert all(a != b for a, b in zip(firsts, firsts[1:]))
-    assert e2e_vm.rotation(pols, 0, 0, 0) != e2e_vm.rotation(pols, 0, 0, 1)
-    # within a limit every policy is measured once
     for half in (0, 1):
-        for fi in range(4):
-            assert sorted(e2e_vm.rotation(pols, j, fi, half) for j in range(3)) == sorted(pols)
+        # every policy gets one pass in each half
+        assert sorted(e2e_vm.rotation(pols, j, half) for j in range(3)) == sorted(pols)
+    # and the first pass (and so the position of each) differs between halves
+    assert e2e_vm.rotation(pols, 0, 0) != e2e_vm.rotation(pols, 0, 1)
+    # a tenant with fewer policies than the widest repeats one
+    assert [e2e_vm.rotation(["linux", "mru"], j, 0) for j in range(3)] == \
+        ["linux", "mru", "linux"]
+
+
+def test_a_pass_fills_with_the_disk_limits_lifted_and_sets_them_back(monkeypatch):
+    """fill(): policies back to the kernel's, caches dropped, the pass's
+    settings made, io.max lifted until every cache stops growing, then set
+    back -- also when a measurement fails."""
+    calls = []
+
+    class CG:
+        def unset_io(self, name, data):
+            calls.append(("unset_io", name))
+
+        def set_io(self, name, data, riops, rbps):
+            calls.append(("set_io", name, riops, rbps))
+
+    growth = iter([10, 20, 30, 30, 30])      # MiB: settles at the fourth interval
+    monkeypatch.setattr(e2e_vm, "set_static", lambda ts, cg, st: calls.append(
+        ("static", {n: p for n, (p, _) in st.items()})))
+    monkeypatch.setattr(e2e_vm, "drop_caches", lambda: calls.append(("drop",)))
+
+    def measure(run, ts, cg, interval, n, label=""):
+        calls.append(("measure", n))
+        return {"kv": {"cache_bytes": [next(growth) * MiB]}}
+    monkeypatch.setattr(e2e_vm, "measure_intervals", measure)
+    ts = [T("kv", ["linux", "get_scan"])]
+    static = {"kv": ("get_scan", 160 * MiB)}
+    e2e_vm.fill(None, ts, CG(), 5.0, static, Path("/data"), "x")
+    assert calls[:3] == [("static", {"kv": "linux"}), ("drop",), ("static", {"kv": "get_scan"})]
+    assert calls[3] == ("unset_io", "kv")
+    assert [c for c in calls if c[0] == "measure"] == [("measure", 1)] * 4
+    assert calls[-1] == ("set_io", "kv", *e2e_vm.IO["kv"])
+
+    # a cache that never settles stops at the cap; an error still sets io back
+    calls.clear()
+    growth = iter(range(10, 10000, 10))      # 10 MiB more every interval
+    e2e_vm.fill(None, ts, CG(), 5.0, static, Path("/data"), "x")
+    assert len([c for c in calls if c[0] == "measure"]) == e2e_vm.FILL_MAX_INTERVALS
+    calls.clear()
+
+    def broken(*a, **k):
+        raise RuntimeError("scrape failed")
+    monkeypatch.setattr(e2e_vm, "measure_intervals", broken)
+    with pytest.raises(RuntimeError):
+        e2e_vm.fill(None, ts, CG(), 5.0, static, Path("/data"), "x")
+    assert calls[-1] == ("set_io", "kv", *e2e_vm.IO["kv"])
 
 
 def test_a_cache_still_filling_is_not_settled():
