@@ -118,16 +118,21 @@ def test_the_sweeps_passes_start_with_another_policy_in_each_half():
 
 def test_a_pass_fills_with_the_disk_limits_lifted_and_sets_them_back(monkeypatch):
     """fill(): policies back to the kernel's, caches dropped, the pass's
-    settings made, io.max lifted until every cache stops growing, then set
-    back -- also when a measurement fails."""
+    settings made, io.max raised until every cache stops growing, then set
+    back -- also when a measurement fails.  Raised, every tenant's together
+    stay under the data disk's own throttle (the Makefile's E2E_DISK)."""
     calls = []
 
     class CG:
-        def unset_io(self, name, data):
-            calls.append(("unset_io", name))
-
         def set_io(self, name, data, riops, rbps):
             calls.append(("set_io", name, riops, rbps))
+
+    make = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    disk = dict(kv.split("=") for kv in
+                make.split("E2E_DISK :=")[1].splitlines()[0].strip().split(","))
+    up = e2e_vm.FILL_SPEEDUP
+    assert sum(up[0] * r for r, _ in e2e_vm.IO.values()) < int(disk["throttling.iops-total"])
+    assert sum(up[1] * b for _, b in e2e_vm.IO.values()) < int(disk["throttling.bps-total"])
 
     growth = iter([10, 20, 30, 30, 30])      # MiB: settles at the fourth interval
     monkeypatch.setattr(e2e_vm, "set_static", lambda ts, cg, st: calls.append(
@@ -142,7 +147,8 @@ def test_a_pass_fills_with_the_disk_limits_lifted_and_sets_them_back(monkeypatch
     static = {"kv": ("get_scan", 160 * MiB)}
     e2e_vm.fill(None, ts, CG(), 5.0, static, Path("/data"), "x")
     assert calls[:3] == [("static", {"kv": "linux"}), ("drop",), ("static", {"kv": "get_scan"})]
-    assert calls[3] == ("unset_io", "kv")
+    riops, rbps = e2e_vm.IO["kv"]
+    assert calls[3] == ("set_io", "kv", up[0] * riops, up[1] * rbps)
     assert [c for c in calls if c[0] == "measure"] == [("measure", 1)] * 4
     assert calls[-1] == ("set_io", "kv", *e2e_vm.IO["kv"])
 
