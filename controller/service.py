@@ -201,6 +201,7 @@ class Controller(AdminOps):
     def register(self, info: NodeInfo, peer: str = ""):
         """Returns (session, interval, the node's tenants as NodeTenants)."""
         self._check_owner(info.node_id)
+        adopted = self._read_adopted(info.node_id)
         with self.lock:
             rec = self.registry.register(info)
             rec.peer = peer
@@ -208,8 +209,8 @@ class Controller(AdminOps):
                        f"node {rec.name} registered ({info.backend}, "
                        f"{info.memory_bytes} bytes, cache_ext={info.has_cache_ext})")
             self.store.put_node(rec.name, asdict(info), time.time())
-            if self.fleet is not None and rec.name not in self.serving:
-                self._adopt(rec)
+            if adopted is not None and rec.name not in self.serving:
+                self._adopt(rec, *adopted)
             self._flush()
             self._export_nodes()
             return (rec.session, self.config.control.interval_s,
@@ -311,19 +312,28 @@ class Controller(AdminOps):
             if self.fleet is not None:
                 self.serving = {n for n in self.serving if self.fleet.owns(n)}
 
-    def _adopt(self, rec):
+    def _read_adopted(self, node: str):
+        """For a node this replica does not serve yet, (its tenants' saved
+        state or None, why not): read from the shared store before the
+        lock is taken, as it asks etcd.  None for a node served already."""
+        with self.lock:
+            if self.fleet is None or node not in self.registry.nodes or node in self.serving:
+                return None
+            names = [t.name for t in self.config.tenants_on(node)]
+        if not self.fleet.reachable:    # not a timeout for each node registering
+            return None, f"{self.fleet.etcd.url} is unreachable"
+        try:
+            return self.store.load_tenants(names), ""
+        except UserError as err:
+            return None, str(err)
+
+    def _adopt(self, rec, saved, why):
         """A node registering with this replica may come from another (one
         that died, or the owner before a replica joined): take its
         tenants' last directives and the engine's memory of them (autopilot
         streaks, watchdog holds, the throughput model) from the shared
-        store, as they were written by whichever replica served it last."""
-        names = [t.name for t in self.config.tenants_on(rec.name)]
-        saved, why = None, f"{self.fleet.etcd.url} is unreachable"
-        if self.fleet.reachable:        # else not a timeout under the lock for each node
-            try:
-                saved = self.store.load_tenants(names)
-            except UserError as err:
-                why = str(err)
+        store, as they were written by whichever replica served it last
+        (`saved`, read by _read_adopted)."""
         if saved is None:               # etcd away: start them from the reports
             self._note(rec.name, "", "adopt", f"node {rec.name}: its tenants' saved state "
                        f"could not be read ({why}); they start from the reports")
