@@ -333,7 +333,13 @@ class Controller(AdminOps):
         tenants' last directives and the engine's memory of them (autopilot
         streaks, watchdog holds, the throughput model) from the shared
         store, as they were written by whichever replica served it last
-        (`saved`, read by _read_adopted)."""
+        (`saved`, read by _read_adopted).  What this replica last saved of
+        them is forgotten: if it served the node before, the store has held
+        another's records of it since, so its own are written again at the
+        next report, not up to SAVE_EVERY reports later."""
+        for t in self.config.tenants_on(rec.name):
+            self._last_saved.pop("d:" + t.name, None)
+            self._last_saved.pop("t:" + t.name, None)
         if saved is None:               # etcd away: start them from the reports
             self._note(rec.name, "", "adopt", f"node {rec.name}: its tenants' saved state "
                        f"could not be read ({why}); they start from the reports")

@@ -555,3 +555,17 @@ def test_a_replica_asks_the_shared_store_without_holding_its_lock(tmp_path):
     c.decision_log(limit=10)                       # pages through the store
     assert store.free == [True, True]
 
+
+
+def test_a_node_that_comes_back_has_its_records_saved_again_at_once(tmp_path):
+    c, store = _replica(tmp_path)
+    session, _, _ = c.register(_node_info())
+    c.report("n1", session, 1, [report("n1-t0"), report("n1-t1")], [])
+    assert set(store.rounds[-1][0]) == {"n1-t0", "n1-t1"}      # saved when first seen
+    c.fleet.mine = False                           # n1 moves to another replica ...
+    c.fleet_changed({"r0": "127.0.0.1:1", "r1": "127.0.0.1:2"})
+    c.fleet.mine = True                            # ... which writes its records, and dies
+    session, _, _ = c.register(_node_info())
+    c.report("n1", session, 1, [report("n1-t0"), report("n1-t1")], [])
+    # the store holds the other replica's records: ours are written again
+    assert set(store.rounds[-1][0]) == {"n1-t0", "n1-t1"}
