@@ -359,7 +359,10 @@ class Controller(AdminOps):
         with self.lock:
             c = self.config.control
             lost = self.registry.check_lost(c.interval_s, c.lost_after_intervals)
-            if self.fleet is not None:      # another replica's nodes are not ours to lose
+            if self.fleet is not None:
+                # the registry marks every silent node lost, another
+                # replica's too (its memory is not in this replica's pool);
+                # only the owner logs it
                 lost = [n for n in lost if self.fleet.owns(n)]
             for name in lost:
                 self._note(name, "", "lost", f"node {name} sent no report for "
@@ -649,10 +652,25 @@ def _credentials(spec, address, token):
     return grpc.ssl_server_credentials(pair)
 
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]", "*")
+
+
+def _check_advertised(spec, address):
+    """A replica on etcd is named, and has its nodes sent, by its
+    advertised address: a wildcard listen address (the same on every
+    host) cannot be it."""
+    if spec.store != "sqlite" and not spec.advertise and \
+            address.rsplit(":", 1)[0] in WILDCARD_HOSTS:
+        raise UserError(f"controller: listening on {address} (every address) with an etcd "
+                        "store needs controller.advertise (or --advertise HOST:PORT): the "
+                        "address the other replicas send this one's nodes to, and its name "
+                        "among them unless controller.replica (--replica) gives one")
+
+
 def _join_fleet(config, address, port, server, controller):
     """This process as one of the replicas sharing the fleet's nodes
     (controller/fleet.py); a replica that cannot join does not serve."""
-    from cachepilot.controller.etcd import Etcd, StoreUnavailable
+    from cachepilot.controller.etcd import Etcd
     from cachepilot.controller.fleet import Fleet
     spec = config.controller
     host = address.rsplit(":", 1)[0]
@@ -661,11 +679,26 @@ def _join_fleet(config, address, port, server, controller):
         return Fleet(Etcd(spec.store), spec.replica or advertise, advertise,
                      spec.replica_ttl_s or max(1.0, config.control.interval_s / 2),
                      on_change=controller.fleet_changed).start()
-    except StoreUnavailable as err:
+    except UserError as err:        # etcd away, or the name is another's
         server.stop(0)
         controller.close()
         raise UserError(f"controller: cannot join the replicas at {spec.store}: {err}") \
             from None
+
+
+def plan_loop(controller, stop: threading.Event, every: float) -> None:
+    """The leader's consolidation plan every `every` seconds until `stop`.
+    A plan that fails is logged (with its traceback when it is not etcd
+    away) and the next period plans again: the thread never dies quietly."""
+    while not stop.wait(every):
+        if not controller.fleet.leading:
+            continue
+        try:
+            controller.plan_fleet()
+        except UserError as err:            # etcd away: the next period
+            log.warning("consolidation plan: %s", err)
+        except Exception:                   # noqa: BLE001 -- see the docstring
+            log.exception("consolidation plan failed; planning again in %g s", every)
 
 
 def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
@@ -678,6 +711,7 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
     keep_freed_memory()
     spec = config.controller
     address = listen or spec.listen
+    _check_advertised(spec, address)
     token = None if spec.mutual_tls else spec.token_value()
     creds = _credentials(spec, address, token)
     store = store if store is not None else open_store(config)
@@ -715,14 +749,8 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
         threading.Thread(target=watch, name="lost-node-watch", daemon=True).start()
     every = config.control.plan_every_intervals * config.control.interval_s
     if controller.fleet is not None and every > 0:
-        def plan_loop():
-            while not stop.wait(every):
-                if controller.fleet.leading:
-                    try:
-                        controller.plan_fleet()
-                    except UserError as err:        # etcd away: the next period
-                        log.warning("consolidation plan: %s", err)
-        threading.Thread(target=plan_loop, name="fleet-plan", daemon=True).start()
+        threading.Thread(target=plan_loop, args=(controller, stop, every), name="fleet-plan",
+                         daemon=True).start()
     if spec.metrics_port is not None:
         controller.metrics.serve(spec.metrics_port)
     host = address.rsplit(":", 1)[0]
