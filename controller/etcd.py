@@ -164,15 +164,18 @@ class Etcd:
                 int(kvs[0].get("lease", 0)))
 
     def get_prefix(self, prefix: str, limit: int = 0, newest_first: bool = False,
-                   start: str = "", end: str = "",
-                   keys_only: bool = False) -> list[tuple[str, str, int]]:
+                   start: str = "", end: str = "", keys_only: bool = False,
+                   min_revision: int = 0) -> list[tuple[str, str, int]]:
         """(key, value, mod_revision) of the keys under `prefix` in key
         order (reversed with newest_first), at most `limit` (0: all), from
-        `start` on and before `end` (keys under the prefix) when given."""
+        `start` on and before `end` (keys under the prefix) when given,
+        and only those changed at `min_revision` or later when given."""
         body = {"key": _b64(self.key(start or prefix)),
                 "range_end": _b64(self.key(end)) if end else self._range_end(prefix),
                 "limit": limit, "sort_target": "KEY",
                 "sort_order": "DESCEND" if newest_first else "ASCEND", "keys_only": keys_only}
+        if min_revision:
+            body["min_mod_revision"] = str(min_revision)
         kvs = self.call("kv/range", body, f"get {prefix}*").get("kvs", [])
         return [(*self._kv(kv), int(kv.get("mod_revision", 0))) for kv in kvs]
 

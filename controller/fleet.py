@@ -21,6 +21,9 @@ Each one:
                the fleet-wide work; when its lease ends, the next to
                campaign leads.  A replica leads when the key is held under
                its own lease, not merely in its name
+    follows    the SLOs and modes set through any replica (`watch`: the
+               store's slo/ and mode/ records), read with the member list
+               from their mod_revision on and handed to `on_records`
 
 Each replica also publishes, under demand/<node>, what its nodes'
 tenants need (controller/planner.py: live_demand), and the leader packs
@@ -76,21 +79,26 @@ class Fleet:
 
     `on_change(members)` is called from the watch thread whenever the
     member list changes (the service stops serving the nodes that moved
-    away).  The lease is of whole seconds, as etcd's are:
+    away); `on_records([(key, value, mod_revision)])` with the records
+    under the `watch` prefixes that changed since the last read (the first
+    read: all of them).  The lease is of whole seconds, as etcd's are:
     ttl_s is rounded up."""
 
     def __init__(self, etcd: Etcd, name: str, address: str, ttl_s: float,
-                 on_change=None):
+                 on_change=None, watch: tuple[str, ...] = (), on_records=None):
         self.etcd = etcd
         self.name = name
         self.address = address
         self.ttl = max(1, math.ceil(ttl_s))
         self.on_change = on_change
+        self.watch = watch
+        self.on_records = on_records
         self.members: dict[str, str] = {}
         self.leading = False
         self.reachable = True
         self.refused: NameTaken | None = None     # our name is another's now
         self.lease: Lease | None = None
+        self._watched_rev = 0       # the newest mod_revision read under `watch`
         self._owners: dict[str, str | None] = {}
         self._outbox: dict[str, str] = {}    # node -> its demands, not yet put
         self._lock = threading.Lock()
@@ -145,6 +153,7 @@ class Fleet:
             self._rejoin(members)
         self._lead()
         self._set_members(members)
+        self._read_watched()
 
     def _rejoin(self, members):
         """Our lease lapsed (etcd was away longer than it, or we hung): put
@@ -190,6 +199,18 @@ class Fleet:
                      ", ".join(sorted(members)), ", ".join(sorted(old)) or "none")
             if self.on_change is not None:
                 self.on_change(dict(members))
+
+    def _read_watched(self):
+        """The records under `watch` changed since the last read (etcd
+        returns only those, by mod_revision) go to on_records; they are
+        asked for again if it raises."""
+        if not self.watch or self.on_records is None:
+            return
+        kvs = [kv for prefix in self.watch
+               for kv in self.etcd.get_prefix(prefix, min_revision=self._watched_rev + 1)]
+        if kvs:
+            self.on_records(kvs)
+            self._watched_rev = max(self._watched_rev, *(rev for _, _, rev in kvs))
 
     def _watch(self):
         while not self._stop.wait(self.ttl / 3):

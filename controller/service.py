@@ -149,17 +149,7 @@ class Controller(AdminOps):
     def _restore(self):
         saved = self.store.load(LOG_MEMORY)
         names = {t.name for t in self.config.tenants}
-        for tenant, value in saved.slos.items():
-            if tenant in names:
-                spec = self.config.tenant(tenant)
-                old = spec.slo
-                spec.slo = None if value is None else SLO(
-                    min_throughput=value, source=old.source if old else "accesses")
-        for scope, mode in saved.modes.items():
-            if scope == "" and mode:
-                self.config.control.mode = mode
-            elif scope in names:
-                self.config.tenant(scope).mode = mode
+        self._apply_settings(saved)
         for name, reg in saved.nodes.items():
             if name in self.registry.nodes:
                 self.registry.nodes[name].info = NodeInfo(**reg)
@@ -184,6 +174,46 @@ class Controller(AdminOps):
                        f"{len(saved.slos)} SLO change(s), {len(saved.nodes)} node(s), "
                        f"{len(saved.tenants)} tenant record(s)")
             self._flush()
+
+    def _apply_settings(self, saved) -> list[str]:
+        """The SLOs and modes in `saved` (from the store: at a restart, or
+        set through another replica) put in force; what changed, said."""
+        names = {t.name for t in self.config.tenants}
+        changed = []
+        for tenant, value in saved.slos.items():
+            if tenant not in names:
+                continue
+            spec = self.config.tenant(tenant)
+            old = spec.slo
+            if (old.min_throughput if old else None) == value:
+                continue
+            spec.slo = None if value is None else SLO(
+                min_throughput=value, source=old.source if old else "accesses")
+            changed.append(f"{tenant}: SLO " + (f"{value:g} ops/s" if value is not None
+                                                else "cleared"))
+        for scope, mode in saved.modes.items():
+            if scope == "" and mode and mode != self.config.control.mode:
+                self.config.control.mode = mode
+                changed.append(f"controller: mode {mode}")
+            elif scope in names and self.config.tenant(scope).mode != mode:
+                self.config.tenant(scope).mode = mode
+                changed.append(f"{scope}: mode {mode or 'of the controller'}")
+        return changed
+
+    def settings_changed(self, kvs) -> list[str]:
+        """SLO and mode records changed in the shared store, as the fleet's
+        watch read them (controller/fleet.py): another replica's admin
+        calls, put in force here as a restart would, unless this replica
+        has a newer value of its own on its way to the store."""
+        with self.lock:
+            changed = self._apply_settings(self.store.accept(kvs))
+            for t in self.config.tenants:
+                self._export_slo(t.name)
+                self.metrics.mode.labels(t.name).set(1 if self.mode_of(t.name) == "recommend"
+                                                     else 0)
+        for what in changed:
+            log.info("set through another replica: %s", what)
+        return changed
 
     def mode_of(self, tenant: str) -> str:
         return self.config.tenant(tenant).mode_in(self.config.control)
@@ -672,13 +702,16 @@ def _join_fleet(config, address, port, server, controller):
     (controller/fleet.py); a replica that cannot join does not serve."""
     from cachepilot.controller.etcd import Etcd
     from cachepilot.controller.fleet import Fleet
+    from cachepilot.controller.store_etcd import SETTINGS
     spec = config.controller
     host = address.rsplit(":", 1)[0]
     advertise = spec.advertise or f"{host}:{port}"
+    follows = hasattr(controller.store, "accept")       # the shared store's records
     try:
         return Fleet(Etcd(spec.store), spec.replica or advertise, advertise,
                      spec.replica_ttl_s or max(1.0, config.control.interval_s / 2),
-                     on_change=controller.fleet_changed).start()
+                     on_change=controller.fleet_changed, watch=SETTINGS if follows else (),
+                     on_records=controller.settings_changed).start()
     except UserError as err:        # etcd away, or the name is another's
         server.stop(0)
         controller.close()

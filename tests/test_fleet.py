@@ -16,6 +16,8 @@ nodes whose agents know both addresses:
     replicas publish for their nodes;
   * etcd is killed: both replicas go on serving the nodes they own, and
     when it is back they read the member list again and lead again;
+  * an SLO and a mode set through one replica are in force at the other
+    within a second or two;
   * a replica whose name another live one holds is refused, and so is a
     wildcard listen address with no advertised one; a replica whose name
     was taken while its lease lapsed neither leads nor serves.
@@ -43,6 +45,9 @@ from cachepilot.controller.etcd import Etcd, StoreUnavailable
 from cachepilot.controller.fleet import MEMBERS, Fleet, owner_of
 from cachepilot.controller.service import plan_loop, serve
 from cachepilot.core.errors import UserError
+from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.protocol.channel import make_channel
 
 NODES = ("n1", "n2", "n3", "n4")
 INTERVAL = 2.0
@@ -242,6 +247,42 @@ def test_the_leader_plans_from_every_replicas_demands(fleet):
     before = stored["time"]
     assert wait_until(lambda: json.loads(leader.controller.fleet.etcd.get("plan"))["time"]
                       > before, 3 * INTERVAL)
+
+
+def _admin(served):
+    channel = make_channel(served.address, insecure=True)
+    return channel, pb_grpc.AdminStub(channel)
+
+
+def test_an_slo_and_a_mode_set_through_one_replica_hold_at_the_other(fleet):
+    replicas, _, clients = fleet()
+    _started(replicas, clients, {}, 1)
+    one, other = (s.controller for s in replicas)
+    channel, admin = _admin(replicas[0])
+    try:
+        admin.SetSLO(pb.SetSLORequest(tenant="n1-t0", min_throughput=4321.0), timeout=5)
+        admin.SetMode(pb.SetModeRequest(tenant="", mode="recommend"), timeout=5)
+        # the store is written within 0.25 s, the other reads it every 1/3 s
+        assert wait_until(lambda: other.config.tenant("n1-t0").slo.min_throughput == 4321.0
+                          and other.config.control.mode == "recommend", 2)
+        # and it acts on them: its nodes' directives are recommended, not sent
+        _step_all(clients, {})
+        theirs = {t.name for n in other.registry.nodes for t in other.config.tenants_on(n)
+                  if other.fleet.owns(n)}
+        assert theirs and theirs <= set(other.recommended)
+        # a change through the other replica comes back the other way,
+        # clearing a tenant's own mode included
+        _, admin2 = _admin(replicas[1])
+        admin2.SetMode(pb.SetModeRequest(tenant="n2-t1", mode="enforce"), timeout=5)
+        assert wait_until(lambda: one.mode_of("n2-t1") == "enforce", 3)
+        admin2.SetMode(pb.SetModeRequest(tenant="n2-t1", mode=""), timeout=5)
+        admin2.ClearSLO(pb.ClearSLORequest(tenant="n1-t0"), timeout=5)
+        assert wait_until(lambda: one.mode_of("n2-t1") == "recommend"
+                          and one.config.tenant("n1-t0").slo is None, 3)
+        # the replica it was set through never went back to an older value
+        assert one.config.control.mode == "recommend"
+    finally:
+        channel.close()
 
 
 def test_a_second_replica_with_a_name_already_live_is_refused(etcd, tmp_path):
