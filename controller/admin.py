@@ -3,7 +3,8 @@ the decision log and what-if.
 
 A mixin of the Controller (controller/service.py): every call takes the
 controller's lock, reads or changes its state, and answers with the
-Admin service's reply message.  A change (an SLO, a mode) is written to
+Admin service's reply message (the decision log is read from the store
+with the lock let go: on etcd that is network calls).  A change (an SLO, a mode) is written to
 the state store before it is answered, so a restart keeps it.
 """
 from __future__ import annotations
@@ -140,12 +141,13 @@ class AdminOps:
             if tenant:
                 self._tenant(tenant)
             self._flush()
-            entries = self.store.read_log(since=since or 0.0, tenant=tenant, limit=limit or 50)
-            return pb.DecisionLogReply(entries=[
-                pb.LogEntry(round=e.round, time=e.time, node=e.node, tenant=e.tenant,
-                            kind=e.kind, message=e.message,
-                            detail_json=json.dumps(e.detail, default=str) if e.detail else "")
-                for e in entries])
+        # the store may page through etcd: not under the lock every round takes
+        entries = self.store.read_log(since=since or 0.0, tenant=tenant, limit=limit or 50)
+        return pb.DecisionLogReply(entries=[
+            pb.LogEntry(round=e.round, time=e.time, node=e.node, tenant=e.tenant,
+                        kind=e.kind, message=e.message,
+                        detail_json=json.dumps(e.detail, default=str) if e.detail else "")
+            for e in entries])
 
     def what_if(self, request: pb.WhatIfRequest) -> pb.WhatIfReply:
         if bool(request.tenant) == bool(request.node):

@@ -14,6 +14,15 @@ def register(subparsers):
     p = subparsers.add_parser("controller", help="run the controller's gRPC service")
     p.add_argument("--config", required=True)
     p.add_argument("--listen", help="address to listen on (default: the config's)")
+    p.add_argument("--replica", metavar="NAME",
+                   help="with an etcd store: this replica's name among the others, its "
+                        "own (default: the config's controller.replica, else the "
+                        "advertised address); a name another live replica holds is refused")
+    p.add_argument("--advertise", metavar="HOST:PORT",
+                   help="with an etcd store: the address agents are redirected to for the "
+                        "nodes this replica owns (default: the config's "
+                        "controller.advertise, else the listen address; needed when that "
+                        "is a wildcard such as 0.0.0.0)")
     p.set_defaults(func=cmd_controller)
 
     p = subparsers.add_parser("admin", help="talk to a running controller")
@@ -62,6 +71,7 @@ def cmd_controller(args) -> int:
     from cachepilot.controller.service import serve
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(args.config)
+    _replica_flags(cfg.controller, args)
     served = serve(cfg, listen=args.listen)
     spec = cfg.controller
     how = "plaintext" if spec.insecure else \
@@ -74,6 +84,26 @@ def cmd_controller(args) -> int:
     done.wait()
     served.stop(1.0)
     return 0
+
+
+def _replica_flags(spec, args) -> None:
+    """--replica and --advertise over the config's: one config can serve
+    every replica, each started with its own name and address."""
+    import re
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from cachepilot.controller.config import Name
+    if args.replica is not None:
+        try:
+            spec.replica = TypeAdapter(Name).validate_python(args.replica)
+        except ValidationError:
+            raise UserError(f"--replica {args.replica!r}: expected 1-128 of A-Z a-z 0-9 "
+                            "_ . : -") from None
+    if args.advertise is not None:
+        if not re.fullmatch(r"\S+:\d{1,5}", args.advertise):
+            raise UserError(f"--advertise {args.advertise!r}: expected HOST:PORT")
+        spec.advertise = args.advertise
 
 
 def cmd_admin(args) -> int:

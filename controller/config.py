@@ -206,9 +206,13 @@ class ControllerSpec(Strict):
     # With an etcd store every controller process is a replica that owns a
     # share of the nodes (controller/fleet.py): its name among them
     # (default: its advertised address), the address agents are redirected
-    # to (default: listen), and how long it may go silent before its nodes
-    # move to the others (default: half a control interval, at least 1 s:
-    # then its nodes are served again within two intervals of its death).
+    # to (default: listen; required when listen is a wildcard such as
+    # 0.0.0.0), and how long it may go silent before its nodes move to the
+    # others (default: half a control interval, at least 1 s: then its
+    # nodes are served again within two intervals of its death; rounded up
+    # to whole seconds, as etcd's leases are).  A name another live
+    # replica holds is refused.  `cachepilot controller --replica NAME
+    # --advertise HOST:PORT` set the first two per process.
     replica: Name | None = None
     advertise: str | None = None
     replica_ttl_s: float | None = Field(None, ge=1, le=3600)

@@ -94,6 +94,11 @@ def absent(key: str) -> tuple:
     return ("absent", key)
 
 
+def held_by(key: str, lease: int) -> tuple:
+    """A compare that holds while `key` exists under lease `lease`."""
+    return ("lease", key, lease)
+
+
 class Etcd:
     """One etcd endpoint under one key prefix."""
 
@@ -147,32 +152,46 @@ class Etcd:
                 _unb64(kv.get("value", "")).decode())
 
     def get(self, key: str) -> str | None:
+        kv = self.get_kv(key)
+        return kv[0] if kv is not None else None
+
+    def get_kv(self, key: str) -> tuple[str, int, int] | None:
+        """(value, mod_revision, lease id or 0) of `key`; None when absent."""
         kvs = self.call("kv/range", {"key": _b64(self.key(key))}, f"get {key}").get("kvs")
-        return self._kv(kvs[0])[1] if kvs else None
+        if not kvs:
+            return None
+        return (self._kv(kvs[0])[1], int(kvs[0].get("mod_revision", 0)),
+                int(kvs[0].get("lease", 0)))
 
     def get_prefix(self, prefix: str, limit: int = 0, newest_first: bool = False,
-                   start: str = "", end: str = "",
-                   keys_only: bool = False) -> list[tuple[str, str, int]]:
+                   start: str = "", end: str = "", keys_only: bool = False,
+                   min_revision: int = 0) -> list[tuple[str, str, int]]:
         """(key, value, mod_revision) of the keys under `prefix` in key
         order (reversed with newest_first), at most `limit` (0: all), from
-        `start` on and before `end` (keys under the prefix) when given."""
+        `start` on and before `end` (keys under the prefix) when given,
+        and only those changed at `min_revision` or later when given."""
         body = {"key": _b64(self.key(start or prefix)),
                 "range_end": _b64(self.key(end)) if end else self._range_end(prefix),
                 "limit": limit, "sort_target": "KEY",
                 "sort_order": "DESCEND" if newest_first else "ASCEND", "keys_only": keys_only}
+        if min_revision:
+            body["min_mod_revision"] = str(min_revision)
         kvs = self.call("kv/range", body, f"get {prefix}*").get("kvs", [])
         return [(*self._kv(kv), int(kv.get("mod_revision", 0))) for kv in kvs]
 
-    def get_many(self, keys: list[str], per_call: int = 128) -> dict[str, str]:
-        """The values of `keys` that exist, read in transactions of up to
-        `per_call` reads (etcd's default limit on a transaction's ops)."""
+    def get_many(self, keys: list[str], per_call: int = 128) -> dict[str, tuple[str, int]]:
+        """key -> (value, mod_revision) of the `keys` that exist, read in
+        transactions of up to `per_call` reads (etcd's default limit on a
+        transaction's ops)."""
         out = {}
         for i in range(0, len(keys), per_call):
             part = keys[i:i + per_call]
             body = {"success": [{"request_range": {"key": _b64(self.key(k))}} for k in part]}
             reply = self.call("kv/txn", body, f"get {len(part)} keys")
-            out.update(self._kv(kv) for r in reply.get("responses", [])
-                       for kv in r.get("response_range", {}).get("kvs", []))
+            for r in reply.get("responses", []):
+                for kv in r.get("response_range", {}).get("kvs", []):
+                    key, value = self._kv(kv)
+                    out[key] = (value, int(kv.get("mod_revision", 0)))
         return out
 
     def count_prefix(self, prefix: str) -> int:
@@ -202,6 +221,12 @@ class Etcd:
                 "failure": [self._op(o) for o in failure]}
         return bool(self.call("kv/txn", body, what).get("succeeded", False))
 
+    def put_all(self, ops: list[tuple], what: str = "transaction") -> int:
+        """Runs `ops` (puts, no compare) in one transaction; the revision it
+        made, which every key it put now has as its mod_revision."""
+        body = {"success": [self._op(o) for o in ops]}
+        return int(self.call("kv/txn", body, what)["header"].get("revision", 0))
+
     def _op(self, op: tuple) -> dict:
         if op[0] == "put":
             _, key, value, lease = op
@@ -215,6 +240,9 @@ class Etcd:
         if cmp[0] == "absent":
             return {"key": _b64(self.key(cmp[1])), "target": "CREATE", "result": "EQUAL",
                     "create_revision": "0"}
+        if cmp[0] == "lease":
+            return {"key": _b64(self.key(cmp[1])), "target": "LEASE", "result": "EQUAL",
+                    "lease": str(cmp[2])}
         raise ValueError(f"unknown compare {cmp[0]!r}")
 
     # -- leases and leaders ----------------------------------------------------------
@@ -231,6 +259,12 @@ class Etcd:
     def leader(self, key: str) -> str | None:
         """The value of whoever holds `key` (None: no one)."""
         return self.get(key)
+
+    def holder(self, key: str) -> tuple[str, int] | None:
+        """(value, lease id) of whoever holds `key` (None: no one): the lease
+        tells two holders of the same value apart."""
+        kv = self.get_kv(key)
+        return (kv[0], kv[2]) if kv is not None else None
 
 
 class Lease:
@@ -288,8 +322,9 @@ class Lease:
         self._stop.set()
 
     def revoke(self) -> None:
-        """Stops the keepalives and ends the lease (unreachable etcd: the
-        lease ends by itself after its TTL)."""
+        """Stops the keepalives and ends the lease.  Raises StoreUnavailable
+        when etcd cannot be asked (the lease then ends by itself after its
+        TTL, as no one keeps it alive); one already expired is no error."""
         self._stop.set()
         self._expired = True
         try:

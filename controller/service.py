@@ -149,17 +149,7 @@ class Controller(AdminOps):
     def _restore(self):
         saved = self.store.load(LOG_MEMORY)
         names = {t.name for t in self.config.tenants}
-        for tenant, value in saved.slos.items():
-            if tenant in names:
-                spec = self.config.tenant(tenant)
-                old = spec.slo
-                spec.slo = None if value is None else SLO(
-                    min_throughput=value, source=old.source if old else "accesses")
-        for scope, mode in saved.modes.items():
-            if scope == "" and mode:
-                self.config.control.mode = mode
-            elif scope in names:
-                self.config.tenant(scope).mode = mode
+        self._apply_settings(saved)
         for name, reg in saved.nodes.items():
             if name in self.registry.nodes:
                 self.registry.nodes[name].info = NodeInfo(**reg)
@@ -185,6 +175,46 @@ class Controller(AdminOps):
                        f"{len(saved.tenants)} tenant record(s)")
             self._flush()
 
+    def _apply_settings(self, saved) -> list[str]:
+        """The SLOs and modes in `saved` (from the store: at a restart, or
+        set through another replica) put in force; what changed, said."""
+        names = {t.name for t in self.config.tenants}
+        changed = []
+        for tenant, value in saved.slos.items():
+            if tenant not in names:
+                continue
+            spec = self.config.tenant(tenant)
+            old = spec.slo
+            if (old.min_throughput if old else None) == value:
+                continue
+            spec.slo = None if value is None else SLO(
+                min_throughput=value, source=old.source if old else "accesses")
+            changed.append(f"{tenant}: SLO " + (f"{value:g} ops/s" if value is not None
+                                                else "cleared"))
+        for scope, mode in saved.modes.items():
+            if scope == "" and mode and mode != self.config.control.mode:
+                self.config.control.mode = mode
+                changed.append(f"controller: mode {mode}")
+            elif scope in names and self.config.tenant(scope).mode != mode:
+                self.config.tenant(scope).mode = mode
+                changed.append(f"{scope}: mode {mode or 'of the controller'}")
+        return changed
+
+    def settings_changed(self, kvs) -> list[str]:
+        """SLO and mode records changed in the shared store, as the fleet's
+        watch read them (controller/fleet.py): another replica's admin
+        calls, put in force here as a restart would, unless this replica
+        has a newer value of its own on its way to the store."""
+        with self.lock:
+            changed = self._apply_settings(self.store.accept(kvs))
+            for t in self.config.tenants:
+                self._export_slo(t.name)
+                self.metrics.mode.labels(t.name).set(1 if self.mode_of(t.name) == "recommend"
+                                                     else 0)
+        for what in changed:
+            log.info("set through another replica: %s", what)
+        return changed
+
     def mode_of(self, tenant: str) -> str:
         return self.config.tenant(tenant).mode_in(self.config.control)
 
@@ -201,6 +231,7 @@ class Controller(AdminOps):
     def register(self, info: NodeInfo, peer: str = ""):
         """Returns (session, interval, the node's tenants as NodeTenants)."""
         self._check_owner(info.node_id)
+        adopted = self._read_adopted(info.node_id)
         with self.lock:
             rec = self.registry.register(info)
             rec.peer = peer
@@ -208,8 +239,8 @@ class Controller(AdminOps):
                        f"node {rec.name} registered ({info.backend}, "
                        f"{info.memory_bytes} bytes, cache_ext={info.has_cache_ext})")
             self.store.put_node(rec.name, asdict(info), time.time())
-            if self.fleet is not None and rec.name not in self.serving:
-                self._adopt(rec)
+            if adopted is not None and rec.name not in self.serving:
+                self._adopt(rec, *adopted)
             self._flush()
             self._export_nodes()
             return (rec.session, self.config.control.interval_s,
@@ -311,19 +342,34 @@ class Controller(AdminOps):
             if self.fleet is not None:
                 self.serving = {n for n in self.serving if self.fleet.owns(n)}
 
-    def _adopt(self, rec):
+    def _read_adopted(self, node: str):
+        """For a node this replica does not serve yet, (its tenants' saved
+        state or None, why not): read from the shared store before the
+        lock is taken, as it asks etcd.  None for a node served already."""
+        with self.lock:
+            if self.fleet is None or node not in self.registry.nodes or node in self.serving:
+                return None
+            names = [t.name for t in self.config.tenants_on(node)]
+        if not self.fleet.reachable:    # not a timeout for each node registering
+            return None, f"{self.fleet.etcd.url} is unreachable"
+        try:
+            return self.store.load_tenants(names), ""
+        except UserError as err:
+            return None, str(err)
+
+    def _adopt(self, rec, saved, why):
         """A node registering with this replica may come from another (one
         that died, or the owner before a replica joined): take its
         tenants' last directives and the engine's memory of them (autopilot
         streaks, watchdog holds, the throughput model) from the shared
-        store, as they were written by whichever replica served it last."""
-        names = [t.name for t in self.config.tenants_on(rec.name)]
-        saved, why = None, f"{self.fleet.etcd.url} is unreachable"
-        if self.fleet.reachable:        # else not a timeout under the lock for each node
-            try:
-                saved = self.store.load_tenants(names)
-            except UserError as err:
-                why = str(err)
+        store, as they were written by whichever replica served it last
+        (`saved`, read by _read_adopted).  What this replica last saved of
+        them is forgotten: if it served the node before, the store has held
+        another's records of it since, so its own are written again at the
+        next report, not up to SAVE_EVERY reports later."""
+        for t in self.config.tenants_on(rec.name):
+            self._last_saved.pop("d:" + t.name, None)
+            self._last_saved.pop("t:" + t.name, None)
         if saved is None:               # etcd away: start them from the reports
             self._note(rec.name, "", "adopt", f"node {rec.name}: its tenants' saved state "
                        f"could not be read ({why}); they start from the reports")
@@ -343,7 +389,10 @@ class Controller(AdminOps):
         with self.lock:
             c = self.config.control
             lost = self.registry.check_lost(c.interval_s, c.lost_after_intervals)
-            if self.fleet is not None:      # another replica's nodes are not ours to lose
+            if self.fleet is not None:
+                # the registry marks every silent node lost, another
+                # replica's too (its memory is not in this replica's pool);
+                # only the owner logs it
                 lost = [n for n in lost if self.fleet.owns(n)]
             for name in lost:
                 self._note(name, "", "lost", f"node {name} sent no report for "
@@ -633,23 +682,56 @@ def _credentials(spec, address, token):
     return grpc.ssl_server_credentials(pair)
 
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]", "*")
+
+
+def _check_advertised(spec, address):
+    """A replica on etcd is named, and has its nodes sent, by its
+    advertised address: a wildcard listen address (the same on every
+    host) cannot be it."""
+    if spec.store != "sqlite" and not spec.advertise and \
+            address.rsplit(":", 1)[0] in WILDCARD_HOSTS:
+        raise UserError(f"controller: listening on {address} (every address) with an etcd "
+                        "store needs controller.advertise (or --advertise HOST:PORT): the "
+                        "address the other replicas send this one's nodes to, and its name "
+                        "among them unless controller.replica (--replica) gives one")
+
+
 def _join_fleet(config, address, port, server, controller):
     """This process as one of the replicas sharing the fleet's nodes
     (controller/fleet.py); a replica that cannot join does not serve."""
-    from cachepilot.controller.etcd import Etcd, StoreUnavailable
+    from cachepilot.controller.etcd import Etcd
     from cachepilot.controller.fleet import Fleet
+    from cachepilot.controller.store_etcd import SETTINGS
     spec = config.controller
     host = address.rsplit(":", 1)[0]
     advertise = spec.advertise or f"{host}:{port}"
+    follows = hasattr(controller.store, "accept")       # the shared store's records
     try:
         return Fleet(Etcd(spec.store), spec.replica or advertise, advertise,
                      spec.replica_ttl_s or max(1.0, config.control.interval_s / 2),
-                     on_change=controller.fleet_changed).start()
-    except StoreUnavailable as err:
+                     on_change=controller.fleet_changed, watch=SETTINGS if follows else (),
+                     on_records=controller.settings_changed).start()
+    except UserError as err:        # etcd away, or the name is another's
         server.stop(0)
         controller.close()
         raise UserError(f"controller: cannot join the replicas at {spec.store}: {err}") \
             from None
+
+
+def plan_loop(controller, stop: threading.Event, every: float) -> None:
+    """The leader's consolidation plan every `every` seconds until `stop`.
+    A plan that fails is logged (with its traceback when it is not etcd
+    away) and the next period plans again: the thread never dies quietly."""
+    while not stop.wait(every):
+        if not controller.fleet.leading:
+            continue
+        try:
+            controller.plan_fleet()
+        except UserError as err:            # etcd away: the next period
+            log.warning("consolidation plan: %s", err)
+        except Exception:                   # noqa: BLE001 -- see the docstring
+            log.exception("consolidation plan failed; planning again in %g s", every)
 
 
 def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
@@ -662,6 +744,7 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
     keep_freed_memory()
     spec = config.controller
     address = listen or spec.listen
+    _check_advertised(spec, address)
     token = None if spec.mutual_tls else spec.token_value()
     creds = _credentials(spec, address, token)
     store = store if store is not None else open_store(config)
@@ -699,14 +782,8 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
         threading.Thread(target=watch, name="lost-node-watch", daemon=True).start()
     every = config.control.plan_every_intervals * config.control.interval_s
     if controller.fleet is not None and every > 0:
-        def plan_loop():
-            while not stop.wait(every):
-                if controller.fleet.leading:
-                    try:
-                        controller.plan_fleet()
-                    except UserError as err:        # etcd away: the next period
-                        log.warning("consolidation plan: %s", err)
-        threading.Thread(target=plan_loop, name="fleet-plan", daemon=True).start()
+        threading.Thread(target=plan_loop, args=(controller, stop, every), name="fleet-plan",
+                         daemon=True).start()
     if spec.metrics_port is not None:
         controller.metrics.serve(spec.metrics_port)
     host = address.rsplit(":", 1)[0]

@@ -144,7 +144,9 @@ class MemoryStore:
 
     def read_log(self, since=0.0, tenant="", limit=50):
         out = []
-        for e in reversed(self.saved.log):
+        # a copy: the decision log is read without the controller's lock,
+        # while a round may append (and prune)
+        for e in reversed(list(self.saved.log)):
             if e.time < since:
                 break
             if tenant and e.tenant != tenant:
@@ -332,9 +334,9 @@ def open_store(config) -> StateStore:
     no file and names no path."""
     if config.controller.store != "sqlite":
         from cachepilot.controller.store_etcd import EtcdStore   # it imports this module
-        # written behind, a few times an interval: a controller's rounds
-        # never wait on etcd, and a replica killed loses at most that much
-        # (the next reports carry it again)
+        # written behind, every 0.25 s (a quarter interval when that is
+        # shorter): a controller's rounds never wait on etcd, and a replica
+        # killed loses at most that much (the next reports carry it again)
         return EtcdStore(config.controller.store,
                          write_behind_s=min(0.25, config.control.interval_s / 4))
     path = default_state_path(config)

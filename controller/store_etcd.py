@@ -18,7 +18,14 @@ revision until it is compacted: run it with --auto-compaction-retention
 Why it is shaped so:
 - A fleet writes every node's round every interval, so a record is put
   only when its JSON differs from what this store last wrote or loaded:
-  an unchanged record costs nothing.
+  an unchanged record costs nothing.  Unless a value of it is still
+  queued or being written: etcd may hold that one next, so the newest is
+  queued after it whatever it says (else a value that went A -> B -> A
+  while B was written would leave B in etcd).  What etcd holds is known
+  with the revision it was read or written at, and a read never replaces
+  what a later write of ours made it hold.
+- No call waits on etcd while holding the lock the rounds' calls take:
+  reads (a node's tenants taken over, the log) ask etcd with it let go.
 - etcd refuses a transaction of more than 128 operations (--max-txn-ops)
   or 1.5 MiB, so pending writes go in transactions under both; `rounds`
   goes last, after the round's records.  Each transaction is atomic, a
@@ -58,6 +65,7 @@ OP_OVERHEAD = 64              # JSON around one put
 RETRY_S = 1.0
 PENDING_LOG = 20_000          # log entries kept while etcd is unreachable
 KINDS = ("slo", "mode", "node", "directive", "tenant")
+SETTINGS = ("slo/", "mode/")  # what an operator sets through any replica, for all of them
 
 
 def _json(value) -> str:
@@ -87,6 +95,7 @@ class EtcdStore:
         self.available = True
         self._lock = threading.RLock()
         self._written: dict[str, str] = {}   # key -> the JSON etcd holds (as far as we know)
+        self._revs: dict[str, int] = {}      # key -> the revision _written[key] was seen at
         self._pending: dict[str, str] = {}   # key -> the newest JSON not yet written
         self._pending_log: deque[tuple[str, str]] = deque(maxlen=pending_log)
         self._dropped = 0                    # log entries the bound made us forget
@@ -116,16 +125,18 @@ class EtcdStore:
         with self._lock:
             try:
                 kvs = {kind: self.client.get_prefix(kind + "/") for kind in KINDS}
-                rounds = self.client.get("rounds")
+                rounds = self.client.get_kv("rounds")
                 tail = self.client.get_prefix("log/", limit=log_tail, newest_first=True) \
                     if log_tail else []
             except StoreUnavailable as err:
                 raise UserError(f"cannot start from the controller's state store: {err}") \
                     from None
-            records = {k: v for kind in KINDS for k, v, _ in kvs[kind]}
+            for kind in KINDS:
+                for k, v, rev in kvs[kind]:
+                    self._learn(k, v, rev)
             if rounds is not None:
-                records["rounds"] = rounds
-            self._written.update(records)
+                self._learn("rounds", rounds[0], rounds[1])
+            records = {k: v for k, v in self._written.items() if not k.startswith("log/")}
             records.update(self._pending)    # this process's newer values come first
             log_kvs = [(k, v) for k, v, _ in reversed(tail)] + list(self._pending_log)
             return _saved(records, [_entry(v) for _, v in log_kvs[-log_tail:]]
@@ -133,14 +144,38 @@ class EtcdStore:
 
     def load_tenants(self, names) -> Saved:
         """The directives and engine records of these tenants alone (a
-        replica taking over a node from another: controller/fleet.py).
-        Raises StoreUnavailable when etcd cannot be asked."""
+        replica taking over a node from another: controller/fleet.py), the
+        newest of etcd's and this store's own.  Raises StoreUnavailable
+        when etcd cannot be asked."""
         keys = [record_key(kind, n) for n in names for kind in ("directive", "tenant")]
+        stored = self.client.get_many(keys)          # not under the lock: a round may write
         with self._lock:
-            records = self.client.get_many(keys)
-            self._written.update(records)
-            records.update({k: v for k, v in self._pending.items() if k in set(keys)})
-        return _saved(records, [])
+            for k, (v, rev) in stored.items():
+                self._learn(k, v, rev)
+            records = {k: self._pending.get(k, self._written.get(k)) for k in keys}
+        return _saved({k: v for k, v in records.items() if v is not None}, [])
+
+    def accept(self, kvs: list[tuple[str, str, int]]) -> Saved:
+        """Records read from etcd by someone else (the fleet's watch: SLOs
+        and modes another replica set), as a Saved, less those this store
+        has newer values of: queued or being written (its own will land
+        after them), or written by it at a later revision.  The rest are
+        learnt as what etcd holds.  No call to etcd."""
+        with self._lock:
+            fresh = {}
+            for k, v, rev in kvs:
+                if k in self._pending or rev < self._revs.get(k, 0):
+                    continue
+                self._learn(k, v, rev)
+                fresh[k] = v
+        return _saved(fresh, [])
+
+    def _learn(self, key: str, text: str, rev: int) -> None:
+        """etcd holds `text` at `key` as of revision `rev`, unless we know
+        of a later one (under the lock)."""
+        if rev >= self._revs.get(key, 0):
+            self._written[key] = text
+            self._revs[key] = rev
 
     def read_log(self, since=0.0, tenant="", limit=50) -> list[LogRecord]:
         """Newest first, from etcd and from the entries not yet written;
@@ -149,9 +184,13 @@ class EtcdStore:
         with self._lock:
             out = [e for e in (_entry(v) for k, v in reversed(self._pending_log))
                    if e.time >= since and (not tenant or e.tenant == tenant)][:limit]
-            try:
-                out += self._read_stored(start, tenant, limit - len(out))
-            except StoreUnavailable as err:
+            backing_off = not self.available and time.monotonic() < self._next_try
+        if backing_off or len(out) >= limit:
+            return out
+        try:                                        # not under the lock: a round may write
+            out += self._read_stored(start, tenant, limit - len(out))
+        except StoreUnavailable as err:
+            with self._lock:
                 self._lost(err)
         return out
 
@@ -192,10 +231,12 @@ class EtcdStore:
         with self._lock:
             for key, value in records.items():
                 text = _json(value)
-                if self._written.get(key) == text:
-                    self._pending.pop(key, None)
-                else:
-                    self._pending[key] = text
+                # equal to what etcd holds, and no other value on its way
+                # there (queued or in flight: both stay in _pending until
+                # written): nothing to write
+                if key not in self._pending and self._written.get(key) == text:
+                    continue
+                self._pending[key] = text
             for e in entries:
                 if len(self._pending_log) == self._pending_log.maxlen:
                     self._dropped += 1
@@ -226,10 +267,10 @@ class EtcdStore:
                 items.append(("rounds", self._pending["rounds"]))
         try:
             for batch in batches(items):
-                self.client.txn([put_op(k, v) for k, v in batch],
-                                what=f"write of {len(batch)} records")
+                rev = self.client.put_all([put_op(k, v) for k, v in batch],
+                                          what=f"write of {len(batch)} records")
                 with self._lock:
-                    self._mark_written(batch)
+                    self._mark_written(batch, rev)
             with self._lock:
                 self._prune()
         except StoreUnavailable as err:
@@ -255,7 +296,7 @@ class EtcdStore:
                         "it returns", self.path, err,
                         len(self._pending) + len(self._pending_log))
 
-    def _mark_written(self, batch):
+    def _mark_written(self, batch, rev: int):
         for k, v in batch:
             if k.startswith("log/"):
                 # the oldest entries are the ones written: only a writer
@@ -264,7 +305,7 @@ class EtcdStore:
                     self._pending_log.popleft()
                 self._appended += 1
             else:
-                self._written[k] = v
+                self._learn(k, v, rev)
                 if self._pending.get(k) == v:
                     self._pending.pop(k)
 

@@ -39,10 +39,20 @@ node reports at the interval's very end, and its answer takes a moment)
 and the replicas' CPU per interval is below cores x interval.  The ramp
 stops after the first step that does not fit.
 
+With --failover-nodes N (default 200), after the ramp two replicas on
+etcd serve N nodes and the leader is SIGKILLed a third into the first
+measured interval: how long until another leads and until its nodes are
+answered again.  The leader's consolidation plan first runs
+plan_every_intervals (30) intervals after start, 300 s at the default
+10 s interval: later than any measured interval, so its CPU is in no
+step's figures.
+
 Writes experiments/results/bench_fleet.json and .png.
 Usage: experiments/bench_fleet.py [--nodes 100,250,...] [--tenants 20]
        [--interval 10] [--intervals 3] [--warmup 1] [--replicas 1]
-       [--agent-procs 2] [--connections per-node|shared]
+       [--agent-procs 2] [--connections per-node|shared] [--points 50]
+       [--seed 1] [--no-stop] [--keep] [--py-spy PATH] [--out PATH]
+       [--failover-nodes 200]
 """
 from __future__ import annotations
 
@@ -52,7 +62,6 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import signal
 import statistics
@@ -84,7 +93,6 @@ MAX_STEP = int(STEP_FRACTION * NODE_BYTES)
 REPLICA_CORES = 1.0
 TARGET_UTILISATION = 0.75
 ROUND_SLACK = 1.1           # a round may end this many intervals after it began
-OWNER_IN_DETAILS = re.compile(r"([A-Za-z0-9_.\-\[\]:]+:\d+)\s*$")
 
 
 # -- the fleet: every process derives it the same way from (seed, node) -------
@@ -216,18 +224,15 @@ class SynthNode:
 
 def owner_of(err) -> str | None:
     """The owner a replica names when it refuses a node it does not own:
-    trailing metadata `cachepilot-owner`, else the end of the details."""
+    trailing metadata `cachepilot-owner`, which the controller always
+    sends with the refusal (service.py, _check_owner), as real agents
+    read it (agent/client.py).  None: no owner named."""
     try:
         for key, value in (err.trailing_metadata() or ()):
             if key == OWNER_HEADER and value:
                 return value.decode() if isinstance(value, bytes) else str(value)
     except Exception:       # noqa: BLE001 -- no metadata is no owner
         pass
-    details = err.details() or ""
-    if "own" in details.lower():        # "owner", "owned by", "owns"
-        m = OWNER_IN_DETAILS.search(details)
-        if m:
-            return m.group(1)
     return None
 
 
@@ -394,7 +399,6 @@ def worker_main(spec_path: str) -> int:
 def start_replicas(configs: list[Path], ports: list[int], work: Path, timeout: float):
     """Start one controller process per config and wait until each says it
     listens; (processes, seconds until all listened)."""
-    import yaml  # noqa: F401 -- the configs are JSON, which is YAML
     procs = []
     begun = time.monotonic()
     for i, (cfg, port) in enumerate(zip(configs, ports)):
@@ -474,7 +478,7 @@ def proc_cpu(pids) -> list[float]:
 
 # -- one step -------------------------------------------------------------------------
 
-def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = False) -> dict:
+def run_step(nodes: int, tenants: int, args, kill_leader: bool = False) -> dict:
     interval, warmup, intervals = args.interval, args.warmup, args.intervals
     total = warmup + intervals
     work = Path(tempfile.mkdtemp(prefix=f"bench_fleet-{nodes}x{tenants}-"))
@@ -530,7 +534,7 @@ def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = Fals
             p.stdin.write(f"{t0!r}\n")
             p.stdin.flush()
         rpids, apids = [p.pid for p in replicas], [p.pid for p in workers]
-        _sleep_until(t0 + warmup * interval, say, f"{nodes} nodes: warm-up")
+        _sleep_until(t0 + warmup * interval)
         epids = [etcd.proc.pid] if etcd is not None else []
         r0, a0, e0, w0 = proc_cpu(rpids), proc_cpu(apids), proc_cpu(epids), time.monotonic()
         spies = start_profiles(args.py_spy, rpids, intervals * interval, work)
@@ -538,10 +542,10 @@ def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = Fals
         if kill_leader:
             # a third of the way into the first measured interval, SIGKILL
             # the replica that leads: no goodbye, its lease runs out
-            _sleep_until(t0 + (warmup + 0.33) * interval, say, "before the kill")
+            _sleep_until(t0 + (warmup + 0.33) * interval)
             killed = kill_the_leader(etcd, replicas)
             killed["new_leader_s"] = new_leader_after(etcd, killed, 3 * interval)
-        _sleep_until(t0 + total * interval, say, f"{nodes} nodes: measuring")
+        _sleep_until(t0 + total * interval)
         r1, a1, e1, w1 = proc_cpu(rpids), proc_cpu(apids), proc_cpu(epids), time.monotonic()
         alive = [p.poll() is None for p in replicas]
         # the machine is shared: how busy it was over the step (1-minute average)
@@ -563,7 +567,9 @@ def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = Fals
         if etcd is not None:
             etcd.stop()
     if killed is not None:
-        return failover_figures(results, t0, killed, interval, nodes)
+        figures = failover_figures(results, t0, killed, interval, nodes)
+        _done_with(work, args, figures)
+        return figures
     step = summarise(nodes, tenants, args, results,
                      [b - a for a, b in zip(r0, r1)], [b - a for a, b in zip(a0, a1)],
                      w1 - w0)
@@ -575,14 +581,21 @@ def run_step(nodes: int, tenants: int, args, say=print, kill_leader: bool = Fals
                  "replicas_alive": alive, "load_average": float(load)})
     if profiles:
         step["profile"] = profiles
-    if args.keep:
-        step["work"] = str(work)
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+    _done_with(work, args, step)
     return step
 
 
-def _sleep_until(when: float, say, what: str):
+def _done_with(work: Path, args, figures: dict) -> None:
+    """A step's work folder (configs, logs, etcd's data) is kept with
+    --keep, and named in its figures; else removed."""
+    if args.keep:
+        figures["work"] = str(work)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _sleep_until(when: float):
+    """Sleep until time.monotonic() reaches `when`."""
     while True:
         left = when - time.monotonic()
         if left <= 0:
@@ -748,14 +761,14 @@ def failover_figures(results, t0, killed, interval, nodes) -> dict:
             "failover_intervals": worst / interval, "step_violations": violations}
 
 
-def measure_failover(args, say=print) -> dict | None:
+def measure_failover(args) -> dict | None:
     """Two replicas on etcd at args.failover_nodes nodes; the leader is
     SIGKILLed a third into the first measured interval.  Its nodes must be
     served by the other within two intervals (the issue's bar)."""
     if not args.failover_nodes:
         return None
     fa = argparse.Namespace(**{**vars(args), "replicas": 2, "intervals": max(args.intervals, 4)})
-    return run_step(args.failover_nodes, args.tenants, fa, say, kill_leader=True)
+    return run_step(args.failover_nodes, args.tenants, fa, kill_leader=True)
 
 
 # -- output -------------------------------------------------------------------------------
@@ -826,6 +839,32 @@ def table(result: dict):
     Console(width=max(120, Console().width)).print(t)
 
 
+def _failover(args, result: dict, console) -> None:
+    """measure_failover into `result` and onto the console; a harness
+    failure (a worker or replica that did not start, no leader) is
+    recorded as the failover's error, as a failed step is."""
+    console.print(f"[bold]failover[/bold] {args.failover_nodes} nodes, 2 replicas on "
+                  "etcd: SIGKILL the leader ...")
+    try:
+        failover = measure_failover(args)
+    except RuntimeError as err:
+        console.print(f"[red]failover failed:[/red] {err}")
+        result["failover"] = {"nodes": args.failover_nodes, "error": str(err)}
+        return
+    result["failover"] = failover
+    result["failover_intervals"] = failover["failover_intervals"]
+    lead = failover["new_leader_intervals"]
+    console.print(f"  the leader ({failover['killed']}) killed: another led after "
+                  + (f"{lead:.2f} intervals" if lead is not None else "NEVER") + "; "
+                  f"its nodes served again "
+                  f"after {failover['failover_s']:.1f} s = "
+                  f"{failover['failover_intervals']:.2f} intervals; "
+                  f"{failover['reports_unanswered']} report(s) unanswered (at most "
+                  f"{failover['most_reports_lost_by_one_node']} a node), "
+                  f"{failover['nodes_never_served_again']} node(s) never served again, "
+                  f"{failover['step_violations']} step violation(s)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)),
@@ -891,9 +930,10 @@ def main(argv=None) -> int:
             result["steps"].append(step)
             break
         result["steps"].append(step)
+        p95 = step["latency_p95_s"]
         console.print(
             f"  round {step['round_s']:.2f} s (p95 {step['round_p95_s']:.2f}), latency p95 "
-            f"{step['latency_p95_s']:.3f} s, replica CPU {step['cpu_s_per_interval']:.2f} "
+            f"{'-' if p95 is None else f'{p95:.3f}'} s, replica CPU {step['cpu_s_per_interval']:.2f} "
             f"s/interval, agents {step['agent_cpu_s_per_interval']:.2f} s/interval, etcd "
             f"{step['store_cpu_s_per_interval']:.2f} s/interval, "
             f"late {step['late']}, unanswered {step['unanswered']}; start-up "
@@ -906,21 +946,7 @@ def main(argv=None) -> int:
     measured = [s for s in result["steps"] if s.get("cpu_s_per_interval") is not None]
     result["projection"] = projection(measured, args.interval)
     if args.failover_nodes:
-        console.print(f"[bold]failover[/bold] {args.failover_nodes} nodes, 2 replicas on "
-                      "etcd: SIGKILL the leader ...")
-        failover = measure_failover(args)
-        result["failover"] = failover
-        result["failover_intervals"] = failover["failover_intervals"]
-        lead = failover["new_leader_intervals"]
-        console.print(f"  the leader ({failover['killed']}) killed: another led after "
-                      + (f"{lead:.2f} intervals" if lead is not None else "NEVER") + "; "
-                      f"its nodes served again "
-                      f"after {failover['failover_s']:.1f} s = "
-                      f"{failover['failover_intervals']:.2f} intervals; "
-                      f"{failover['reports_unanswered']} report(s) unanswered (at most "
-                      f"{failover['most_reports_lost_by_one_node']} a node), "
-                      f"{failover['nodes_never_served_again']} node(s) never served again, "
-                      f"{failover['step_violations']} step violation(s)")
+        _failover(args, result, console)
     fitting = [s for s in measured if s["fits"]]
     result["largest_fitting"] = ({"nodes": fitting[-1]["nodes"],
                                   "tenants": fitting[-1]["tenants"]} if fitting else None)

@@ -1,7 +1,9 @@
 """experiments/bench_fleet.py: the fleet harness at a tiny load, for real
 (a controller process, agent worker processes, gRPC with TLS and a token),
-and its synthetic agents following a replica's redirect to the owner of a
-node and failing over past an address nobody listens on."""
+its synthetic agents following a replica's redirect to the owner of a
+node and failing over past an address nobody listens on, and its report
+when a step answered nothing and the failover could not be run."""
+import argparse
 import asyncio
 import json
 import math
@@ -33,9 +35,9 @@ def test_harness_at_a_tiny_load_answers_every_report(tmp_path, replicas):
                              "--out", str(out)]) == 0
     assert time.monotonic() - began < 60
     result = json.loads(out.with_suffix(".json").read_text())
-    assert set(result) >= {"steps", "failover_intervals"}
+    assert result["largest_fitting"] == {"nodes": 4, "tenants": 3}
     if replicas == 1:
-        assert result["failover_intervals"] is None
+        assert result["failover_intervals"] is None and "failover" not in result
     else:
         f = result["failover"]
         # every node served again, the dead leader's after its lease ran
@@ -69,7 +71,8 @@ def test_harness_at_a_tiny_load_answers_every_report(tmp_path, replicas):
 
 class Redirector:
     """A replica that owns no node: every Register and Report is refused
-    with FAILED_PRECONDITION naming the owner, as sharded replicas will."""
+    as controller/service.py refuses a node another replica owns
+    (FAILED_PRECONDITION, its text, the owner in trailing metadata)."""
 
     def __init__(self, owner):
         self.owner = owner
@@ -77,9 +80,10 @@ class Redirector:
 
     def _refuse(self, request, context):
         self.calls += 1
+        node = getattr(request, "node_id", "") or request.node.node_id
         context.set_trailing_metadata(((OWNER_HEADER, self.owner),))
         context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                      f"this replica does not own the node; its owner is {self.owner}")
+                      f"node {node} is served by replica r1 at {self.owner}")
 
     Register = Report = _refuse
 
@@ -124,14 +128,57 @@ def test_agents_follow_the_owner_and_fail_over_past_a_dead_address(tmp_path):
     assert nodes["n00000"].reports == 2 and nodes["n00001"].reports == 2
 
 
-@pytest.mark.parametrize("details,owner", [
-    ("node n1 is owned by 127.0.0.1:5001", "127.0.0.1:5001"),
-    ("unknown session; register again", None)])
-def test_owner_named_in_the_details_only(details, owner):
+@pytest.mark.parametrize("metadata,owner", [
+    (((OWNER_HEADER, "127.0.0.1:5001"),), "127.0.0.1:5001"),
+    (((OWNER_HEADER, b"127.0.0.1:5001"),), "127.0.0.1:5001"),
+    ((), None)])
+def test_the_owner_is_read_from_the_trailing_metadata_only(metadata, owner):
     class Err:
         def trailing_metadata(self):
-            return ()
+            return metadata
 
-        def details(self):
-            return details
+        def details(self):          # what the controller says, not parsed
+            return "node n1 is served by replica r1 at 127.0.0.1:5002"
     assert bench_fleet.owner_of(Err()) == owner
+
+
+def test_a_step_that_answered_nothing_and_a_failed_failover_are_reported(tmp_path,
+                                                                         monkeypatch):
+    def nothing_answered(nodes, tenants, args, kill_leader=False):
+        step = bench_fleet.summarise(nodes, tenants, args,
+                                     [{"log": [], "counts": {}, "errors": []}], [0.1], [0.1],
+                                     args.interval * args.intervals)
+        step.update(store_cpu_s_per_interval=0.0, startup_s=1.0, register_s=1.0)
+        return step
+
+    def no_leader(args):
+        raise RuntimeError("no replica leads (leader key: None)")
+    monkeypatch.setattr(bench_fleet, "run_step", nothing_answered)
+    monkeypatch.setattr(bench_fleet, "measure_failover", no_leader)
+    out = tmp_path / "bench_fleet"
+    assert bench_fleet.main(["--nodes", "2", "--tenants", "1", "--interval", "1",
+                             "--intervals", "1", "--failover-nodes", "2",
+                             "--out", str(out)]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    [step] = result["steps"]
+    assert step["latency_p95_s"] is None and not step["fits"]
+    assert result["failover"] == {"nodes": 2, "error": "no replica leads (leader key: None)"}
+    assert result["failover_intervals"] is None
+
+
+def test_a_failover_step_leaves_no_work_folder(tmp_path, monkeypatch):
+    """The failover step returns its own figures: its work folder (etcd's
+    data among it) goes as a measured step's does."""
+    made = []
+    real = bench_fleet.tempfile.mkdtemp
+
+    def mkdtemp(**kw):
+        made.append(Path(real(dir=tmp_path, **kw)))
+        return str(made[-1])
+    monkeypatch.setattr(bench_fleet.tempfile, "mkdtemp", mkdtemp)
+    args = argparse.Namespace(interval=1.0, warmup=1, intervals=2, replicas=2, seed=1,
+                              points=20, agent_procs=1, connections="per-node", py_spy=None,
+                              keep=False)
+    figures = bench_fleet.run_step(2, 2, args, kill_leader=True)
+    assert figures["nodes_never_served_again"] == 0
+    assert made and not made[0].exists()

@@ -380,3 +380,19 @@ def test_curve_bank_stretches_sampled_curves_by_their_size_error():
     assert need[1] == pytest.approx(100_000 * (1 + 2 * err[2]))
     assert need[0] == pytest.approx(100_000)
     assert list(CurveBank([sampled]).padded(np.arange(1))[0][0, 1:]) == [10, 1_000, 100_000]
+
+
+def test_a_tenant_restored_again_keeps_its_row_of_observations():
+    """A replica that takes back a node it served before restores its
+    tenants over their old state: the same row, emptied, not a new one."""
+    from cachepilot.controller.engine import saved
+    from cachepilot.controller.engine.types import EngineState
+    state = EngineState()
+    rec = {"rounds": 3, "obs_m": [0.1, 0.2, 0.3], "obs_y": [1.0, 2.0, 3.0]}
+    saved.restore(state, {"a": rec, "b": rec}, 3, window=8)
+    rows, slot = state.obs.used, state.tenants["a"].slot
+    for _ in range(5):
+        saved.restore(state, {"a": {**rec, "obs_m": [0.5, 0.6], "obs_y": [5.0, 6.0]}}, 3, 8)
+    assert state.obs.used == rows and state.tenants["a"].slot == slot
+    assert saved.tenant_record(state, "a")["obs_m"] == [0.5, 0.6]
+    assert saved.tenant_record(state, "b")["obs_m"] == [0.1, 0.2, 0.3]

@@ -15,11 +15,21 @@ nodes whose agents know both addresses:
   * the leader plans the fleet's consolidation from the demands both
     replicas publish for their nodes;
   * etcd is killed: both replicas go on serving the nodes they own, and
-    when it is back they read the member list again and lead again.
+    when it is back they read the member list again and lead again;
+  * an SLO and a mode set through one replica are in force at the other
+    within a second or two;
+  * a replica whose name another live one holds is refused, and so is a
+    wildcard listen address with no advertised one; a replica whose name
+    was taken while its lease lapsed neither leads nor serves.
+
+Then the Fleet's threads on a stand-in etcd: stop() never lets a read in
+progress join again, a start that fails leaves, and an error in a read
+or a plan is logged and the thread goes on.
 """
 import json
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,8 +41,13 @@ from grpc_fixtures import FakeBackend, small_config_dict  # noqa: E402
 
 from cachepilot.agent.client import NodeClient
 from cachepilot.controller.config import config_from_dict
-from cachepilot.controller.fleet import owner_of
-from cachepilot.controller.service import serve
+from cachepilot.controller.etcd import Etcd, StoreUnavailable
+from cachepilot.controller.fleet import MEMBERS, Fleet, owner_of
+from cachepilot.controller.service import plan_loop, serve
+from cachepilot.core.errors import UserError
+from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.protocol.channel import make_channel
 
 NODES = ("n1", "n2", "n3", "n4")
 INTERVAL = 2.0
@@ -80,11 +95,16 @@ def fleet(etcd, tmp_path):
             s.stop(0)
 
 
-def _replicas(etcd, tmp_path, n=2, plan_every=0):
+def _fleet_config(etcd, tmp_path, plan_every=0):
     data = small_config_dict(tmp_path, tls=False, nodes=NODES, interval_s=INTERVAL,
                              memory=MEMORY, lost_after=100)
     data["control"]["plan_every_intervals"] = plan_every
     data["controller"]["store"] = etcd.url(f"/fleet-{tmp_path.name}")
+    return data
+
+
+def _replicas(etcd, tmp_path, n=2, plan_every=0):
+    data = _fleet_config(etcd, tmp_path, plan_every)
     out = []
     for i in range(n):
         cfg = config_from_dict(data, "fleet.yaml")
@@ -179,7 +199,6 @@ def test_nodes_find_their_owner_and_move_when_the_leader_dies(fleet):
     assert any(m > 0 for m in moves)                 # the engine did move limits
 
 
-
 def test_replicas_serve_their_nodes_while_etcd_is_away(fleet, etcd, caplog):
     caplog.set_level(logging.WARNING, logger="cachepilot")
     replicas, _, clients = fleet()
@@ -213,10 +232,10 @@ def test_replicas_serve_their_nodes_while_etcd_is_away(fleet, etcd, caplog):
 def test_the_leader_plans_from_every_replicas_demands(fleet):
     replicas, _, clients = fleet(plan_every=1)
     _started(replicas, clients, {}, 3)
-    time.sleep(0.4)                 # the watch thread puts the demands
     [leader] = [s for s in replicas if s.controller.fleet.leading]
-    published = leader.controller.fleet.read_demands()
-    assert sorted(published) == sorted(NODES)    # both replicas' nodes
+    # the watch threads put the demands, both replicas' nodes
+    assert wait_until(lambda: sorted(leader.controller.fleet.read_demands()) == sorted(NODES),
+                      3 * INTERVAL)
     summary = leader.controller.plan_fleet()
     assert summary["tenants"] == summary["reported"] == 2 * len(NODES)
     # eight tenants' demands on four 256 MiB hosts: fewer hosts will do
@@ -228,3 +247,223 @@ def test_the_leader_plans_from_every_replicas_demands(fleet):
     before = stored["time"]
     assert wait_until(lambda: json.loads(leader.controller.fleet.etcd.get("plan"))["time"]
                       > before, 3 * INTERVAL)
+
+
+def _admin(served):
+    channel = make_channel(served.address, insecure=True)
+    return channel, pb_grpc.AdminStub(channel)
+
+
+def test_an_slo_and_a_mode_set_through_one_replica_hold_at_the_other(fleet):
+    replicas, _, clients = fleet()
+    _started(replicas, clients, {}, 1)
+    one, other = (s.controller for s in replicas)
+    channel, admin = _admin(replicas[0])
+    try:
+        admin.SetSLO(pb.SetSLORequest(tenant="n1-t0", min_throughput=4321.0), timeout=5)
+        admin.SetMode(pb.SetModeRequest(tenant="", mode="recommend"), timeout=5)
+        # the store is written within 0.25 s, the other reads it every 1/3 s
+        assert wait_until(lambda: other.config.tenant("n1-t0").slo.min_throughput == 4321.0
+                          and other.config.control.mode == "recommend", 2)
+        # and it acts on them: its nodes' directives are recommended, not sent
+        _step_all(clients, {})
+        theirs = {t.name for n in other.registry.nodes for t in other.config.tenants_on(n)
+                  if other.fleet.owns(n)}
+        assert theirs and theirs <= set(other.recommended)
+        # a change through the other replica comes back the other way,
+        # clearing a tenant's own mode included
+        _, admin2 = _admin(replicas[1])
+        admin2.SetMode(pb.SetModeRequest(tenant="n2-t1", mode="enforce"), timeout=5)
+        assert wait_until(lambda: one.mode_of("n2-t1") == "enforce", 3)
+        admin2.SetMode(pb.SetModeRequest(tenant="n2-t1", mode=""), timeout=5)
+        admin2.ClearSLO(pb.ClearSLORequest(tenant="n1-t0"), timeout=5)
+        assert wait_until(lambda: one.mode_of("n2-t1") == "recommend"
+                          and one.config.tenant("n1-t0").slo is None, 3)
+        # the replica it was set through never went back to an older value
+        assert one.config.control.mode == "recommend"
+    finally:
+        channel.close()
+
+
+def test_a_second_replica_with_a_name_already_live_is_refused(etcd, tmp_path):
+    data = _fleet_config(etcd, tmp_path)
+    cfg = config_from_dict(data, "fleet.yaml")
+    cfg.controller.replica = "r0"
+    first = serve(cfg, watch_lost=False)
+    try:
+        with pytest.raises(UserError, match=r"cannot join the replicas at etcd://.*: replica "
+                           rf"name 'r0' is held by a live replica at {first.address} .*give "
+                           "each replica its own name"):
+            serve(cfg, watch_lost=False)
+        fleet = first.controller.fleet
+        time.sleep(fleet.ttl)                      # the refused one left no trace
+        assert fleet.members == {"r0": first.address} and fleet.leading
+        assert Etcd(data["controller"]["store"]).get(MEMBERS + "r0") == first.address
+    finally:
+        first.stop(0)
+
+
+def test_a_wildcard_listen_address_with_etcd_needs_an_advertised_one(etcd, tmp_path):
+    data = _fleet_config(etcd, tmp_path)
+    cfg = config_from_dict(data, "fleet.yaml")
+    with pytest.raises(UserError, match=r"listening on 0\.0\.0\.0:0 .* needs "
+                                        r"controller\.advertise \(or --advertise"):
+        serve(cfg, listen="0.0.0.0:0", watch_lost=False)
+    cfg.controller.advertise = "127.0.0.1:7443"
+    served = serve(cfg, listen="0.0.0.0:0", watch_lost=False)
+    try:
+        assert served.controller.fleet.name == "127.0.0.1:7443"
+    finally:
+        served.stop(0)
+
+
+def test_a_replica_whose_name_was_taken_while_it_lapsed_neither_leads_nor_serves(etcd):
+    url = etcd.url("/lapsed")
+    hung = Fleet(Etcd(url), "x", "127.0.0.1:1", 1)
+    hung._join()
+    hung.lease.stop()                              # hangs: its lease runs out
+    assert wait_until(lambda: Etcd(url).get(MEMBERS + "x") is None, 5)
+    other = Fleet(Etcd(url), "x", "127.0.0.1:2", 1).start()
+    try:
+        assert other.leading
+        hung._read()                               # wakes up
+        assert hung.refused is not None and not hung.leading
+        assert not hung.owns("n1") and hung.owner("n1") == ("x", "127.0.0.1:2")
+        assert other.leading and other.owns("n1")
+    finally:
+        other.stop()
+
+
+def test_the_cli_gives_each_replica_its_own_name_and_address():
+    import argparse
+    from cachepilot.controller.cli import _replica_flags
+    spec = config_from_dict(small_config_dict(tls=False), "x.yaml").controller
+    _replica_flags(spec, argparse.Namespace(replica="r7", advertise="10.0.0.7:7443"))
+    assert (spec.replica, spec.advertise) == ("r7", "10.0.0.7:7443")
+    with pytest.raises(UserError, match="--replica 'a b'"):
+        _replica_flags(spec, argparse.Namespace(replica="a b", advertise=None))
+    with pytest.raises(UserError, match="--advertise '0.0.0.0': expected HOST:PORT"):
+        _replica_flags(spec, argparse.Namespace(replica=None, advertise="0.0.0.0"))
+
+
+# -- the Fleet's threads, on a stand-in etcd --------------------------------------------
+
+class _Lease:
+    def __init__(self, etcd, ttl):
+        self.etcd, self.ttl, self.id = etcd, ttl, len(etcd.leases) + 1
+        self.revoked = False
+        self.lost = False
+        etcd.leases.append(self)
+
+    def start(self):
+        return self
+
+    def stop(self):
+        pass
+
+    def revoke(self):
+        self.revoked = self.lost = True
+        self.etcd.kv = {k: v for k, v in self.etcd.kv.items() if v[1] != self.id}
+        self.etcd.revoked.set()
+
+
+class _Etcd:
+    """Enough of controller/etcd.py's Etcd for a Fleet, in memory.
+    `on_read(etcd)` runs at each member-list read from the watch thread."""
+
+    url = "etcd://fake:1/x"
+
+    def __init__(self):
+        self.kv: dict[str, tuple[str, int]] = {}     # key -> (value, lease id)
+        self.leases: list[_Lease] = []
+        self.revoked = threading.Event()
+        self.reads = 0
+        self.on_read = None
+        self.fail_holder = False
+
+    def lease(self, ttl):
+        return _Lease(self, ttl)
+
+    def txn(self, ops, compare=(), failure=(), what=""):
+        if any(c[0] == "absent" and c[1] in self.kv for c in compare) or \
+                any(c[0] == "lease" and self.kv.get(c[1], ("", 0))[1] != c[2] for c in compare):
+            return False
+        for _, k, v, lease in ops:
+            self.kv[k] = (v, lease or 0)
+        return True
+
+    def get(self, key):
+        return self.kv.get(key, (None, 0))[0]
+
+    def get_prefix(self, prefix, **_):
+        if threading.current_thread().name.startswith("fleet-"):
+            self.reads += 1
+            if self.on_read is not None:
+                self.on_read(self)
+        return [(k, v, 1) for k, (v, _) in sorted(self.kv.items()) if k.startswith(prefix)]
+
+    def holder(self, key):
+        if self.fail_holder:
+            raise StoreUnavailable(f"{self.url}: get {key} failed: down")
+        return self.kv.get(key)
+
+    def campaign(self, key, value, lease):
+        return self.txn([("put", key, value, lease.id)], compare=[("absent", key)])
+
+
+def test_stop_waits_for_a_read_in_progress_which_never_joins_again():
+    etcd = _Etcd()
+    fleet = Fleet(etcd, "r0", "127.0.0.1:1", 1).start()
+    # a read in progress when stop() comes: it answers after the lease
+    # was revoked, if stop() revoked it first (else after a moment)
+    etcd.on_read = lambda e: (fleet._stop.wait(5), e.revoked.wait(0.5))
+    assert wait_until(lambda: etcd.reads > 0, 3)
+    fleet.stop()
+    assert not fleet._thread.is_alive()
+    assert len(etcd.leases) == 1 and etcd.leases[0].revoked    # no second lease
+    assert etcd.kv == {}                                      # no phantom member
+
+
+def test_a_start_that_fails_after_joining_leaves():
+    etcd = _Etcd()
+    etcd.fail_holder = True                        # the campaign's read fails
+    with pytest.raises(StoreUnavailable):
+        Fleet(etcd, "r0", "127.0.0.1:1", 1).start()
+    assert [lease.revoked for lease in etcd.leases] == [True] and etcd.kv == {}
+
+
+def test_an_error_in_a_read_is_logged_and_the_watch_goes_on(caplog):
+    etcd = _Etcd()
+    fleet = Fleet(etcd, "r0", "127.0.0.1:1", 1).start()
+
+    def boom(e):
+        if e.reads == 1:
+            raise RuntimeError("boom")
+    etcd.on_read = boom
+    try:
+        assert wait_until(lambda: etcd.reads >= 3, 5)          # it read on
+        [rec] = [r for r in caplog.records if "reading the fleet failed" in r.getMessage()]
+        assert rec.exc_info and "boom" in str(rec.exc_info[1])
+        assert fleet._thread.is_alive() and fleet.leading
+    finally:
+        fleet.stop()
+
+
+def test_a_plan_that_fails_is_logged_and_the_next_comes(caplog):
+    stop = threading.Event()
+
+    class Leader:
+        fleet = type("F", (), {"leading": True})()
+        plans = 0
+
+        def plan_fleet(self):
+            Leader.plans += 1
+            if Leader.plans == 1:
+                raise KeyError("no such tenant")
+            stop.set()
+    thread = threading.Thread(target=plan_loop, args=(Leader(), stop, 0.05))
+    thread.start()
+    thread.join(5)
+    assert Leader.plans == 2 and not thread.is_alive()
+    [rec] = [r for r in caplog.records if "consolidation plan failed" in r.getMessage()]
+    assert rec.exc_info and rec.exc_info[0] is KeyError

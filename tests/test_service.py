@@ -463,3 +463,109 @@ def test_a_tenants_cpu_crosses_the_wire_and_a_negative_one_is_refused():
     msg.cpu_per_s = -1.0
     with pytest.raises(wire.WireError, match="cpu_per_s"):
         wire.report_from_pb(msg)
+
+
+# -- a replica among several, with the fleet and the store stood in for ------------------
+
+class _Fleet:
+    """controller/fleet.py's Fleet as the Controller sees it: owns what
+    `mine` says."""
+
+    def __init__(self):
+        self.mine = True
+        self.reachable = True
+        self.name = "r0"
+        self.etcd = type("E", (), {"url": "etcd://fake:1"})()
+
+    def owns(self, node):
+        return self.mine
+
+    def owner(self, node):
+        return (self.name, "127.0.0.1:1") if self.mine else ("r1", "127.0.0.1:2")
+
+    def publish(self, node, demands):
+        pass
+
+
+class _SharedStore:
+    """A MemoryStore with the shared store's load_tenants, noting whether
+    each call that would ask etcd found the controller's lock free, and
+    every round written."""
+
+    def __init__(self):
+        from cachepilot.controller.store import MemoryStore
+        self.mem = MemoryStore()
+        self.controller = None
+        self.free: list[bool] = []
+        self.rounds: list[tuple] = []
+
+    def __getattr__(self, name):
+        return getattr(self.mem, name)
+
+    def _probe(self):
+        if self.controller is not None:
+            self.free.append(_free_elsewhere(self.controller.lock))
+
+    def load_tenants(self, names):
+        from cachepilot.controller.store import Saved
+        self._probe()
+        return Saved()
+
+    def read_log(self, **kw):
+        self._probe()
+        return self.mem.read_log(**kw)
+
+    def write_round(self, rounds, directives, tenants, log):
+        self.rounds.append((dict(directives), dict(tenants)))
+        self.mem.write_round(rounds, directives, tenants, log)
+
+
+def _free_elsewhere(lock) -> bool:
+    import threading
+    got = []
+
+    def take():
+        ok = lock.acquire(timeout=0.2)
+        got.append(ok)
+        if ok:
+            lock.release()
+    t = threading.Thread(target=take)
+    t.start()
+    t.join()
+    return got[0]
+
+
+def _replica(tmp_path):
+    from cachepilot.controller.service import Controller
+    store = _SharedStore()
+    c = Controller(small_config(tmp_path, tls=False), engine=EchoEngine(), store=store,
+                   fleet=_Fleet())
+    store.controller = c
+    return c, store
+
+
+def _node_info(node="n1"):
+    from cachepilot.protocol.types import NodeInfo
+    return NodeInfo(node, 64 << 20, 2, True, ["lru", "fifo"], "sim")
+
+
+def test_a_replica_asks_the_shared_store_without_holding_its_lock(tmp_path):
+    c, store = _replica(tmp_path)
+    c.register(_node_info())                       # adopts n1: reads its tenants
+    c.decision_log(limit=10)                       # pages through the store
+    assert store.free == [True, True]
+
+
+
+def test_a_node_that_comes_back_has_its_records_saved_again_at_once(tmp_path):
+    c, store = _replica(tmp_path)
+    session, _, _ = c.register(_node_info())
+    c.report("n1", session, 1, [report("n1-t0"), report("n1-t1")], [])
+    assert set(store.rounds[-1][0]) == {"n1-t0", "n1-t1"}      # saved when first seen
+    c.fleet.mine = False                           # n1 moves to another replica ...
+    c.fleet_changed({"r0": "127.0.0.1:1", "r1": "127.0.0.1:2"})
+    c.fleet.mine = True                            # ... which writes its records, and dies
+    session, _, _ = c.register(_node_info())
+    c.report("n1", session, 1, [report("n1-t0"), report("n1-t1")], [])
+    # the store holds the other replica's records: ours are written again
+    assert set(store.rounds[-1][0]) == {"n1-t0", "n1-t1"}

@@ -11,6 +11,7 @@ controller restarted on the same etcd.  The config key needs no etcd.
 import logging
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -136,7 +137,6 @@ def test_leader_election_with_leases(url):
 
 
 def test_an_unreachable_etcd_is_one_typed_error_naming_the_url(etcd):
-    port = etcd.client_port
     etcd_dead = Etcd(f"etcd://127.0.0.1:{_closed_port()}/x", timeout=1)
     t = time.monotonic()
     with pytest.raises(StoreUnavailable, match=r"etcd://127\.0\.0\.1:\d+/x: get k failed"):
@@ -145,7 +145,9 @@ def test_an_unreachable_etcd_is_one_typed_error_naming_the_url(etcd):
     with pytest.raises(UserError, match="cannot start from the controller's state store: "
                                         r"etcd://127\.0\.0\.1:\d+/x"):
         EtcdStore(etcd_dead.url).load(10)
-    assert port                                    # the live one is not disturbed
+    live = Etcd(etcd.url("/t/undisturbed"))        # the live one is not disturbed
+    live.put("k", "v")
+    assert live.get("k") == "v"
 
 
 def test_an_etcd_that_never_answers_costs_one_short_timeout():
@@ -274,3 +276,147 @@ def test_a_bad_store_is_a_keyed_error(tmp_path, bad):
         load_config(_config(tmp_path, bad))
     assert (f"controller.store: expected 'sqlite' or etcd://host:port[/prefix], got {bad!r}"
             in str(err.value)), str(err.value)
+
+
+# -- the store's bookkeeping, deterministic: an etcd client stand-in ----------------------
+
+class FakeClient:
+    """Enough of controller/etcd.py's Etcd for EtcdStore, in memory:
+    every put_all makes a revision.  `during` runs inside the next call
+    that asks "etcd" (what a round does while a write is in flight), and
+    `down` makes every call fail as an unreachable etcd does."""
+
+    url = "etcd://fake:1/x"
+
+    def __init__(self):
+        self.kv: dict[str, tuple[str, int]] = {}
+        self.rev = 0
+        self.calls = 0
+        self.during = None
+        self.down = False
+
+    def _ask(self):
+        self.calls += 1
+        if self.down:
+            raise StoreUnavailable(f"{self.url}: down")
+        if self.during is not None:
+            during, self.during = self.during, None
+            during()
+
+    def put_all(self, ops, what=""):
+        self._ask()
+        self.rev += 1
+        for _, k, v, _ in ops:
+            self.kv[k] = (v, self.rev)
+        return self.rev
+
+    def get_many(self, keys):
+        self._ask()
+        return {k: self.kv[k] for k in keys if k in self.kv}
+
+    def get_prefix(self, prefix, limit=0, newest_first=False, start="", end="",
+                   keys_only=False):
+        self._ask()
+        return sorted(((k, v, r) for k, (v, r) in self.kv.items() if k.startswith(prefix)),
+                      reverse=newest_first)[:limit or None]
+
+
+def _store(**kw):
+    """An EtcdStore on FakeClient whose write-behind thread never wakes:
+    the test calls _sync() itself."""
+    s = EtcdStore(FakeClient.url, write_behind_s=3600, **kw)
+    s.client = FakeClient()
+    return s
+
+
+def _free_elsewhere(lock) -> bool:
+    """Whether another thread can take `lock` now (an RLock is always
+    free to the thread that holds it)."""
+    got = []
+
+    def take():
+        ok = lock.acquire(timeout=0.2)
+        got.append(ok)
+        if ok:
+            lock.release()
+    t = threading.Thread(target=take)
+    t.start()
+    t.join()
+    return got[0]
+
+
+def test_a_value_that_returns_while_another_is_written_is_written_again():
+    s = _store()
+    s.put_slo("a", 1.0, 0.0)                       # etcd holds A
+    s._sync()
+    a = s.client.kv["slo/a"][0]
+    s.put_slo("a", 2.0, 0.0)                       # B queued ...
+    # ... and in flight when the value goes back to A
+    s.client.during = lambda: s.put_slo("a", 1.0, 0.0)
+    s._sync()
+    assert s.client.kv["slo/a"][0] != a            # B landed
+    assert s.pending == {"records": 1, "log": 0}   # A waits, not dropped as "unchanged"
+    s._sync()
+    assert s.client.kv["slo/a"][0] == a
+    s.put_slo("a", 1.0, 0.0)                       # now truly unchanged: nothing to write
+    assert s.pending == {"records": 0, "log": 0}
+    s.close()
+
+
+def test_reads_ask_etcd_without_the_stores_lock():
+    s = _store()
+    s.write_round(1, {}, {"a": {"x": 1}}, _log(3))
+    s._sync()
+    free = []
+    s.client.during = lambda: free.append(_free_elsewhere(s._lock))
+    assert s.load_tenants(["a"]).tenants == {"a": {"x": 1}}
+    s.client.during = lambda: free.append(_free_elsewhere(s._lock))
+    assert [e.message for e in s.read_log(limit=2)] == ["m2", "m1"]
+    assert free == [True, True]
+    s.close()
+
+
+def test_a_read_older_than_our_own_write_does_not_replace_it():
+    s = _store()
+    s.write_round(1, {}, {"a": {"x": 1}}, [])
+    s._sync()
+    old = s.client.kv["tenant/a"]
+
+    def written_meanwhile():                       # our newer value lands mid-read
+        s.write_round(2, {}, {"a": {"x": 2}}, [])
+        s.client.kv, kv = dict(s.client.kv), s.client.kv
+        s._sync()
+        s.client.kv = {**kv, "tenant/a": old}       # the read saw etcd before it
+    s.client.during = written_meanwhile
+    assert s.load_tenants(["a"]).tenants == {"a": {"x": 2}}
+    s.write_round(3, {}, {"a": {"x": 1}}, [])      # differs from what we wrote last
+    assert s.pending["records"] == 2               # tenant/a and rounds
+    s.close()
+
+
+def test_settings_read_by_the_fleet_leave_out_what_this_store_has_newer():
+    s = _store()
+    s.put_mode("", "recommend", 0.0)               # written here at mode_rev
+    s._sync()
+    mode_rev = s.client.kv["mode/"][1]
+    s.put_slo("a", 5.0, 0.0)                       # queued here, not written yet
+    got = s.accept([("slo/a", '{"at":0,"min_throughput":9.0}', 1),
+                    ("mode/", '{"at":0,"mode":"enforce"}', mode_rev - 1),
+                    ("slo/c", '{"at":0,"min_throughput":3.0}', 7)])
+    assert got.slos == {"c": 3.0} and got.modes == {}
+    # learnt: the same value again is not written
+    s.put_slo("c", 3.0, 0)
+    assert "slo/c" not in s._pending
+    s.close()
+
+
+def test_reading_the_log_while_etcd_is_away_waits_for_the_back_off():
+    s = _store(retry_s=60)
+    s.append_log(_log(2))
+    s.client.down = True
+    s._sync()                                      # the write fails: back off
+    calls = s.client.calls
+    assert [e.message for e in s.read_log(limit=5)] == ["m1", "m0"]   # from memory
+    assert s.client.calls == calls                 # and without asking etcd
+    s.client.down = False
+    s.close()

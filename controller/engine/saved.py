@@ -40,8 +40,9 @@ def tenant_record(state: EngineState, name: str) -> dict:
 
 
 def restore(state: EngineState, records: dict[str, dict], rounds: int, window: int) -> None:
-    """Fill a fresh EngineState from saved records (unknown keys, from a
-    newer or older controller, are ignored)."""
+    """Fill an EngineState from saved records (unknown keys, from a newer
+    or older controller, are ignored); a tenant it knows already is
+    replaced by its record."""
     state.round = max(state.round, rounds)
     if state.obs is None:
         state.obs = Observations(window)
@@ -60,7 +61,19 @@ def restore(state: EngineState, records: dict[str, dict], rounds: int, window: i
                                         if k in pb})
         m = np.asarray(rec.get("obs_m") or [], dtype=np.float64)[-window:]
         y = np.asarray(rec.get("obs_y") or [], dtype=np.float64)[-window:]
-        st.slot = state.obs.new_slot()
+        st.slot = _slot(state, name)
         if len(m) and len(m) == len(y):
             state.obs.add_many(st.slot, m, y)
         state.tenants[name] = st
+
+
+def _slot(state: EngineState, name: str) -> int:
+    """The tenant's row of observations, emptied: its own when the engine
+    knows it already (a replica taking back a node it served before), so
+    rows do not leak one per adoption; else a new one."""
+    old = state.tenants.get(name)
+    if old is None or old.slot < 0:
+        return state.obs.new_slot()
+    obs = state.obs
+    obs.m[old.slot], obs.y[old.slot], obs.count[old.slot], obs.next[old.slot] = 0, 0, 0, 0
+    return old.slot
