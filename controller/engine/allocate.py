@@ -11,10 +11,14 @@ in 4 KiB pages as floats; `node` gives each row's node index):
    (control.slo_headroom), so that noise in one interval does not miss it.
    A need that does not fit is skipped rather than half-served: half an
    SLO's memory buys no attainment and would starve the next tenant.  An
-   SLO no size can meet is weighed in stage 2 instead (its gains count
-   more there, control.slo_shortfall_weight): raised ahead of everyone to
-   where its curve flattens, it took memory that bought it nothing where
-   its throughput was bound by CPU, not misses.
+   SLO no size can meet is weighed in stage 2 (its gains count more there,
+   control.slo_shortfall_weight).  Where hits alone would meet it --
+   memory falls short, not CPU -- such a tenant also keeps its memory
+   here, at its priority, after the SLOs of that priority that can be
+   met (round._best_effort says how much): a lower priority's throughput
+   cannot take it.  One whose SLO hits alone cannot
+   meet is not served here: raised ahead of everyone to where its curve
+   flattens, it took memory that bought it nothing.
 
 2. distribute: what is left goes where modelled aggregate throughput gains
    most.  Each tenant's throughput-vs-size points are read on the curve's
@@ -49,7 +53,8 @@ from cachepilot.controller.engine.curves import miss_at
 from cachepilot.controller.engine.model import throughput
 
 
-def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None):
+def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
+               best_effort=None):
     """Returns (x_lo, granted): the size each tenant is raised to before the
     marginal stage and whether its SLO need was granted.
 
@@ -59,7 +64,10 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None)
     need_safe: optionally, a larger size meeting the SLO with headroom;
     granted tenants are raised toward it, again by priority, only with
     memory left once every SLO that fits has its plain need -- headroom for
-    one never costs another its SLO.
+    one never costs another its SLO.  best_effort: optionally, for an SLO
+    no size meets, the memory it keeps (inf: none); such a row is raised
+    to it at its priority after the rows of that priority whose SLO can
+    be met, if it fits, and is not granted.
     """
     x_lo = lb.copy()
     granted = np.zeros(len(lb), dtype=bool)
@@ -73,16 +81,23 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None)
                 free[node[i]] -= more
                 x_lo[i] += more
 
-    extra = np.maximum(need - lb, 0.0)
-    want = np.flatnonzero(has_slo & np.isfinite(need))
-    # node, then priority (high first), then smallest extra, then name
-    seq = want[np.lexsort((order[want], extra[want], -priority[want], node[want]))]
+    met = has_slo & np.isfinite(need)
+    goal = np.where(met, need, np.inf)
+    if best_effort is not None:
+        goal = np.where(has_slo & ~met, best_effort, goal)
+    extra = np.maximum(goal - lb, 0.0)
+    want = np.flatnonzero(has_slo & np.isfinite(goal))
+    # node, then priority (high first), SLOs that can be met before the
+    # others, then smallest extra, then name
+    seq = want[np.lexsort((order[want], extra[want], ~met[want], -priority[want],
+                           node[want]))]
     for i in seq.tolist():
         n = node[i]
         if extra[i] <= free[n] + 1e-9:
             free[n] -= extra[i]
             x_lo[i] = lb[i] + extra[i]
-            granted[i] = True
+            granted[i] = bool(met[i])
+    seq = seq[met[seq]]
     if need_safe is not None:
         raise_toward(seq[granted[seq]].tolist(), need_safe)
     return x_lo, granted
