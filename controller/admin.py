@@ -4,8 +4,9 @@ the decision log and what-if.
 A mixin of the Controller (controller/service.py): every call takes the
 controller's lock, reads or changes its state, and answers with the
 Admin service's reply message (the decision log is read from the store
-with the lock let go: on etcd that is network calls).  A change (an SLO, a mode) is written to
-the state store before it is answered, so a restart keeps it.
+with the lock let go: on etcd that is network calls).  A change (an SLO,
+a mode) is written to the state store before it is answered, so a
+restart keeps it.
 """
 from __future__ import annotations
 
