@@ -191,14 +191,21 @@ def test_backend_reports_two_cgroups_and_survives_one_being_deleted(files, tmp_p
             # (the tick, then collect's): the LRU curve is the "stack"
             # estimator's, over the pages each run read.  fio draws its
             # offsets with repeats (--norandommap), so n reads of P pages
-            # touch P (1 - e^(-n/P)) of them: 4,093 of web's 4,096, but
-            # 14,958 of batch's 16,384 -- 16,384 was within 10 % only for
-            # some inodes (the page keys, and so the sketch's error, depend
-            # on it).  The sketch's own error is 1.6 %: 5 % is 3 of those
-            for c, pages, reads in ((cw, 4096, 30_000), (cb, 16384, 40_000)):
+            # touch P (1 - e^(-n/P)) of them: 4,093 of web's 4,096 and
+            # 14,958 of batch's 16,384.  Which keys those pages have depends
+            # on the file's inode, and so does the sketch's error on them
+            # (1.6 % standard error; a CI machine's 64 MiB file counted
+            # 6.2 % high): the expectation is scaled by what a sketch of all
+            # the file's page keys counts, and what is left is the error of
+            # the subset against its whole (0.7 %; 5 % is 7 of those)
+            from cachepilot.models import hll
+            for c, path, reads in ((cw, small, 30_000), (cb, mid, 40_000)):
                 assert c.meta["estimator"] == "stack", c.meta
                 assert c.meta["slices"] == 2, c.meta
-                touched = pages * (1 - math.exp(-reads / pages))
+                pages = path.stat().st_size // 4096
+                whole = hll.count(np.array([page_key(path, i) for i in range(pages)],
+                                           np.uint64))
+                touched = whole * (1 - math.exp(-reads / pages))
                 assert c.meta["all_keys_estimate"] == pytest.approx(touched, rel=0.05)
             # what the agent reports passes the wire's checks unchanged
             from cachepilot.protocol import wire
@@ -467,5 +474,8 @@ def test_the_kernel_sketch_counts_every_page_read_and_restarts(files):
           f"{same:.1%} of registers equal user space's")
     assert same >= 0.95
     assert np.all(kernel[kernel != ours] > ours[kernel != ours])   # only extra pages
-    assert abs(est - pages) <= 0.06 * pages
+    # the count is user space's for the same keys, plus a few extra pages;
+    # how far that is from the true 16,384 is the sketch's own error for
+    # this inode's keys (tests/test_hll.py bounds it over many key sets)
+    assert hll.estimate(ours) <= est <= hll.estimate(ours) + 0.02 * pages
     assert not again.any()
