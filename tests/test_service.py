@@ -19,6 +19,7 @@ from cachepilot.controller.service import serve
 
 sys.path.insert(0, str(Path(__file__).parent))
 from grpc_fixtures import TOKEN, EchoEngine, report, small_config  # noqa: E402
+from lock_probe import free_elsewhere  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -504,7 +505,7 @@ class _SharedStore:
 
     def _probe(self):
         if self.controller is not None:
-            self.free.append(_free_elsewhere(self.controller.lock))
+            self.free.append(free_elsewhere(self.controller.lock))
 
     def load_tenants(self, names):
         from cachepilot.controller.store import Saved
@@ -518,21 +519,6 @@ class _SharedStore:
     def write_round(self, rounds, directives, tenants, log):
         self.rounds.append((dict(directives), dict(tenants)))
         self.mem.write_round(rounds, directives, tenants, log)
-
-
-def _free_elsewhere(lock) -> bool:
-    import threading
-    got = []
-
-    def take():
-        ok = lock.acquire(timeout=0.2)
-        got.append(ok)
-        if ok:
-            lock.release()
-    t = threading.Thread(target=take)
-    t.start()
-    t.join()
-    return got[0]
 
 
 def _replica(tmp_path):

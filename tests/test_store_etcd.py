@@ -20,6 +20,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 from etcd_fixture import EtcdServer, wait_until  # noqa: E402
+from lock_probe import free_elsewhere  # noqa: E402
 from grpc_fixtures import report, small_config_dict  # noqa: E402
 from store_records import check_every_record_kind, write_every_record_kind  # noqa: E402
 
@@ -329,22 +330,6 @@ def _store(**kw):
     return s
 
 
-def _free_elsewhere(lock) -> bool:
-    """Whether another thread can take `lock` now (an RLock is always
-    free to the thread that holds it)."""
-    got = []
-
-    def take():
-        ok = lock.acquire(timeout=0.2)
-        got.append(ok)
-        if ok:
-            lock.release()
-    t = threading.Thread(target=take)
-    t.start()
-    t.join()
-    return got[0]
-
-
 def test_a_value_that_returns_while_another_is_written_is_written_again():
     s = _store()
     s.put_slo("a", 1.0, 0.0)                       # etcd holds A
@@ -368,9 +353,9 @@ def test_reads_ask_etcd_without_the_stores_lock():
     s.write_round(1, {}, {"a": {"x": 1}}, _log(3))
     s._sync()
     free = []
-    s.client.during = lambda: free.append(_free_elsewhere(s._lock))
+    s.client.during = lambda: free.append(free_elsewhere(s._lock))
     assert s.load_tenants(["a"]).tenants == {"a": {"x": 1}}
-    s.client.during = lambda: free.append(_free_elsewhere(s._lock))
+    s.client.during = lambda: free.append(free_elsewhere(s._lock))
     assert [e.message for e in s.read_log(limit=2)] == ["m2", "m1"]
     assert free == [True, True]
     s.close()
