@@ -11,7 +11,6 @@ controller restarted on the same etcd.  The config key needs no etcd.
 import logging
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
