@@ -159,40 +159,6 @@ def test_an_slo_no_size_meets_weighs_its_gains_but_starves_no_one():
     assert unweighted.limit["x"] == pytest.approx(plain.limit["x"], rel=0.02)
 
 
-def test_a_missed_slo_keeps_its_memory_from_a_lower_priority_but_not_a_higher():
-    # x (priority 2) reads a working set that fits its equal share, but its
-    # curve's floor of first reads lies above the miss ratio its SLO asks
-    # for: no size meets it, memory is what it lacks (its hits alone would
-    # meet the SLO), and it misses.  z gains steeply from memory.  Weighed
-    # in the marginal stage alone, x's memory went to z's throughput; x
-    # keeps it at its priority while it misses -- unless z's own SLO ranks
-    # higher and needs it.
-    synth = {"x": tenant("x", 0.3, 1.2, floor=0.08, t_hit=2e-6, t_miss=2e-4),
-             "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
-    x_slo = synth["x"].throughput(0.04)            # needs m <= 0.04 < the floor
-
-    def run(z_slo=None, z_priority=0):
-        z = {"name": "z", "node": "n1", "priority": z_priority}
-        if z_slo:
-            z["slo"] = {"min_throughput": z_slo}
-        cfg = make([{"name": "x", "node": "n1", "priority": 2,
-                     "slo": {"min_throughput": x_slo}}, z], max_step_fraction=0.25)
-        loop = Loop(cfg, synth)
-        for _ in range(12):
-            d = loop.step()
-        return loop, d
-
-    loop, d = run()
-    assert [v.tenant for v in d.violations] == ["x"]
-    assert loop.limit["x"] >= GiB // 2 - 4096            # kept its equal share
-    assert "keeps" in loop.decisions[-1].directives["n1"][0].reason
-    # z's SLO of higher priority needs most of the node: it gets it
-    z_slo = synth["z"].throughput(float(synth["z"].curves["linux"].at(0.75 * PAGES)))
-    loop, _ = run(z_slo, z_priority=3)
-    assert loop.true_throughput("z") >= 0.99 * z_slo
-    assert loop.limit["x"] < GiB // 3
-
-
 def test_a_cliff_is_bought_with_the_margin_for_a_sampled_curves_size_error():
     # "loop" re-reads 60 % of the node: all misses until it fits.  Its
     # reported curve, sampled at 1 %, puts the cliff 3 % early (a little

@@ -159,43 +159,6 @@ def test_serve_slos_headroom_only_from_what_is_left():
     assert x.tolist() == [48.0, 0.0, 35.0]
 
 
-def test_serve_slos_keeps_a_missed_slo_at_its_priority():
-    """A best-effort row (an SLO no size meets, which keeps its memory while
-    it misses) comes after every SLO that can be met has its need, and
-    after the headroom of its priority and above, before the headroom of
-    a lower priority; it is never marked granted."""
-    node = np.zeros(3, dtype=np.int64)
-    lb = np.full(3, 10.0)
-    need = np.array([np.inf, 50.0, 30.0])
-    safe = np.array([np.inf, 70.0, 45.0])
-    best = np.array([60.0, np.inf, np.inf])
-    has = np.ones(3, dtype=bool)
-    # row 0 (prio 2) misses and keeps 60; row 1 (prio 1) needs 50 (70
-    # safe), row 2 (prio 2) needs 30 (45 safe).  In 160 pages: both needs
-    # (70 left), row 2's headroom (55), row 0's 50 extra (5), and row 1's
-    # headroom gets the 5 left
-    prio = np.array([2.0, 1.0, 2.0])
-    x, granted = allocate.serve_slos(node, np.array([160.0]), lb, need, has, prio,
-                                     np.arange(3), safe, best)
-    assert granted.tolist() == [False, True, True]
-    assert x.tolist() == [60.0, 55.0, 45.0]
-    # without it, the memory went to row 1's headroom, then to stage 2
-    x, granted = allocate.serve_slos(node, np.array([160.0]), lb, need, has, prio,
-                                     np.arange(3), safe)
-    assert granted.tolist() == [False, True, True]
-    assert x.tolist() == [10.0, 70.0, 45.0]
-    # a need that can be met comes first, whatever its priority; a best
-    # effort that then does not fit is skipped whole, not half-served
-    x, granted = allocate.serve_slos(node, np.array([100.0]), lb, need, has, prio,
-                                     np.arange(3), None, best)
-    assert granted.tolist() == [False, True, True]
-    assert x.tolist() == [10.0, 50.0, 30.0]
-    # and headroom of its own priority comes before it
-    x, _ = allocate.serve_slos(node, np.array([140.0]), lb, need, has, prio,
-                               np.arange(3), safe, best)
-    assert x.tolist() == [10.0, 70.0, 45.0]
-
-
 def upper_hull(pts):
     """Upper (concave) hull of points sorted by x: a monotone-chain scan."""
     hull = []

@@ -69,19 +69,14 @@ def test_feasibility_flipping_every_round_does_not_move_the_memory():
         limits.append(loop.limit["x"])
     assert min(limits[4:]) >= 0.38 * GiB, [v >> 20 for v in limits]
     # the same reports taken at face value (a verdict in force after one
-    # round) judge the SLO infeasible every other round: what the debounce
-    # is for.  Before an infeasible SLO kept its memory at its priority,
-    # they dropped x to its curve's best every other round (840 -> 163 ->
-    # 840 MiB; 179 -> 97 -> 177 in a real run); it now keeps what it holds
+    # round) drop the tenant to its curve's best every other round: what
+    # the debounce is for (179 -> 97 -> 177 MiB in a real run)
     loop1, _ = _flipping_loop(1, lambda k: k % 2 == 0)
-    raw, infeasible = [], 0
+    raw = []
     for _ in range(14):
-        d = loop1.step()
+        loop1.step()
         raw.append(loop1.limit["x"])
-        infeasible += any(v.tenant == "x" and v.reason.startswith("infeasible")
-                          for v in d.violations)
-    assert infeasible >= 6, infeasible
-    assert min(raw[4:]) >= 0.38 * GiB, [v >> 20 for v in raw]
+    assert min(raw[4:]) < 0.2 * GiB, [v >> 20 for v in raw]
 
 
 def test_an_slo_that_stays_infeasible_is_served_as_such_and_reported():
@@ -98,12 +93,9 @@ def test_an_slo_that_stays_infeasible_is_served_as_such_and_reported():
     for lim, vs in seen[:2]:
         assert lim >= 0.38 * GiB
         assert vs and "no memory meets it this round" in vs[0].reason
-    # from the third, judged infeasible and said so; it keeps the memory
-    # it holds at its priority (a young curve that flattens where the
-    # pages read so far end says nothing about more memory), and z, with
-    # no SLO, does not take it for throughput
+    # from the third, served as infeasible (where its curve flattens) and said so
     lim, vs = seen[-1]
-    assert all(v >= seen[1][0] for v, _ in seen[2:]), [v >> 20 for v, _ in seen]
+    assert lim < 0.2 * GiB
     assert vs and vs[0].reason.startswith("infeasible")
     assert "no memory meets it in 57% of the last 14 rounds" in vs[0].reason
 

@@ -11,17 +11,10 @@ in 4 KiB pages as floats; `node` gives each row's node index):
    (control.slo_headroom), so that noise in one interval does not miss it.
    A need that does not fit is skipped rather than half-served: half an
    SLO's memory buys no attainment and would starve the next tenant.  An
-   SLO no size can meet is weighed in stage 2 (its gains count more there,
-   control.slo_shortfall_weight).  Where hits alone would meet it --
-   memory falls short, not CPU -- such a tenant also keeps its memory
-   here (round._best_effort says how much), once every SLO that can be
-   met has its need, and after the headroom of those of its priority and
-   above: no throughput can take it, and it takes no SLO's memory that
-   can be met (a CloudPhysics replay kept its memory ahead of an OLTP
-   replay's headroom, and the OLTP SLO, of higher priority, fell from
-   98.9 % of intervals met to 93.3 %).  One whose SLO hits alone cannot
-   meet is not served here: raised ahead of everyone to where its curve
-   flattens, it took memory that bought it nothing.
+   SLO no size can meet is weighed in stage 2 instead (its gains count
+   more there, control.slo_shortfall_weight): raised ahead of everyone to
+   where its curve flattens, it took memory that bought it nothing where
+   its throughput was bound by CPU, not misses.
 
 2. distribute: what is left goes where modelled aggregate throughput gains
    most.  Each tenant's throughput-vs-size points are read on the curve's
@@ -56,8 +49,7 @@ from cachepilot.controller.engine.curves import miss_at
 from cachepilot.controller.engine.model import throughput
 
 
-def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
-               best_effort=None):
+def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None):
     """Returns (x_lo, granted): the size each tenant is raised to before the
     marginal stage and whether its SLO need was granted.
 
@@ -67,11 +59,7 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
     need_safe: optionally, a larger size meeting the SLO with headroom;
     granted tenants are raised toward it, again by priority, only with
     memory left once every SLO that fits has its plain need -- headroom for
-    one never costs another its SLO.  best_effort: optionally, for an SLO
-    no size meets, the memory it keeps (inf: none); such a row is raised
-    to it, if it fits, once every SLO that can be met has its need, at its
-    priority: after the headroom of the SLOs of its priority and above,
-    before that of the ones below.  It is not granted.
+    one never costs another its SLO.
     """
     x_lo = lb.copy()
     granted = np.zeros(len(lb), dtype=bool)
@@ -85,9 +73,8 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
                 free[node[i]] -= more
                 x_lo[i] += more
 
-    met = has_slo & np.isfinite(need)
-    extra = np.maximum(np.where(met, need, np.inf) - lb, 0.0)
-    want = np.flatnonzero(met)
+    extra = np.maximum(need - lb, 0.0)
+    want = np.flatnonzero(has_slo & np.isfinite(need))
     # node, then priority (high first), then smallest extra, then name
     seq = want[np.lexsort((order[want], extra[want], -priority[want], node[want]))]
     for i in seq.tolist():
@@ -96,25 +83,8 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None,
             free[n] -= extra[i]
             x_lo[i] = lb[i] + extra[i]
             granted[i] = True
-    keep = np.zeros(len(lb), dtype=bool) if best_effort is None else \
-        has_slo & ~met & np.isfinite(best_effort)
-    if need_safe is None and not keep.any():
-        return x_lo, granted
-    # then, one priority at a time (high first): the headroom of the SLOs
-    # granted there, and what the SLOs there that no size meets keep
-    for p in sorted(set(priority[granted | keep].tolist()), reverse=True):
-        at = priority == p
-        if need_safe is not None:
-            raise_toward(seq[granted[seq] & at[seq]].tolist(), need_safe)
-        rows = np.flatnonzero(keep & at)
-        if not len(rows):
-            continue
-        more = np.maximum(best_effort[rows] - x_lo[rows], 0.0)
-        for i in rows[np.lexsort((order[rows], more, node[rows]))].tolist():
-            m = max(best_effort[i] - x_lo[i], 0.0)
-            if m <= free[node[i]] + 1e-9:
-                free[node[i]] -= m
-                x_lo[i] += m
+    if need_safe is not None:
+        raise_toward(seq[granted[seq]].tolist(), need_safe)
     return x_lo, granted
 
 

@@ -87,7 +87,6 @@ class _Columns:
         self.need_mib = np.round(need * to_mib).astype(np.int64).tolist()
         self.extra_mib = np.round((R.target - R.x_lo) * to_mib).astype(np.int64).tolist()
         self.target_mib = np.round(R.target * to_mib).astype(np.int64).tolist()
-        self.x_lo_mib = np.round(R.x_lo * to_mib).astype(np.int64).tolist()
         self.hysteresis_bytes = (ctl.hysteresis * R.mem_pages * PAGE_SIZE).tolist()
         self.shortfall_weight = ctl.slo_shortfall_weight
 
@@ -107,12 +106,9 @@ def _reason(R: Round, col: _Columns, i: int) -> str:
         if col.granted[i]:
             why.append(f"SLO {col.slo[i]:g}/s needs {col.need_mib[i]} MiB under "
                        f"{R.row_policy[col.alloc_row[i]]}")
-        elif not col.feasible[i] and col.slo[i] > 0:
-            why.append(f"SLO {col.slo[i]:g}/s not met: no size meets it")
-            if math.isfinite(R.best_effort[i]) and col.x_lo[i] >= R.best_effort[i] - 0.5:
-                why.append(f"keeps {col.x_lo_mib[i]} MiB at its priority")
-            if col.shortfall_weight != 1:
-                why.append(f"its gains count {col.shortfall_weight:g}x")
+        elif not col.feasible[i] and col.slo[i] > 0 and col.shortfall_weight != 1:
+            why.append(f"SLO {col.slo[i]:g}/s not met: no size meets it; its gains "
+                       f"count {col.shortfall_weight:g}x")
         else:
             why.append(f"SLO {col.slo[i]:g}/s not met")
     if col.has_curve[i] and tgt > col.x_lo[i] + 0.5:

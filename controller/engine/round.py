@@ -83,7 +83,6 @@ class Round:
     feasible: np.ndarray = None
     need: np.ndarray = None          # least size meeting the SLO within bounds
     need_safe: np.ndarray = None     # ... with headroom
-    best_effort: np.ndarray = None   # an SLO no size meets: the memory it keeps
     headroom: np.ndarray = None      # the headroom's fraction of the SLO
     feasible_now: np.ndarray = None  # this round's own verdict (feasible: in force)
     shrink_held: np.ndarray = None   # step_limits: a shrink not yet confirmed
@@ -500,7 +499,6 @@ def size_slos(R: Round, ctl) -> None:
     R.feasible_now = R.feasible.copy()
     R.need = np.where(R.feasible, np.maximum(need, lb), np.inf)
     _debounce_feasibility(R, ctl)
-    _best_effort(R)
     R.need_safe = R.need.copy()
     spread = R.spread if R.spread is not None else np.zeros(R.n)
     R.headroom = np.maximum(ctl.slo_headroom, ctl.slo_headroom_sigmas * spread)
@@ -519,33 +517,6 @@ def size_slos(R: Round, ctl) -> None:
         R.need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, R.need[hr], ub[hr]),
                                    R.need[hr])
     _slo_feedback(R, ctl)
-
-
-def _best_effort(R: Round) -> None:
-    """R.best_effort: for a tenant whose SLO no size meets (the verdict in
-    force) but whose hits alone would meet it (the model's miss ratio for
-    it is not negative), the memory it keeps at its priority: its limit
-    in force, or more where its allocation curve keeps falling beyond it
-    (up to where it reaches its floor); inf for every other row.  The SLO
-    stage serves it at its priority (allocate.serve_slos), so that a lower
-    priority's throughput cannot take memory from it.
-
-    Its own curve cannot be trusted to say that memory is useless to it:
-    a young curve flattens where the pages read so far end.  A zipf tenant
-    of the highest priority, its SLO out of reach while its cache warmed,
-    was cut from 20 to 14 MiB for a loop that gained more in the curves;
-    when its SLO came within reach it missed it in the next four
-    intervals at 15 MiB, where the equal split's 20 met it."""
-    R.best_effort = np.full(R.n, np.inf)
-    rows = np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve & ~R.feasible)
-    if not len(rows) or not R.bank.n:
-        return
-    ar = R.alloc_row[rows]
-    m_star = model.miss_ratio_for(R.a[rows], R.b[rows], R.slo[rows])
-    flat = R.bank.size_for(ar, R.bank.ys[R.bank.end(ar)] + FLOOR_SLACK)
-    keep = np.maximum(np.where(np.isfinite(flat), flat, 0.0), R.current[rows])
-    R.best_effort[rows] = np.where(m_star >= 0, np.clip(keep, R.lb[rows], R.ub[rows]),
-                                   np.inf)
 
 
 def _slo_feedback(R: Round, ctl) -> None:
@@ -668,7 +639,7 @@ def allocate_memory(R: Round, ctl) -> None:
     R.x_lo, R.granted = allocate.serve_slos(
         node_of, R.mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
         R.need, R.has_slo & has_curve, R.column(lambda s, r: s.priority), order,
-        R.need_safe, R.best_effort)
+        R.need_safe)
     over = np.bincount(node_of, weights=lb, minlength=nn) > R.mem_pages
     for ni in np.flatnonzero(over).tolist():
         R.notes.append(f"node {R.nodes[ni]!r}: floors and anonymous memory (+ margin) add "
