@@ -659,6 +659,20 @@ def register_threads(t: Tenant, cg: Cgroups, policy: str):
         policyctl(t, "tids", str(cg.root / t.name), tid_map, *map(str, tids))
 
 
+class Rate:
+    """A counter's rate per second over the time that really passed
+    between two of its readings."""
+
+    def __init__(self, value: float):
+        self.value, self.at = value, time.monotonic()
+
+    def per_s(self, value: float) -> float:
+        now = time.monotonic()
+        rate = (value - self.value) / max(now - self.at, 1e-3)
+        self.value, self.at = value, now
+        return rate
+
+
 def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int,
                       phase_at: int | None = None, label: str = "") -> dict:
     """Per tenant and interval: operations per second, limit, running
@@ -676,37 +690,31 @@ def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int
     # time that really passed between its two readings, not by `interval`:
     # in a saturated TCG guest a round of readings can run seconds late, and
     # the interval after it is as much shorter
-    seen_at = {}
+    ops = {}
     for t in ts:
         run.last[t.name] = scrape(t.port) or run.last[t.name]
-        seen_at[t.name] = time.monotonic()
-    cpu0 = {t.name: (*cg.cpu_usage(t.name), time.monotonic()) for t in ts}
-    busy0, busy_t = host_cpu()[0], time.monotonic()
-    agent0 = tree_cpu_seconds(run.agent.pid) if run.agent is not None else 0.0
-    agent_t = time.monotonic()
+        ops[t.name] = Rate(run.last[t.name])
+    cpu = {t.name: tuple(map(Rate, cg.cpu_usage(t.name))) for t in ts}
+    busy = Rate(host_cpu()[0])
+    agent = Rate(tree_cpu_seconds(run.agent.pid) if run.agent is not None else 0.0)
     t_prev = t0
     for k in range(1, intervals + 1):
         time.sleep(max(0.0, t0 + k * interval - time.monotonic()))
         run.measured_s += time.monotonic() - t_prev
         t_prev = time.monotonic()
         for t in ts:
-            now, at = scrape(t.port), time.monotonic()
-            last = run.last[t.name]
-            ops = (now - last) / max(at - seen_at[t.name], 1e-3) if now is not None \
-                else float("nan")
+            now = scrape(t.port)
             if now is not None:
-                run.last[t.name], seen_at[t.name] = now, at
-            series[t.name]["ops_per_s"].append(ops)
+                run.last[t.name] = now
+            series[t.name]["ops_per_s"].append(
+                ops[t.name].per_s(now) if now is not None else float("nan"))
             series[t.name]["limit_bytes"].append(cg.limit(t.name))
             series[t.name]["cache_bytes"].append(cg.cache_bytes(t.name))
             series[t.name]["policy"].append(running(cg, t.name))
             series[t.name]["phase"].append(phase[t.name])
             used, throttled = cg.cpu_usage(t.name)
-            at = time.monotonic()
-            dt = max(at - cpu0[t.name][2], 1e-3)
-            series[t.name]["cpu"].append((used - cpu0[t.name][0]) / dt)
-            series[t.name]["throttled"].append((throttled - cpu0[t.name][1]) / dt)
-            cpu0[t.name] = (used, throttled, at)
+            series[t.name]["cpu"].append(cpu[t.name][0].per_s(used))
+            series[t.name]["throttled"].append(cpu[t.name][1].per_s(throttled))
         if run.metrics_port:
             seen = agent_view(run.metrics_port,
                               {t.name: series[t.name]["limit_bytes"][-1] for t in ts})
@@ -715,13 +723,9 @@ def measure_intervals(run: Run, ts, cg: Cgroups, interval: float, intervals: int
                 series[t.name].setdefault("observed_miss_ratio", []).append(
                     v.get("observed", float("nan")))
                 series[t.name].setdefault("curves_at_limit", []).append(v.get("curves", {}))
-        busy, at = host_cpu()[0], time.monotonic()
-        series["_host"]["busy_cpus"].append((busy - busy0) / max(at - busy_t, 1e-3))
-        busy0, busy_t = busy, at
+        series["_host"]["busy_cpus"].append(busy.per_s(host_cpu()[0]))
         if run.agent is not None and run.agent.poll() is None:
-            a, at = tree_cpu_seconds(run.agent.pid), time.monotonic()
-            series["_host"]["agent_cpus"].append((a - agent0) / max(at - agent_t, 1e-3))
-            agent0, agent_t = a, at
+            series["_host"]["agent_cpus"].append(agent.per_s(tree_cpu_seconds(run.agent.pid)))
         print(f"    {label or run.name} {k:>2}/{intervals}: " + "  ".join(
             f"{t.name} {series[t.name]['ops_per_s'][-1]:>6.0f}/s "
             f"{series[t.name]['limit_bytes'][-1] >> 20:>3}M "
