@@ -22,7 +22,9 @@
                      admit_filter: {bypass_threads: {comm: "rocksdb:low*"}}}
                     (roles and their tid maps: protocol/tenant.py)
     interval_s:     seconds between reports
-    sampling:       {rate, max_samples (fixed-size SHARDS), ring_bytes, slices}
+    sampling:       {rate, max_samples (fixed-size SHARDS), samples_per_s,
+                    min_rate, max_rate, min_window_samples,
+                    max_window_intervals, ring_bytes, slices}
     policies:       curves to build (default: lru, plus the library's policies
                     when the MRC engine offers them)
     safety:         {floor, anon_margin, anon_margin_ratio, max_step}
@@ -66,9 +68,27 @@ class Sampling(Strict):
     sampled pages exceed the bound.  `slices`: how many times per interval
     the agent reads the kernel's distinct-page sketches; each read is one
     time slice of the "stack" estimator (models/stack.py), which uses them
-    to count every page read, not just the sample's."""
+    to count every page read, not just the sample's.
+
+    `samples_per_s` gives each tenant its own rate instead: about that
+    many sampled accesses a second, whatever its speed (agent/rates.py).
+    One rate for all gives a tenant that reads 40,000 pages a second
+    hundreds of samples an interval and one that reads 800 a handful,
+    while a curve's error and the agent's CPU both follow the samples.
+    `rate` is then where a tenant starts, until its first interval says
+    how fast it reads; rates stay within [min_rate, max_rate].
+
+    `min_window_samples`: a tenant's counting window closes at the end of
+    an interval only once it holds that many sampled accesses (or after
+    `max_window_intervals`), so a slow tenant's curve rests on several
+    intervals rather than on a handful of samples."""
     rate: float = Field(0.01, gt=0, le=1)
     max_samples: int | None = Field(None, ge=64)
+    samples_per_s: float | None = Field(None, gt=0)
+    min_rate: float = Field(1 / 1024, gt=0, le=1)
+    max_rate: float = Field(0.25, gt=0, le=1)
+    min_window_samples: int = Field(0, ge=0)
+    max_window_intervals: int = Field(6, ge=1, le=100)
     ring_bytes: int = Field(1 << 22, ge=4096)
     slices: int = Field(32, ge=1, le=128)
 
@@ -76,6 +96,10 @@ class Sampling(Strict):
     def _power_of_two(self):
         if self.ring_bytes & (self.ring_bytes - 1):
             raise ValueError("ring_bytes: expected a power of two")
+        if self.min_rate > self.max_rate:
+            raise ValueError("min_rate: expected at most max_rate")
+        if self.samples_per_s is not None and self.max_samples is not None:
+            raise ValueError("samples_per_s: give it or max_samples, not both")
         return self
 
 

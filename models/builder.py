@@ -18,8 +18,9 @@ cache contents) is never aged because it is the state of a real cache.
   it happens.
 - half_life=h: exponential decay, the past loses half its weight every h
   windows.
-A window ends when end_window() is called (the agent does so every control
-interval) or, with window=W, automatically every W accesses.
+A window ends when end_window() is called, when end_interval() finds it
+holds enough samples (the agent calls it every control interval), or,
+with window=W, automatically every W accesses.
 
 The "stack" SHARDS estimator (models/stack.py) works on time slices: a
 window's slices travel with its counts, and merging windows lays the older
@@ -158,6 +159,8 @@ class MRCBuilder:
 
         self._past = _Window()
         self._cur_accesses = 0.0
+        self._cur_samples = 0
+        self._cur_intervals = 0
         self.total_accesses = 0
         self.windows = 0
 
@@ -170,6 +173,12 @@ class MRCBuilder:
     @property
     def rate(self) -> float:
         return threshold_rate(self.threshold)
+
+    @property
+    def window_samples(self) -> int:
+        """Sampled accesses (keys under this builder's threshold) fed into
+        the current window: what its curve's counts rest on."""
+        return self._cur_samples
 
     # -- input ----------------------------------------------------------------
     def feed(self, keys, total_accesses: int | None = None, tids=None,
@@ -206,6 +215,7 @@ class MRCBuilder:
             self.feed(keys[cut:], None, None if tids is None else tids[cut:])
             return
         self.shards.feed(keys, total, sketch=sketch)
+        self._cur_samples += len(sample_mask_index(keys, self.threshold)) if len(keys) else 0
         if self.minisim is not None:
             if total == len(keys):      # the full stream: positions are known
                 self.minisim.feed_unsampled(keys, tids)
@@ -228,6 +238,17 @@ class MRCBuilder:
             self.minisim.register_threads(policy, tids)
 
     # -- ageing ---------------------------------------------------------------
+    def end_interval(self, min_samples: int = 0, max_intervals: int = 1) -> bool:
+        """The end of a control interval: close the window once it holds
+        `min_samples` sampled accesses or has spanned `max_intervals`
+        intervals, so that a slow stream's curve rests on enough samples
+        and a fast one's on the last interval alone.  True when it closed."""
+        self._cur_intervals += 1
+        if self._cur_samples >= min_samples or self._cur_intervals >= max_intervals:
+            self.end_window()
+            return True
+        return False
+
     def end_window(self) -> None:
         """Close the current window (call once per control interval)."""
         cur = self._current(reset=True)
@@ -237,6 +258,8 @@ class MRCBuilder:
             decay = 0.5 ** (1.0 / self.half_life)
             self._past = self._merge(cur, self._past, decay)
         self._cur_accesses = 0.0
+        self._cur_samples = 0
+        self._cur_intervals = 0
         self.windows += 1
 
     def _current(self, reset: bool) -> _Window:

@@ -24,6 +24,7 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import make_builder, shift_by_anon
+from cachepilot.agent.rates import HANDOVER_WINDOWS, RateTuner
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
@@ -96,6 +97,19 @@ class Watched:
     # (monotonic time, limit before) of the first limit write of the
     # current interval: max_step bounds all of an interval's writes
     step_window: tuple[float, int] | None = None
+    # sampling.samples_per_s: the tenant's own rate (agent/rates.py), the
+    # rate its builder samples at, and the builder at a new rate counting
+    # beside it until its curves take over
+    tuner: RateTuner | None = None
+    rate: float = 0.0
+    next_builder: object | None = None
+
+    def builders(self) -> list:
+        return [b for b in (self.builder, self.next_builder) if b is not None]
+
+    def wanted_threshold(self) -> int:
+        """The kernel's threshold for this cgroup: what its builders need."""
+        return max((int(b.threshold) for b in self.builders()), default=0)
 
 
 class LinuxBackend:
@@ -282,12 +296,17 @@ class LinuxBackend:
             except CgroupError as err:
                 log.warning("not watching %s: %s", path, err)
                 continue
+            sampling = self.cfg.sampling
             builder = self._builder(spec) if self.sampler is not None else None
             tp = None
             if spec is not None and spec.throughput.source == "prometheus":
                 tp = PrometheusSource(spec.throughput)
             w = Watched(tenant, path, cgid, spec, builder, tp, time.monotonic(),
-                        policy=running_policy(path, self.default_policy))
+                        policy=running_policy(path, self.default_policy),
+                        rate=sampling.rate,
+                        tuner=RateTuner(sampling.samples_per_s, sampling.min_rate,
+                                        sampling.max_rate)
+                        if sampling.samples_per_s else None)
             try:
                 w.last_stats = cgroups.read_stats(path)
             except CgroupError as err:
@@ -306,16 +325,16 @@ class LinuxBackend:
             self._simulate_thread_rules(w)
             log.info("watching %s as tenant %s (cgroup id %d)", path, tenant, cgid)
 
-    def _builder(self, spec):
+    def _builder(self, spec, rate: float | None = None):
         """A tenant's curve builder: the policies it names that the engine
-        knows, else the node's."""
+        knows, else the node's; at `rate` (default: sampling.rate)."""
         known = self._known_policies()
         policies = [p for p in spec.policies if p in known] \
             if spec is not None and spec.policies else []
         policies = policies or self.policies
         max_pages = (self.cfg.max_cache or self.memory_bytes) // PAGE_SIZE
-        return make_builder(policies, rate=self.cfg.sampling.rate, max_pages=max_pages,
-                            max_samples=self.cfg.sampling.max_samples)
+        return make_builder(policies, rate=rate or self.cfg.sampling.rate,
+                            max_pages=max_pages, max_samples=self.cfg.sampling.max_samples)
 
     def _drop(self, tenant: str, why: str):
         w = self.watched.pop(tenant)
@@ -359,8 +378,8 @@ class LinuxBackend:
             s = Sampler(ring_bytes=self.cfg.sampling.ring_bytes)
             for w in self.watched.values():
                 if w.builder is None:
-                    w.builder = self._builder(w.spec)
-                w.threshold = int(w.builder.threshold)
+                    w.builder = self._builder(w.spec, w.rate)
+                w.threshold = w.wanted_threshold()
                 s.watch(w.cgid, w.threshold)
             now_ns, snap = s.counters()
         except SamplerUnavailable as err:
@@ -427,17 +446,52 @@ class LinuxBackend:
             start = int(recs["time_ns"].min()) - 1 if recs is not None and len(recs) \
                 else now_ns - 1
         keys, tids, positions = access_batch(recs, start, now_ns, d.accesses)
-        extra = {name: value for name, value in (("tids", tids), ("positions", positions))
-                 if _takes(w.builder, name)}
-        w.builder.feed(keys, total_accesses=d.accesses, sketch=sketch, **extra)
-        new_threshold = int(w.builder.threshold)
-        if new_threshold != w.threshold:
-            # fixed-size SHARDS lowers the threshold as keys pile up
+        for b in w.builders():
+            # each builder keeps the keys under its own threshold
+            extra = {name: value for name, value in (("tids", tids), ("positions", positions))
+                     if _takes(b, name)}
+            b.feed(keys, total_accesses=d.accesses, sketch=sketch, **extra)
+        # fixed-size SHARDS lowers the threshold as keys pile up
+        self._follow_threshold(w)
+
+    def _follow_threshold(self, w: Watched) -> None:
+        """The kernel samples the cgroup at the threshold its builders need."""
+        new_threshold = w.wanted_threshold()
+        if new_threshold != w.threshold and self.sampler is not None:
             try:
                 self.sampler.watch(w.cgid, new_threshold)
                 w.threshold = new_threshold
             except SamplerUnavailable as err:
                 self._lose_sampler(str(err))
+
+    def _retune(self, w: Watched, accesses_per_s: float, limit_pages: float) -> None:
+        """sampling.samples_per_s: move the tenant to the rate its speed asks
+        for (agent/rates.py).  The first interval's speed replaces the
+        builder at once; later, a builder at the new rate counts beside the
+        old one and takes over after HANDOVER_WINDOWS windows."""
+        if w.tuner is None or w.builder is None:
+            return
+        if w.next_builder is not None:
+            if w.next_builder.windows >= HANDOVER_WINDOWS:
+                w.builder, w.next_builder = w.next_builder, None
+                self._follow_threshold(w)
+                log.info("tenant %s: curves now sampled at rate %g", w.tenant, w.rate)
+            return
+        first = not w.tuner.measured
+        new = w.tuner.decide(w.rate, accesses_per_s, limit_pages)
+        if new is None:
+            return
+        builder = self._builder(w.spec, new)
+        log.info("tenant %s: %.0f accesses/s, sampling rate %g -> %g%s", w.tenant,
+                 accesses_per_s, w.rate, new, "" if first else
+                 f" (the new curves count beside the old for {HANDOVER_WINDOWS} windows)")
+        w.rate = new
+        if first:
+            w.builder = builder
+        else:
+            w.next_builder = builder
+        self._simulate_thread_rules(w)
+        self._follow_threshold(w)
 
     def collect(self) -> list[TenantReport]:
         self._refresh()
@@ -495,8 +549,9 @@ class LinuxBackend:
             if policy not in w.builder.policies:
                 continue
             tids = self._rule_tids(w, policy)
-            w.builder.register_threads(
-                policy, sorted({t for ts in (tids or {}).values() for t in ts}))
+            for b in w.builders():
+                b.register_threads(policy,
+                                   sorted({t for ts in (tids or {}).values() for t in ts}))
 
     def _report(self, w: Watched, stats) -> TenantReport:
         now = time.monotonic()
@@ -512,8 +567,15 @@ class LinuxBackend:
             for c in curves:
                 if c.policy in self.hook_ns:
                     c.meta["hook_ns_per_access"] = self.hook_ns[c.policy]
-            # the builder's counts age by control interval (sliding window)
-            w.builder.end_window()
+            # the builder's counts age by control interval (sliding window),
+            # a window closing once it holds enough samples
+            s = self.cfg.sampling
+            for b in w.builders():
+                b.end_interval(s.min_window_samples, s.max_window_intervals)
+            if counted is not None:
+                self._retune(w, d.accesses / dt, min(
+                    stats.effective_limit_bytes or self.memory_bytes, self.memory_bytes)
+                    / PAGE_SIZE)
         if counted is not None:
             accesses, inserts, removals = d.accesses, d.inserts, d.removals
         else:

@@ -1,0 +1,79 @@
+"""Per-tenant sampling rates: every tenant sampled at about the same
+number of accesses a second (config `sampling.samples_per_s`).
+
+A curve's error follows the sampled accesses it rests on, and so does the
+agent's CPU (every sampled access runs through one miniature cache per
+policy and size).  One rate for all tenants spends both badly: a tenant
+that reads 40,000 pages a second gets hundreds of samples an interval,
+more than its curve needs, and one that reads 800 gets a handful, too few
+to tell its policies apart.  So each tenant's rate is its share of a
+budget over its own speed, on a ladder of powers of two so that small
+changes in speed never move it, and never so low that the miniature
+cache at the tenant's limit shrinks to a handful of pages.
+
+A builder's state is tied to its rate (a miniature cache holds the pages
+sampled at that rate), so a new rate means a new builder.  The first
+interval's speed sets the rate at once (nothing is lost: the curve is
+one interval old).  Later a rate moves only when its tenant's speed has
+asked for one at least RETUNE_FACTOR away for RETUNE_INTERVALS intervals
+in a row, and the new builder then counts beside the old one for
+HANDOVER_WINDOWS windows before its curves replace the old one's
+(agent/backends/linux.py), so that a report never carries a cold curve.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+RETUNE_FACTOR = 4.0
+RETUNE_INTERVALS = 3
+HANDOVER_WINDOWS = 2
+# the least pages a miniature cache at the tenant's own limit holds: below
+# a hundred or so, which pages the hash happened to draw decides its curve
+MIN_MINI_PAGES = 128
+
+
+def ladder(rate: float, lo: float, hi: float) -> float:
+    """The power of two at or below `rate`, within [lo, hi]."""
+    if not rate > 0:
+        return lo
+    step = 2.0 ** math.floor(math.log2(min(rate, 1.0)))
+    return min(max(step, lo), hi)
+
+
+@dataclass
+class RateTuner:
+    """Decides one tenant's sampling rate from how fast it reads."""
+    samples_per_s: float
+    min_rate: float
+    max_rate: float
+    measured: bool = False       # the rate has been set from a measured speed
+    streak: int = 0              # intervals in a row that asked for a far rate
+
+    def wanted(self, accesses_per_s: float, limit_pages: float | None = None) -> float:
+        """The budget's rate at this speed, on the ladder; never so low that
+        the miniature at `limit_pages` (the tenant's limit) holds fewer than
+        MIN_MINI_PAGES pages, nor outside [min_rate, max_rate]."""
+        floor = self.min_rate
+        if limit_pages and limit_pages > 0:
+            floor = max(floor, 2.0 ** math.ceil(math.log2(MIN_MINI_PAGES / limit_pages)))
+        return ladder(self.samples_per_s / accesses_per_s, min(floor, self.max_rate),
+                      self.max_rate)
+
+    def decide(self, current: float, accesses_per_s: float,
+               limit_pages: float | None = None) -> float | None:
+        """The rate to move to after an interval at `accesses_per_s`, or
+        None to keep `current`.  An idle interval says nothing of speed."""
+        if not accesses_per_s > 0 or not math.isfinite(accesses_per_s):
+            self.streak = 0
+            return None
+        want = self.wanted(accesses_per_s, limit_pages)
+        if not self.measured:
+            self.measured = True
+            return want if want != current else None
+        far = want >= RETUNE_FACTOR * current or want * RETUNE_FACTOR <= current
+        self.streak = self.streak + 1 if far else 0
+        if self.streak >= RETUNE_INTERVALS:
+            self.streak = 0
+            return want
+        return None

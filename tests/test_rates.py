@@ -1,0 +1,245 @@
+"""Per-tenant sampling rates (agent/rates.py) and windows that close on
+samples, not on time (MRCBuilder.end_interval): the rule alone, and the
+linux backend following it over a cgroup tree with an emulated sampler
+that samples and counts as the kernel's does."""
+import numpy as np
+import pytest
+
+from cachepilot.agent.backends.linux import LinuxBackend
+from cachepilot.agent.config import config_from_dict
+from cachepilot.agent.curves import make_builder
+from cachepilot.agent.rates import (HANDOVER_WINDOWS, RETUNE_INTERVALS, RateTuner,
+                                    ladder)
+from cachepilot.agent.sampler import OP_ACCESS, Counters, threshold_for_rate
+from cachepilot.core.errors import UserError
+from cachepilot.models.shards import sample_mask_index, threshold_rate
+from cachepilot.models.traces.records import RECORD_DTYPE
+
+from test_cgroups_tree import make_v2
+
+MiB = 1 << 20
+
+
+def test_the_ladder_is_powers_of_two_within_the_bounds():
+    assert ladder(0.3, 1e-3, 1.0) == 0.25
+    assert ladder(0.25, 1e-3, 1.0) == 0.25
+    assert ladder(0.0624, 1e-3, 1.0) == 0.03125
+    assert ladder(5.0, 1e-3, 1.0) == 1.0
+    assert ladder(5.0, 1e-3, 0.25) == 0.25
+    assert ladder(1e-6, 1 / 1024, 0.25) == 1 / 1024
+    assert ladder(0.0, 0.01, 0.25) == 0.01
+
+
+def test_a_tenant_gets_its_share_of_the_budget_over_its_speed():
+    t = RateTuner(100.0, 1 / 1024, 0.25)
+    assert t.wanted(800.0) == 0.125            # 100 / 800
+    assert t.wanted(40_000.0) == 1 / 512       # 100 / 40,000 = 0.0025
+    assert t.wanted(10.0) == 0.25              # capped
+    assert t.wanted(1e9) == 1 / 1024           # floored
+
+
+def test_the_first_speed_sets_the_rate_at_once_later_ones_only_when_far_and_lasting():
+    t = RateTuner(100.0, 1 / 1024, 0.25)
+    assert t.decide(0.01, 0.0) is None          # idle: no speed to go by
+    assert not t.measured
+    assert t.decide(0.01, 800.0) == 0.125       # the first measured interval
+    assert t.measured
+    # twice as fast: the ladder's next step, within RETUNE_FACTOR: stays
+    for _ in range(10):
+        assert t.decide(0.125, 1_600.0) is None
+    # 32 times as fast for RETUNE_INTERVALS intervals in a row: moves
+    for _ in range(RETUNE_INTERVALS - 1):
+        assert t.decide(0.125, 25_600.0) is None
+    assert t.decide(0.125, 25_600.0) == 1 / 256
+    # a far interval between near ones starts the count again
+    t2 = RateTuner(100.0, 1 / 1024, 0.25, measured=True)
+    assert t2.decide(0.125, 25_600.0) is None
+    assert t2.decide(0.125, 800.0) is None
+    assert t2.decide(0.125, 25_600.0) is None
+    assert t2.decide(0.125, 25_600.0) is None
+    assert t2.decide(0.125, 25_600.0) == 1 / 256
+
+
+def test_the_config_checks_the_rate_settings():
+    base = {"roots": ["/sys/fs/cgroup"], "prometheus": {"port": 0}}
+    for bad, word in (({"samples_per_s": 0}, "samples_per_s"),
+                      ({"min_rate": 0.5, "max_rate": 0.25}, "min_rate"),
+                      ({"samples_per_s": 50, "max_samples": 4096}, "samples_per_s"),
+                      ({"max_window_intervals": 0}, "max_window_intervals")):
+        with pytest.raises(UserError, match=word):
+            config_from_dict({**base, "sampling": bad})
+
+
+def zipf_keys(n, pages, rng, offset=1 << 40):
+    ranks = np.arange(1, pages + 1, dtype=np.float64)
+    p = ranks ** -0.9
+    return (rng.choice(pages, size=n, p=p / p.sum()) + offset).astype(np.uint64)
+
+
+def test_a_window_closes_on_samples_or_after_its_most_intervals():
+    rng = np.random.default_rng(3)
+    b = make_builder(("lru", "lfu"), rate=0.05, max_pages=20_000)
+    keys = zipf_keys(4_000, 8_000, rng)
+    b.feed(keys)
+    want = len(sample_mask_index(keys, b.threshold))
+    assert b.window_samples == want and 100 < want < 400
+    # fewer samples than asked: the window stays open, its counts grow
+    assert not b.end_interval(min_samples=1_000, max_intervals=4)
+    assert b.windows == 0 and b.window_samples == want
+    for _ in range(2):
+        b.feed(zipf_keys(4_000, 8_000, rng))
+        assert not b.end_interval(min_samples=10_000, max_intervals=4)
+    b.feed(zipf_keys(4_000, 8_000, rng))
+    assert b.end_interval(min_samples=10_000, max_intervals=4)    # the 4th interval
+    assert b.windows == 1 and b.window_samples == 0
+    b.feed(zipf_keys(40_000, 8_000, rng))
+    assert b.end_interval(min_samples=1_000, max_intervals=4)     # enough samples
+    # pre-sampled keys count only those under the builder's own threshold
+    b2 = make_builder(("lru",), rate=0.01, max_pages=20_000)
+    keys = zipf_keys(50_000, 8_000, rng)
+    wide = keys[sample_mask_index(keys, threshold_for_rate(0.1))]
+    b2.feed(wide, total_accesses=len(keys))
+    assert b2.window_samples == len(sample_mask_index(keys, b2.threshold)) < len(wide) / 5
+
+
+class EmulatedSampler:
+    """What the kernel's sampler does, per watched cgroup: count every
+    access, hand over the keys under the cgroup's threshold."""
+
+    def __init__(self):
+        self.thresholds: dict[int, int] = {}
+        self.counts: dict[int, Counters] = {}
+        self.pending: dict[int, list] = {}
+        self.now_ns = 1_000_000_000
+
+    def watch(self, cgid, threshold):
+        self.thresholds[cgid] = int(threshold)
+        self.counts.setdefault(cgid, Counters())
+
+    def unwatch(self, cgid):
+        self.thresholds.pop(cgid, None)
+
+    def read(self, cgid, keys):
+        """The cgroup reads `keys` (one page each)."""
+        idx = sample_mask_index(keys, self.thresholds[cgid])
+        recs = np.zeros(len(idx), RECORD_DTYPE)
+        recs["key"] = keys[idx]
+        recs["time_ns"] = self.now_ns + np.arange(len(idx))
+        recs["cgroup_id"] = cgid
+        recs["op"] = OP_ACCESS
+        self.pending.setdefault(cgid, []).append(recs)
+        c = self.counts[cgid]
+        self.counts[cgid] = Counters(accesses=c.accesses + len(keys),
+                                     sampled=c.sampled + len(idx))
+        self.now_ns += 10_000_000
+
+    def counters(self):
+        return self.now_ns, {cg: (self.thresholds.get(cg, 0), c)
+                             for cg, c in self.counts.items()}
+
+    def drain(self):
+        out = {cg: np.concatenate(parts) for cg, parts in self.pending.items() if parts}
+        self.pending = {}
+        return out
+
+    def sketches(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    """A backend over two v2 cgroups, `fast` and `slow`, with an emulated
+    sampler and a clock the test moves: (backend, sampler, clock, ids)."""
+    import cachepilot.agent.backends.linux as linux
+    root = tmp_path / "tenants"
+    for name in ("fast", "slow"):
+        make_v2(root / name, current=40 * MiB, file=30 * MiB, anon=5 * MiB)
+    cfg = config_from_dict({
+        "roots": [str(root)], "cgroups": ["*"], "memory": "4GiB",
+        "policies": ["lru", "lfu"], "prometheus": {"port": 0},
+        "sampling": {"rate": 0.01, "samples_per_s": 200, "min_rate": 1 / 1024,
+                     "max_rate": 0.25, "min_window_samples": 500,
+                     "max_window_intervals": 3},
+        "cache_ext": {"calibrate_dir": None}})
+    clock = [100.0]
+    monkeypatch.setattr(linux.time, "monotonic", lambda: clock[0])
+    sampler = EmulatedSampler()
+    b = LinuxBackend(cfg, sampler=sampler)
+    b._refresh()
+    ids = {n: b.watched[n].cgid for n in ("fast", "slow")}
+    return b, sampler, clock, ids
+
+
+def one_interval(b, sampler, clock, ids, speeds, rng, seconds=10.0):
+    """Each cgroup reads speeds[name] pages a second for an interval."""
+    for name, per_s in speeds.items():
+        sampler.read(ids[name], zipf_keys(int(per_s * seconds), 20_000, rng))
+    clock[0] += seconds
+    return {r.tenant: r for r in b.collect()}
+
+
+def test_each_tenant_is_sampled_at_its_share_and_a_slow_one_waits_for_samples(host):
+    b, sampler, clock, ids = host
+    rng = np.random.default_rng(7)
+    assert sampler.thresholds[ids["fast"]] == threshold_for_rate(0.01)
+    one_interval(b, sampler, clock, ids, {"fast": 40_000, "slow": 800}, rng)
+    fast, slow = b.watched["fast"], b.watched["slow"]
+    # 200 samples a second: 200 / 40,000 -> 1/256, 200 / 800 -> 1/4
+    assert (fast.rate, slow.rate) == (1 / 256, 0.25)
+    for w in (fast, slow):
+        assert sampler.thresholds[w.cgid] == w.builder.threshold
+        assert threshold_rate(w.builder.threshold) == pytest.approx(w.rate, rel=1e-6)
+    before = {n: sampler.counts[ids[n]].sampled for n in ids}
+    reports = one_interval(b, sampler, clock, ids, {"fast": 40_000, "slow": 800}, rng)
+    # the kernel now hands over keys of the same order for each (at one
+    # rate of 0.01: 4,000 against 80)
+    got = {n: sampler.counts[ids[n]].sampled - before[n] for n in ids}
+    assert 0.25 < got["fast"] / got["slow"] < 4, got
+    assert reports["slow"].curves and reports["fast"].curves
+    assert fast.builder.windows == 1 and slow.builder.windows == 1
+    # a tenant slower still: its window waits for min_window_samples
+    one_interval(b, sampler, clock, ids, {"fast": 40_000, "slow": 100}, rng)
+    assert slow.builder.windows == 1 and slow.builder.window_samples < 500
+    assert fast.builder.windows == 2
+
+
+def test_a_lasting_change_of_speed_hands_over_to_a_builder_at_the_new_rate(host):
+    b, sampler, clock, ids = host
+    rng = np.random.default_rng(11)
+    speeds = {"fast": 40_000, "slow": 800}
+    one_interval(b, sampler, clock, ids, speeds, rng)
+    slow = b.watched["slow"]
+    old = slow.builder
+    # slow becomes 40 times faster: nothing moves before RETUNE_INTERVALS
+    speeds["slow"] = 32_000
+    for _ in range(RETUNE_INTERVALS - 1):
+        one_interval(b, sampler, clock, ids, speeds, rng)
+        assert slow.builder is old and slow.next_builder is None
+    one_interval(b, sampler, clock, ids, speeds, rng)
+    new = slow.next_builder
+    assert slow.builder is old and new is not None and slow.rate == 1 / 256   # 200 / 32,000
+    # the kernel samples for both: the old builder's higher threshold
+    assert sampler.thresholds[ids["slow"]] == old.threshold > new.threshold
+    # reports carry the old builder's curves until the new one has counted
+    # HANDOVER_WINDOWS windows beside it, then the new one's
+    for _ in range(HANDOVER_WINDOWS):
+        r = one_interval(b, sampler, clock, ids, speeds, rng)["slow"]
+        assert r.curves[0].rate == pytest.approx(0.25)
+    assert slow.builder is new and slow.next_builder is None
+    assert sampler.thresholds[ids["slow"]] == new.threshold
+    r = one_interval(b, sampler, clock, ids, speeds, rng)["slow"]
+    assert r.curves[0].rate == pytest.approx(1 / 256, rel=1e-6)
+    # the new builder's curve is warm: it counted every window of the handover
+    assert new.total_accesses >= HANDOVER_WINDOWS * 32_000 * 10
+
+
+def test_the_rate_keeps_a_miniature_of_a_few_hundred_pages_at_the_limit():
+    t = RateTuner(100.0, 1 / 1024, 0.25)
+    # 100 / 40,000 would be 1/512, but at a 54 MiB limit (13,824 pages)
+    # that leaves 27 pages in the miniature: 128 / 13,824 -> 1/64
+    assert t.wanted(40_000.0, limit_pages=13_824) == 1 / 64
+    assert t.wanted(40_000.0, limit_pages=1 << 20) == 1 / 512     # 4 GiB: the budget's
+    assert t.wanted(40_000.0, limit_pages=100) == 0.25            # never above max_rate
