@@ -71,6 +71,13 @@ class ControlSpec(Strict):
     # Limit changes smaller than this fraction of the node's memory are
     # ignored (keeps limits from jittering on noise in the curves).
     hysteresis: float = Field(0.005, ge=0, lt=1)
+    # The memory beyond the SLOs moves only when the new division is
+    # modelled to gain more than this fraction over the limits in force
+    # (engine/allocate.keep_unless_better).  Where two divisions are
+    # worth about the same -- a tenant whose curve is flat but for one
+    # step -- one interval's noise flips between them, and every flip
+    # evicts a cache its tenant has to read back from disk.  0: always move.
+    reallocation_gain: float = Field(0.03, ge=0, le=1)
     # Policy autopilot: switch only when the predicted relative throughput
     # gain exceeds `autopilot_threshold` in `autopilot_k` intervals before as
     # many intervals have not shown it (engine/autopilot.py).

@@ -99,6 +99,9 @@ def _fleet_config(etcd, tmp_path, plan_every=0):
     data = small_config_dict(tmp_path, tls=False, nodes=NODES, interval_s=INTERVAL,
                              memory=MEMORY, lost_after=100)
     data["control"]["plan_every_intervals"] = plan_every
+    # every division that gains moves: the failover tests watch limits
+    # move across the handover and check each move against the step
+    data["control"]["reallocation_gain"] = 0.0
     data["controller"]["store"] = etcd.url(f"/fleet-{tmp_path.name}")
     return data
 

@@ -207,6 +207,28 @@ def _dual(node, budget, D, G, iterations):
     return add, free, left
 
 
+def keep_unless_better(node, budget, x_lo, x_hi, incumbent, target, xs, ys, a, b,
+                       min_gain):
+    """Per node, `target` where it is modelled to gain more than `min_gain`
+    (relative) over the `incumbent` division (last round's targets, within
+    [x_lo, x_hi], where they fit the node's `budget` above x_lo), else the
+    incumbent; `budget`, xs, ys, a, b as for distribute.  A deadband on
+    the objective, not on sizes: the hysteresis keeps small moves from
+    happening, this keeps large ones that buy nothing from happening --
+    two divisions of a node that are worth about the same swap places on
+    one interval's noise, and each swap evicts a cache that has to be
+    read back from disk.  Returns (sizes, nodes kept)."""
+    nn = len(budget)
+    stay = np.clip(incumbent, x_lo, x_hi)
+    fits = np.bincount(node, weights=stay - x_lo, minlength=nn) <= budget + 1e-6
+    t_stay = throughput(a, b, miss_at(xs, ys, stay))
+    t_target = throughput(a, b, miss_at(xs, ys, target))
+    total_stay = np.bincount(node, weights=t_stay, minlength=nn)
+    total_target = np.bincount(node, weights=t_target, minlength=nn)
+    kept = fits & (total_target <= total_stay * (1.0 + min_gain))
+    return np.where(kept[node], stay, target), kept
+
+
 def step_limit(node, memory, current, target, lb, ub, max_step_fraction, hysteresis):
     """New limits (pages) moved from `current` toward `target` under the
     per-node step budget and hysteresis (see the module comment)."""

@@ -299,6 +299,7 @@ def size_bounds(R: Round, ctl) -> None:
     R.limit_now = R.column(lambda s, r: r.limit_bytes) / PAGE_SIZE
     prev_target = np.fromiter(((t.target_bytes or 0) for t in R.tstates),
                               dtype=np.float64, count=R.n) / PAGE_SIZE
+    R.prev_target = prev_target
     R.equal = mem[node_of] / per_node[node_of] if R.n else np.zeros(0)
     R.ref = np.where(R.limit_now > 0, R.limit_now,
                      np.where(prev_target > 0, prev_target, R.equal))
@@ -665,6 +666,13 @@ def allocate_memory(R: Round, ctl) -> None:
     a_w, b_w = a_w / w, b_w / w
     R.target[cr] = allocate.distribute(node_of[cr], budget, R.x_lo[cr], R.ub[cr],
                                        pxs, pys, a_w, b_w)
+    if ctl.reallocation_gain > 0:
+        # the incumbent is last round's target, not the limits in force:
+        # a move the step cut short goes on to where it was decided
+        incumbent = np.where(R.prev_target > 0, R.prev_target, R.current)
+        R.target[cr], _ = allocate.keep_unless_better(
+            node_of[cr], budget, R.x_lo[cr], R.ub[cr], incumbent[cr], R.target[cr],
+            pxs, pys, a_w, b_w, ctl.reallocation_gain)
 
 
 def step_limits(R: Round, ctl) -> None:
