@@ -36,12 +36,17 @@ RESULTS = ROOT / "experiments" / "results"
 CLI = [sys.executable, "-m", "cachepilot"]
 MiB = 1 << 20
 CONTROLLED = ("limits_only", "autopilot")
-# SHARDS rate of the agent.  A tenant as slow as kv (hundreds of page
-# accesses a second under TCG) gives a few samples a second at 0.01, few for
-# a curve; at 0.05 the agent's miniatures of every allowed policy took more
-# than twice the CPU and slowed every tenant more than the better curves
-# helped (README, End to end)
+# The agent's sampling: each tenant at its own rate, about SAMPLES_PER_S
+# sampled accesses a second (agent/rates.py), starting at SAMPLING_RATE.
+# At one rate of 0.01 for all, kv (800 page accesses a second under TCG)
+# gave 8 samples a second and search's cached passes (38,000) 380: kv's
+# curves of its three policies read the same at its limit, and changed by
+# tens of MiB from one interval to the next, while at 0.05 for all the
+# agent's miniatures took more than twice the CPU.  A window closes once
+# it holds MIN_WINDOW_SAMPLES samples.
 SAMPLING_RATE = 0.01
+SAMPLES_PER_S = 100
+MIN_WINDOW_SAMPLES = 1000
 # what the agent and the controller keep above a tenant's anonymous memory
 ANON_MARGIN = 16 * MiB
 # the agent's log line for a directive it applied
@@ -499,7 +504,8 @@ def agent_config(name: str, ts, cg: Cgroups, budget: int, interval: float, port:
     cfg = {
         "node_id": "host", "roots": [str(cg.root)], "interval_s": interval,
         "memory": budget, "policies": curves,
-        "sampling": {"rate": SAMPLING_RATE, "slices": 4},
+        "sampling": {"rate": SAMPLING_RATE, "slices": 4, "samples_per_s": SAMPLES_PER_S,
+                     "min_window_samples": MIN_WINDOW_SAMPLES},
         "safety": {"floor": budget // 16, "anon_margin": ANON_MARGIN,
                    "max_step": budget // 4},
         "prometheus": {"address": "127.0.0.1", "port": metrics_port},
@@ -576,20 +582,29 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
                             metrics_port=metrics_port)
         (work / "agent.yaml").write_text(yaml.safe_dump(acfg))
     if name in CONTROLLED:
+        # each run's controller starts from nothing: the state a run before
+        # it saved (its tenants' holds, streaks, SLO feedback) is not its own
+        for old in work.glob("controller.state.db*"):
+            old.unlink()
         (work / "controller.yaml").write_text(yaml.safe_dump(
             controller_config(name, ts, cg, budget, interval, port, tls, slos)))
         ctl = subprocess.Popen([*CLI, "controller", "--config", str(work / "controller.yaml")],
                                stdout=open(work / f"{name}-controller.log", "w"),
                                stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=daemon_priority)
         time.sleep(2)
+    if with_agent:
+        # before the tenants, as on a host whose agent was there first: it
+        # sees every page they read from their cold start, where started
+        # after them (a minute or more under emulation) its miniature caches
+        # began empty beside page caches already full, and every policy's
+        # curve read the cold misses of pages the kernel held
+        agent = subprocess.Popen([*CLI, "agent", "--config", str(work / "agent.yaml")],
+                                 stdout=open(work / f"{name}-agent.log", "w"),
+                                 stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=daemon_priority)
     for t in ts:
         procs.append(start_tenant(t, cg, work / f"{name}-{t.name}.log"))
         for i, h in enumerate(t.helpers):
             procs.append(start_helper(h, cg, t.name, work / f"{name}-{t.name}-helper{i}.log"))
-    if with_agent:
-        agent = subprocess.Popen([*CLI, "agent", "--config", str(work / "agent.yaml")],
-                                 stdout=open(work / f"{name}-agent.log", "w"),
-                                 stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=daemon_priority)
     # every exporter up and counting before the first interval (under
     # emulation a process takes tens of seconds to start)
     started = time.monotonic()
