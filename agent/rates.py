@@ -15,10 +15,19 @@ A builder's state is tied to its rate (a miniature cache holds the pages
 sampled at that rate), so a new rate means a new builder.  The first
 interval's speed sets the rate at once (nothing is lost: the curve is
 one interval old).  Later a rate moves only when its tenant's speed has
-asked for one at least RETUNE_FACTOR away for RETUNE_INTERVALS intervals
-in a row, and the new builder then counts beside the old one for
-HANDOVER_WINDOWS windows before its curves replace the old one's
-(agent/backends/linux.py), so that a report never carries a cold curve.
+asked for one at least RETUNE_FACTOR away, and the two directions differ
+(agent/backends/linux.py does both):
+- down (the tenant got faster): after one interval, since every interval
+  at the old rate costs the agent RETUNE_FACTOR times its budget or more
+  (search's passes, once cached, read 41,000 pages a second at 1/32 and
+  took the agent 27 s of a 10 s interval).  The new builder is fed the
+  tenant's last REPLAY_INTERVALS intervals again, kept as they came: it
+  keeps the keys under its own, lower threshold, and starts warm;
+- up (the tenant got slower): after RETUNE_INTERVALS intervals in a row.
+  The keys kept were sampled at the old, lower rate, too few for the new
+  one, so the new builder counts beside the old for HANDOVER_WINDOWS
+  windows before its curves replace the old one's.
+Either way no report carries a cold curve.
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ from dataclasses import dataclass
 RETUNE_FACTOR = 4.0
 RETUNE_INTERVALS = 3
 HANDOVER_WINDOWS = 2
+REPLAY_INTERVALS = 2
 # the least pages a miniature cache at the tenant's own limit holds: below
 # a hundred or so, which pages the hash happened to draw decides its curve
 MIN_MINI_PAGES = 128
@@ -71,8 +81,10 @@ class RateTuner:
         if not self.measured:
             self.measured = True
             return want if want != current else None
-        far = want >= RETUNE_FACTOR * current or want * RETUNE_FACTOR <= current
-        self.streak = self.streak + 1 if far else 0
+        if want * RETUNE_FACTOR <= current:
+            self.streak = 0
+            return want
+        self.streak = self.streak + 1 if want >= RETUNE_FACTOR * current else 0
         if self.streak >= RETUNE_INTERVALS:
             self.streak = 0
             return want

@@ -38,7 +38,7 @@ def test_a_tenant_gets_its_share_of_the_budget_over_its_speed():
     assert t.wanted(1e9) == 1 / 1024           # floored
 
 
-def test_the_first_speed_sets_the_rate_at_once_later_ones_only_when_far_and_lasting():
+def test_the_first_speed_sets_the_rate_at_once_later_ones_only_when_far():
     t = RateTuner(100.0, 1 / 1024, 0.25)
     assert t.decide(0.01, 0.0) is None          # idle: no speed to go by
     assert not t.measured
@@ -47,17 +47,19 @@ def test_the_first_speed_sets_the_rate_at_once_later_ones_only_when_far_and_last
     # twice as fast: the ladder's next step, within RETUNE_FACTOR: stays
     for _ in range(10):
         assert t.decide(0.125, 1_600.0) is None
-    # 32 times as fast for RETUNE_INTERVALS intervals in a row: moves
-    for _ in range(RETUNE_INTERVALS - 1):
-        assert t.decide(0.125, 25_600.0) is None
+    # 32 times as fast: over budget 32 times, down at once
     assert t.decide(0.125, 25_600.0) == 1 / 256
-    # a far interval between near ones starts the count again
+    # 32 times slower: up only after RETUNE_INTERVALS intervals in a row
+    for _ in range(RETUNE_INTERVALS - 1):
+        assert t.decide(1 / 256, 800.0) is None
+    assert t.decide(1 / 256, 800.0) == 0.125
+    # a near interval between far ones starts the count again
     t2 = RateTuner(100.0, 1 / 1024, 0.25, measured=True)
-    assert t2.decide(0.125, 25_600.0) is None
-    assert t2.decide(0.125, 800.0) is None
-    assert t2.decide(0.125, 25_600.0) is None
-    assert t2.decide(0.125, 25_600.0) is None
-    assert t2.decide(0.125, 25_600.0) == 1 / 256
+    assert t2.decide(1 / 256, 800.0) is None
+    assert t2.decide(1 / 256, 12_800.0) is None
+    for _ in range(RETUNE_INTERVALS - 1):
+        assert t2.decide(1 / 256, 800.0) is None
+    assert t2.decide(1 / 256, 800.0) == 0.125
 
 
 def test_the_config_checks_the_rate_settings():
@@ -206,34 +208,60 @@ def test_each_tenant_is_sampled_at_its_share_and_a_slow_one_waits_for_samples(ho
     assert fast.builder.windows == 2
 
 
-def test_a_lasting_change_of_speed_hands_over_to_a_builder_at_the_new_rate(host):
+def test_a_tenant_that_slows_down_hands_over_to_a_builder_at_a_higher_rate(host):
     b, sampler, clock, ids = host
     rng = np.random.default_rng(11)
-    speeds = {"fast": 40_000, "slow": 800}
+    speeds = {"fast": 32_000, "slow": 800}
     one_interval(b, sampler, clock, ids, speeds, rng)
-    slow = b.watched["slow"]
-    old = slow.builder
-    # slow becomes 40 times faster: nothing moves before RETUNE_INTERVALS
-    speeds["slow"] = 32_000
+    fast = b.watched["fast"]
+    old = fast.builder
+    assert fast.rate == 1 / 256                       # 200 / 32,000
+    # fast becomes 40 times slower: nothing moves before RETUNE_INTERVALS
+    speeds["fast"] = 800
     for _ in range(RETUNE_INTERVALS - 1):
         one_interval(b, sampler, clock, ids, speeds, rng)
-        assert slow.builder is old and slow.next_builder is None
+        assert fast.builder is old and fast.next_builder is None
     one_interval(b, sampler, clock, ids, speeds, rng)
-    new = slow.next_builder
-    assert slow.builder is old and new is not None and slow.rate == 1 / 256   # 200 / 32,000
-    # the kernel samples for both: the old builder's higher threshold
-    assert sampler.thresholds[ids["slow"]] == old.threshold > new.threshold
+    new = fast.next_builder
+    assert fast.builder is old and new is not None and fast.rate == 0.25
+    # the kernel samples for both: the new builder's higher threshold
+    assert sampler.thresholds[ids["fast"]] == new.threshold > old.threshold
     # reports carry the old builder's curves until the new one has counted
     # HANDOVER_WINDOWS windows beside it, then the new one's
     for _ in range(HANDOVER_WINDOWS):
-        r = one_interval(b, sampler, clock, ids, speeds, rng)["slow"]
-        assert r.curves[0].rate == pytest.approx(0.25)
-    assert slow.builder is new and slow.next_builder is None
-    assert sampler.thresholds[ids["slow"]] == new.threshold
+        r = one_interval(b, sampler, clock, ids, speeds, rng)["fast"]
+        assert r.curves[0].rate == pytest.approx(1 / 256, rel=1e-6)
+    assert fast.builder is new and fast.next_builder is None
+    assert sampler.thresholds[ids["fast"]] == new.threshold
+    r = one_interval(b, sampler, clock, ids, speeds, rng)["fast"]
+    assert r.curves[0].rate == pytest.approx(0.25)
+    # the new builder's curve is warm: it counted every window of the handover
+    assert new.total_accesses >= HANDOVER_WINDOWS * 800 * 10
+
+
+def test_a_tenant_that_speeds_up_moves_down_at_once_from_its_last_intervals(host):
+    b, sampler, clock, ids = host
+    rng = np.random.default_rng(13)
+    speeds = {"fast": 32_000, "slow": 800}
+    for _ in range(3):
+        one_interval(b, sampler, clock, ids, speeds, rng)
+    slow = b.watched["slow"]
+    old = slow.builder
+    assert slow.rate == 0.25
+    speeds["slow"] = 32_000                 # 160 times its budget at 0.25
+    one_interval(b, sampler, clock, ids, speeds, rng)
+    new = slow.builder
+    assert new is not old and slow.next_builder is None and slow.rate == 1 / 256
+    assert sampler.thresholds[ids["slow"]] == new.threshold < old.threshold
+    # it started from the last REPLAY_INTERVALS intervals, fed again: warm
+    assert new.total_accesses == (32_000 + 800) * 10
+    assert new.windows == 1
     r = one_interval(b, sampler, clock, ids, speeds, rng)["slow"]
     assert r.curves[0].rate == pytest.approx(1 / 256, rel=1e-6)
-    # the new builder's curve is warm: it counted every window of the handover
-    assert new.total_accesses >= HANDOVER_WINDOWS * 32_000 * 10
+    # its curve is the old builder's, give or take the sample: the last
+    # intervals were enough to fill its miniatures
+    lfu = next(c for c in r.curves if c.policy == "lfu")
+    assert float(lfu.at(5_000)) < 0.9
 
 
 def test_the_rate_keeps_a_miniature_of_a_few_hundred_pages_at_the_limit():

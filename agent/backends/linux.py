@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import make_builder, shift_by_anon
-from cachepilot.agent.rates import HANDOVER_WINDOWS, RateTuner
+from cachepilot.agent.rates import HANDOVER_WINDOWS, REPLAY_INTERVALS, RateTuner
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
@@ -103,6 +104,9 @@ class Watched:
     tuner: RateTuner | None = None
     rate: float = 0.0
     next_builder: object | None = None
+    # its last REPLAY_INTERVALS intervals' batches as fed (a list an
+    # interval), for a builder at a lower rate to start from (agent/rates.py)
+    recent: deque | None = None
 
     def builders(self) -> list:
         return [b for b in (self.builder, self.next_builder) if b is not None]
@@ -306,6 +310,8 @@ class LinuxBackend:
                         rate=sampling.rate,
                         tuner=RateTuner(sampling.samples_per_s, sampling.min_rate,
                                         sampling.max_rate)
+                        if sampling.samples_per_s else None,
+                        recent=deque([[]], maxlen=REPLAY_INTERVALS)
                         if sampling.samples_per_s else None)
             try:
                 w.last_stats = cgroups.read_stats(path)
@@ -446,11 +452,12 @@ class LinuxBackend:
             start = int(recs["time_ns"].min()) - 1 if recs is not None and len(recs) \
                 else now_ns - 1
         keys, tids, positions = access_batch(recs, start, now_ns, d.accesses)
+        batch = (keys, tids, positions, d.accesses, sketch)
         for b in w.builders():
             # each builder keeps the keys under its own threshold
-            extra = {name: value for name, value in (("tids", tids), ("positions", positions))
-                     if _takes(b, name)}
-            b.feed(keys, total_accesses=d.accesses, sketch=sketch, **extra)
+            _feed_batch(b, batch)
+        if w.recent is not None:
+            w.recent[-1].append(batch)
         # fixed-size SHARDS lowers the threshold as keys pile up
         self._follow_threshold(w)
 
@@ -482,12 +489,22 @@ class LinuxBackend:
         if new is None:
             return
         builder = self._builder(w.spec, new)
+        down = not first and new < w.rate
         log.info("tenant %s: %.0f accesses/s, sampling rate %g -> %g%s", w.tenant,
                  accesses_per_s, w.rate, new, "" if first else
+                 f" (from its last {len(w.recent)} intervals again)" if down else
                  f" (the new curves count beside the old for {HANDOVER_WINDOWS} windows)")
         w.rate = new
         if first:
             w.builder = builder
+        elif down:
+            # the keys kept were sampled above the new threshold: fed again,
+            # they warm the new builder, which takes over at once
+            w.builder, w.next_builder = builder, None
+            self._simulate_thread_rules(w)
+            for batch in (b for interval in w.recent for b in interval):
+                _feed_batch(builder, batch)
+            builder.end_window()
         else:
             w.next_builder = builder
         self._simulate_thread_rules(w)
@@ -576,6 +593,8 @@ class LinuxBackend:
                 self._retune(w, d.accesses / dt, min(
                     stats.effective_limit_bytes or self.memory_bytes, self.memory_bytes)
                     / PAGE_SIZE)
+            if w.recent is not None:
+                w.recent.append([])
         if counted is not None:
             accesses, inserts, removals = d.accesses, d.inserts, d.removals
         else:
@@ -716,6 +735,15 @@ class LinuxBackend:
         if self.sampler is not None:
             self.sampler.close()
             self.sampler = None
+
+
+def _feed_batch(builder, batch) -> None:
+    """One tick's (keys, tids, positions, accesses, sketch) into a builder,
+    with what of it the builder takes."""
+    keys, tids, positions, accesses, sketch = batch
+    extra = {name: value for name, value in (("tids", tids), ("positions", positions))
+             if _takes(builder, name)}
+    builder.feed(keys, total_accesses=accesses, sketch=sketch, **extra)
 
 
 def _takes(builder, parameter: str) -> bool:
