@@ -78,6 +78,12 @@ class ControlSpec(Strict):
     # step -- one interval's noise flips between them, and every flip
     # evicts a cache its tenant has to read back from disk.  0: always move.
     reallocation_gain: float = Field(0.03, ge=0, le=1)
+    # A controller that falls behind (a replica that took over a dead
+    # one's nodes) answers a report that waited over `shed_after` of an
+    # interval for it without a decision round, unless its node has gone
+    # `shed_max_rounds` reports without one (controller/service.py).
+    shed_after: float = Field(0.3, gt=0)
+    shed_max_rounds: int = Field(2, ge=0)
     # Policy autopilot: switch only when the predicted relative throughput
     # gain exceeds `autopilot_threshold` in `autopilot_k` intervals before as
     # many intervals have not shown it (engine/autopilot.py).

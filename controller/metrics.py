@@ -35,6 +35,10 @@ class ControllerMetrics:
             "cachepilot_decision_seconds", "Time to decide one node's directives",
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
             registry=r)
+        self.shed = Counter("cachepilot_shed_reports_total",
+                            "Reports answered without a decision round: the controller "
+                            "was behind (it waited on its lock longer than the shed bound)",
+                            registry=r)
         self.nodes = Gauge("cachepilot_nodes", "Nodes by state", ["state"], registry=r)
         self.pool = Gauge("cachepilot_pool_bytes", "Memory of the nodes that are not lost",
                           registry=r)

@@ -47,6 +47,7 @@ class NodeRecord:
     registered_at: float | None = None
     last_report_at: float | None = None
     reports: int = 0
+    decided_at: int = 0          # its report count when a round last decided it
     peer: str = ""
     last_seq: int = 0
     tenants: dict[str, TenantReport] = field(default_factory=dict)

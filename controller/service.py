@@ -135,6 +135,8 @@ class Controller(AdminOps):
         self.recommended: dict[str, Directive] = {}   # recommend mode: not sent
         self.held: dict[str, str] = {}                # tenant -> why it is held now
         self.latencies: deque[float] = deque(maxlen=10000)   # seconds per round
+        self.shed = 0                   # reports answered without a round, since shed_since
+        self.shed_since: float | None = None
         self._restore()
         for t in self.config.tenants:
             self._export_slo(t.name)
@@ -248,14 +250,41 @@ class Controller(AdminOps):
 
     def report(self, node_id: str, session: str, seq: int, reports: list[TenantReport],
                applied: list[ApplyResult], refused=()):
-        """One node's report: returns (directives to send, round, refusals)."""
+        """One node's report: returns (directives to send, round, refusals).
+
+        A report that waited longer than `control.shed_after` of an interval
+        for the controller's lock finds it behind (a replica that took over
+        a dead one's nodes, a burst of registrations): it is taken and
+        answered without a decision round -- no directive, so the node keeps
+        what it runs -- unless its node has gone `shed_max_rounds` reports
+        without one.  A report answered late is a report the node counts as
+        lost; one answered now with nothing new costs the node a round of
+        decisions, and the rounds saved let the queue drain."""
         self._check_owner(node_id)
+        arrived = self.clock()
         with self.lock:
             rec, reports, refusals = self.registry.accept_report(
                 node_id, session, seq, reports, applied, refused)
             self.serving.add(node_id)
             self._note_refusals(node_id, refusals, applied)
             self._observe(reports)
+            ctl = self.config.control
+            behind = self.clock() - arrived > ctl.shed_after * ctl.interval_s
+            if behind and rec.reports - rec.decided_at <= ctl.shed_max_rounds:
+                self.shed += 1
+                self.metrics.shed.inc()
+                if self.shed_since is None:
+                    self.shed_since = self.clock()
+                    self._note(None, None, "shed", f"behind: reports that waited over "
+                               f"{ctl.shed_after * ctl.interval_s:.1f} s are answered "
+                               f"without a decision (each node decided at least every "
+                               f"{ctl.shed_max_rounds + 1} reports)")
+                return [], self.rounds, refusals
+            if not behind and self.shed_since is not None:
+                self._note(None, None, "shed", f"caught up: {self.shed} reports answered "
+                           f"without a decision since it fell behind")
+                self.shed_since, self.shed = None, 0
+            rec.decided_at = rec.reports
             placed = {t.name for t in self.config.tenants_on(node_id)}
             advice = {t for t in placed if self.mode_of(t) == "recommend"}
             start = time.perf_counter()

@@ -555,3 +555,52 @@ def test_a_node_that_comes_back_has_its_records_saved_again_at_once(tmp_path):
     c.report("n1", session, 1, [report("n1-t0"), report("n1-t1")], [])
     # the store holds the other replica's records: ours are written again
     assert set(store.rounds[-1][0]) == {"n1-t0", "n1-t1"}
+
+
+def test_a_controller_that_is_behind_answers_without_deciding_but_decides_each_node_in_time():
+    # a replica that took over a dead one's nodes: reports queue on its
+    # lock.  One that waited longer than shed_after of an interval is taken
+    # (the node stays live) and answered with no directive; every node is
+    # still decided at least every shed_max_rounds + 1 reports.
+    import threading
+    import time
+    from cachepilot.controller.config import config_from_dict
+    from cachepilot.controller.service import Controller
+    from grpc_fixtures import small_config_dict
+    data = small_config_dict(tls=False, interval_s=1.0, lost_after=100)
+    data["control"].update(shed_after=0.2, shed_max_rounds=2)
+    engine = EchoEngine()
+    c = Controller(config_from_dict(data, "t.yaml"), engine=engine)
+    from cachepilot.protocol.types import NodeInfo
+    session, _, _ = c.register(NodeInfo("n1", 64 << 20, 2, True, ["lru", "fifo"], "sim"))
+    reps = [report("n1-t0"), report("n1-t1")]
+
+    def busy_report(seq, hold=0.4):
+        # another round holds the lock for `hold` seconds while this one comes
+        taken, out = threading.Event(), {}
+
+        def other():
+            with c.lock:
+                taken.set()
+                time.sleep(hold)
+        t = threading.Thread(target=other)
+        t.start()
+        taken.wait()
+        out["reply"] = c.report("n1", session, seq, reps, [])
+        t.join()
+        return out["reply"]
+
+    directives, _, _ = c.report("n1", session, 1, reps, [])       # on time: decided
+    assert len(directives) == 2 and len(engine.calls) == 1
+    got = [busy_report(seq) for seq in (2, 3, 4, 5, 6, 7)]
+    decided = [bool(d) for d, _, _ in got]
+    # behind every time: two answered without a round, the third decided
+    assert decided == [False, False, True, False, False, True]
+    assert len(engine.calls) == 3
+    assert c.registry.nodes["n1"].reports == 7                     # every report taken
+    assert any(e.kind == "shed" and "behind" in e.message for e in c.log)
+    assert c.metrics.shed._value.get() == 4
+    # caught up: decided at once again, and the log says so
+    directives, _, _ = c.report("n1", session, 8, reps, [])
+    assert directives and len(engine.calls) == 4
+    assert any(e.kind == "shed" and "caught up: 4 reports" in e.message for e in c.log)
