@@ -13,21 +13,22 @@ cache at the tenant's limit shrinks to a handful of pages.
 
 A builder's state is tied to its rate (a miniature cache holds the pages
 sampled at that rate), so a new rate means a new builder.  The first
-interval's speed sets the rate at once (nothing is lost: the curve is
-one interval old).  Later a rate moves only when its tenant's speed has
-asked for one at least RETUNE_FACTOR away, and the two directions differ
-(agent/backends/linux.py does both):
+interval's speed sets the rate at once; later a rate moves only when its
+tenant's speed has asked for one at least RETUNE_FACTOR away.  The two
+directions differ (agent/backends/linux.py does both):
 - down (the tenant got faster): after one interval, since every interval
   at the old rate costs the agent RETUNE_FACTOR times its budget or more
   (search's passes, once cached, read 41,000 pages a second at 1/32 and
   took the agent 27 s of a 10 s interval).  The new builder is fed the
   tenant's last REPLAY_INTERVALS intervals again, kept as they came: it
   keeps the keys under its own, lower threshold, and starts warm;
-- up (the tenant got slower): after RETUNE_INTERVALS intervals in a row.
-  The keys kept were sampled at the old, lower rate, too few for the new
-  one, so the new builder counts beside the old for HANDOVER_WINDOWS
-  windows before its curves replace the old one's.
-Either way no report carries a cold curve.
+- up (the tenant got slower, or its first interval asked for more than
+  the starting rate): after RETUNE_INTERVALS intervals in a row (the first
+  at once).  The keys kept were sampled at the old, lower rate, too few
+  for the new one, so the new builder counts beside the old for
+  HANDOVER_WINDOWS windows before its curves replace the old one's.
+Either way no report carries a cold curve, nor one that lost what the
+builder before it saw.
 """
 from __future__ import annotations
 

@@ -51,6 +51,8 @@ MIN_WINDOW_SAMPLES = 1000
 ANON_MARGIN = 16 * MiB
 # the agent's log line for a directive it applied
 APPLIED = re.compile(r"tenant \S+: (limit \d+ -> \d+ bytes|policy )")
+# ... and for a tenant's interval it reported
+REPORTED = re.compile(r" \S+: \d+ acc/s, miss ")
 
 
 # -- cgroups (v1 or v2) -------------------------------------------------------
@@ -595,12 +597,16 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
     if with_agent:
         # before the tenants, as on a host whose agent was there first: it
         # sees every page they read from their cold start, where started
-        # after them (a minute or more under emulation) its miniature caches
-        # began empty beside page caches already full, and every policy's
-        # curve read the cold misses of pages the kernel held
+        # with them (its start-up takes a minute or more under emulation)
+        # its miniature caches began empty beside page caches already full,
+        # and every policy's curve read the cold misses of pages the kernel
+        # held (kv's 0.78 at its limit against 0.51 observed)
         agent = subprocess.Popen([*CLI, "agent", "--config", str(work / "agent.yaml")],
                                  stdout=open(work / f"{name}-agent.log", "w"),
                                  stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=daemon_priority)
+        # ... and sampling: its first interval reported (under emulation its
+        # start-up, the policies' hook costs measured, takes a minute)
+        wait_for(work / f"{name}-agent.log", REPORTED, agent, 600)
     for t in ts:
         procs.append(start_tenant(t, cg, work / f"{name}-{t.name}.log"))
         for i, h in enumerate(t.helpers):
@@ -627,6 +633,15 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
     run.last = {t.name: scrape(t.port) or 0.0 for t in ts}
     run.agent_cpu0 = tree_cpu_seconds(agent.pid) if agent is not None else 0.0
     return run
+
+
+def wait_for(log: Path, pattern: re.Pattern, proc: subprocess.Popen, timeout: float):
+    """Until `pattern` shows in `log` (or `proc` exits, or `timeout` s)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        if pattern.search(log.read_text(errors="replace")):
+            return
+        time.sleep(1.0)
 
 
 def daemon_priority():

@@ -187,25 +187,36 @@ def test_each_tenant_is_sampled_at_its_share_and_a_slow_one_waits_for_samples(ho
     b, sampler, clock, ids = host
     rng = np.random.default_rng(7)
     assert sampler.thresholds[ids["fast"]] == threshold_for_rate(0.01)
-    one_interval(b, sampler, clock, ids, {"fast": 40_000, "slow": 800}, rng)
+    speeds = {"fast": 40_000, "slow": 800}
+    one_interval(b, sampler, clock, ids, speeds, rng)
     fast, slow = b.watched["fast"], b.watched["slow"]
     # 200 samples a second: 200 / 40,000 -> 1/256, 200 / 800 -> 1/4
     assert (fast.rate, slow.rate) == (1 / 256, 0.25)
+    # fast, down: its new builder took over at once, from its interval again
+    assert fast.next_builder is None and fast.builder.total_accesses == 400_000
+    assert threshold_rate(fast.builder.threshold) == pytest.approx(1 / 256, rel=1e-6)
+    # slow, up: the new builder counts beside the one that saw its start
+    assert slow.builder.total_accesses == 8_000 and slow.next_builder is not None
     for w in (fast, slow):
-        assert sampler.thresholds[w.cgid] == w.builder.threshold
-        assert threshold_rate(w.builder.threshold) == pytest.approx(w.rate, rel=1e-6)
+        assert sampler.thresholds[w.cgid] == w.wanted_threshold()
+    for _ in range(HANDOVER_WINDOWS):
+        one_interval(b, sampler, clock, ids, speeds, rng)
+    assert slow.next_builder is None
+    assert threshold_rate(slow.builder.threshold) == pytest.approx(0.25)
     before = {n: sampler.counts[ids[n]].sampled for n in ids}
-    reports = one_interval(b, sampler, clock, ids, {"fast": 40_000, "slow": 800}, rng)
+    reports = one_interval(b, sampler, clock, ids, speeds, rng)
     # the kernel now hands over keys of the same order for each (at one
     # rate of 0.01: 4,000 against 80)
     got = {n: sampler.counts[ids[n]].sampled - before[n] for n in ids}
     assert 0.25 < got["fast"] / got["slow"] < 4, got
     assert reports["slow"].curves and reports["fast"].curves
-    assert fast.builder.windows == 1 and slow.builder.windows == 1
     # a tenant slower still: its window waits for min_window_samples
+    windows = slow.builder.windows
     one_interval(b, sampler, clock, ids, {"fast": 40_000, "slow": 100}, rng)
-    assert slow.builder.windows == 1 and slow.builder.window_samples < 500
-    assert fast.builder.windows == 2
+    assert slow.builder.windows == windows and slow.builder.window_samples < 500
+    # ... which the second interval at 250 samples brings
+    one_interval(b, sampler, clock, ids, {"fast": 40_000, "slow": 100}, rng)
+    assert slow.builder.windows == windows + 1
 
 
 def test_a_tenant_that_slows_down_hands_over_to_a_builder_at_a_higher_rate(host):

@@ -473,9 +473,10 @@ class LinuxBackend:
 
     def _retune(self, w: Watched, accesses_per_s: float, limit_pages: float) -> None:
         """sampling.samples_per_s: move the tenant to the rate its speed asks
-        for (agent/rates.py).  The first interval's speed replaces the
-        builder at once; later, a builder at the new rate counts beside the
-        old one and takes over after HANDOVER_WINDOWS windows."""
+        for (agent/rates.py).  Down, a builder at the new rate is fed the
+        tenant's last intervals again and takes over at once; up, it counts
+        beside the old one and takes over after HANDOVER_WINDOWS windows.
+        Either way the curves keep what the builder saw from the start."""
         if w.tuner is None or w.builder is None:
             return
         if w.next_builder is not None:
@@ -484,20 +485,17 @@ class LinuxBackend:
                 self._follow_threshold(w)
                 log.info("tenant %s: curves now sampled at rate %g", w.tenant, w.rate)
             return
-        first = not w.tuner.measured
         new = w.tuner.decide(w.rate, accesses_per_s, limit_pages)
         if new is None:
             return
         builder = self._builder(w.spec, new)
-        down = not first and new < w.rate
+        down = new < w.rate
         log.info("tenant %s: %.0f accesses/s, sampling rate %g -> %g%s", w.tenant,
-                 accesses_per_s, w.rate, new, "" if first else
+                 accesses_per_s, w.rate, new,
                  f" (from its last {len(w.recent)} intervals again)" if down else
                  f" (the new curves count beside the old for {HANDOVER_WINDOWS} windows)")
         w.rate = new
-        if first:
-            w.builder = builder
-        elif down:
+        if down:
             # the keys kept were sampled above the new threshold: fed again,
             # they warm the new builder, which takes over at once
             w.builder, w.next_builder = builder, None
