@@ -496,16 +496,16 @@ class LinuxBackend:
                  f" (the new curves count beside the old for {HANDOVER_WINDOWS} windows)")
         w.rate = new
         if down:
+            w.builder, w.next_builder = builder, None
+        else:
+            w.next_builder = builder
+        self._simulate_thread_rules(w)      # before it sees a read
+        if down:
             # the keys kept were sampled above the new threshold: fed again,
             # they warm the new builder, which takes over at once
-            w.builder, w.next_builder = builder, None
-            self._simulate_thread_rules(w)
             for batch in (b for interval in w.recent for b in interval):
                 _feed_batch(builder, batch)
             builder.end_window()
-        else:
-            w.next_builder = builder
-        self._simulate_thread_rules(w)
         self._follow_threshold(w)
 
     def collect(self) -> list[TenantReport]:
