@@ -8,6 +8,7 @@ import pytest
 
 from cachepilot.controller import engine
 from cachepilot.controller.config import config_from_dict
+from cachepilot.controller.engine import model
 from cachepilot.controller.engine.synthetic import SynthTenant, power_curve
 from cachepilot.models.mrc import MRC
 
@@ -865,3 +866,40 @@ def test_the_deadband_weighs_the_division_not_the_sizes():
                                    np.array([100.0, 150.0]), np.array([150.0, 100.0]),
                                    xs, ys, a, b, 0.03)
     assert not kept[0] and out.tolist() == [150.0, 100.0]
+
+
+def test_a_tenant_whose_operations_change_starts_its_model_again():
+    # make e2e's search: 64 KiB sequential reads (16 pages an operation),
+    # then 4 KiB lookups.  Fitted together, the passes' (miss ratio, time
+    # per operation) pairs made the lookups look a sixteenth as fast as
+    # they were.  The jump in operations per page read drops them.
+    from cachepilot.controller.engine import round as rnd
+    curve = power_curve("linux", 0.6 * PAGES, 0.9, 0.02, PAGES)
+
+    def run(factor):
+        passes = SynthTenant("s", {"linux": curve}, t_hit=3.2e-5, t_miss=1.6e-3,
+                             pages_per_op=16)
+        other = tenant("o", 0.5, 0.8)
+        loop = Loop(make([{"name": n, "node": "n1"} for n in "os"], max_step_fraction=0.2),
+                    {"s": passes, "o": other}, limits={"s": GiB // 8, "o": 7 * GiB // 8})
+        old = rnd.PHASE_FACTOR
+        rnd.PHASE_FACTOR = factor
+        try:
+            for _ in range(10):
+                loop.step()
+            lookups = SynthTenant("s", {"linux": curve}, t_hit=2e-6, t_miss=1e-4)
+            loop.synth["s"] = lookups
+            for _ in range(4):
+                loop.step()
+        finally:
+            rnd.PHASE_FACTOR = old
+        st = loop.state.tenants["s"]
+        m = float(curve.at(loop.limit["s"] / 4096))
+        modelled = float(model.throughput(st.a, st.b, m))
+        return modelled / lookups.throughput(m), loop
+
+    err, loop = run(2.0)
+    assert 0.85 < err < 1.15, err
+    assert any(e.kind == "phase" and e.tenant == "s" for d in loop.decisions for e in d.log)
+    stale, _ = run(float("inf"))
+    assert stale < 0.5, stale

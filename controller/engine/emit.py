@@ -21,6 +21,12 @@ MIB = 1048576
 def emit(state: EngineState, R: Round, ctl) -> Decision:
     log: list[LogEntry] = []
     _observe_effects(state, R.rows, R.number, log)
+    for i, before, now in R.phase_changed:
+        name = R.rows[i][1].name
+        _record(state, log, LogEntry(
+            R.number, R.nodes[R.rows[i][0]], name, "phase", f"{before:.3g}", f"{now:.3g}",
+            f"{name}: {before:.3g} -> {now:.3g} operations per page read: a new phase; "
+            f"its throughput model starts again"), observe=False)
     directives: dict[str, list[Directive]] = {n: [] for n in R.nodes}
     violations: list[Violation] = []
     plan_rows = []

@@ -31,6 +31,8 @@ class Round:
     arrays by row; `node_of` maps a row to its node."""
     number: int
     notes: list[str] = field(default_factory=list)
+    # (row, ops per page read before, now) of tenants that began a new phase
+    phase_changed: list = field(default_factory=list)
     # gather_rows
     nodes: list[str] = field(default_factory=list)
     mem_pages: np.ndarray = None            # per node
@@ -176,6 +178,7 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     m_obs = R.column(lambda s, r: r.miss_ratio)
     acc = R.column(lambda s, r: r.accesses_per_s)
     valid = (thr_obs > 0) & np.isfinite(thr_obs) & (m_obs >= 0) & (m_obs <= 1) & (acc > 0)
+    _follow_phases(R, obs, np.where(valid, thr_obs / np.where(acc > 0, acc, 1.0), np.nan))
     obs.add(slots[valid], m_obs[valid], 1.0 / thr_obs[valid])
     R.a, R.b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
                                  priors[:, 0], priors[:, 1],
@@ -186,6 +189,34 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
                                  R.spread.tolist()):
         t.a, t.b, t.fitted, t.spread = ai, bi, fi, sp
     _track_curve_error(R, ctl.warmup_intervals)
+
+
+PHASE_FACTOR = 2.0      # operations per page read: a jump this large is a new phase
+PHASE_SMOOTHING = 0.2   # weight of a round in the smoothed ops per page read
+
+
+def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
+    """A tenant whose operations per page read jumped by more than
+    PHASE_FACTOR against their smoothed value changed what an operation
+    is (make e2e's search: 64 KiB sequential reads, 16 pages each, then
+    4 KiB lookups): the (miss ratio, seconds per operation) pairs of the
+    old phase say nothing of the new, and fitted together they made the
+    lookups look a sixteenth as fast as they were, and cost them their
+    memory.  Its observations are dropped; the prior, scaled to what the
+    new phase shows, stands until the new ones separate a from b."""
+    for i, st in enumerate(R.tstates):
+        x = float(opa[i])
+        if not (x > 0 and math.isfinite(x)):
+            continue
+        ref = st.ops_per_access
+        if ref is None or not ref / PHASE_FACTOR <= x <= ref * PHASE_FACTOR:
+            if ref is not None:
+                obs.forget(st.slot)
+                R.phase_changed.append((i, ref, x))
+            st.ops_per_access = x
+        else:
+            st.ops_per_access = math.exp((1 - PHASE_SMOOTHING) * math.log(ref)
+                                         + PHASE_SMOOTHING * math.log(x))
 
 
 M_ERRORS = 20       # rounds of curve prediction errors kept per tenant

@@ -40,6 +40,7 @@ class SynthTenant:
     # path is CPU: t_hit is CPU time, a miss waits on the disk); where set,
     # the curves carry them as an agent's would and reports the CPU used
     hook_s: dict[str, float] = field(default_factory=dict)
+    pages_per_op: float = 1.0       # page reads an operation makes (a 64 KiB read: 16)
 
     def throughput(self, miss_ratio: float, policy: str | None = None) -> float:
         hook = self.hook_s.get(policy, 0.0) if policy else 0.0
@@ -57,7 +58,8 @@ class SynthTenant:
             cpu = thr * (self.t_hit + self.hook_s.get(policy, 0.0))
         return TenantReport(
             tenant=self.name, cgroup=self.name, interval_s=interval_s,
-            accesses_per_s=thr, inserts_per_s=thr * m, removals_per_s=thr * m,
+            accesses_per_s=thr * self.pages_per_op, inserts_per_s=thr * self.pages_per_op * m,
+            removals_per_s=thr * self.pages_per_op * m,
             refaults_per_s=0.0, limit_bytes=int(limit_bytes),
             usage_file_bytes=int(limit_bytes), usage_anon_bytes=self.anon_bytes,
             policy=policy, throughput=thr, miss_ratio=m, curves=curves, cpu_per_s=cpu)

@@ -48,6 +48,10 @@ class TenantState:
     slo_extra_pages: float = 0.0
     slo_safe_pages: float | None = None
     spread: float = 0.0             # relative spread of throughput around the model
+    # the tenant's operations per page read, smoothed: a jump of more than
+    # PHASE_FACTOR says its operations changed (a phase), and the model's
+    # observations of the old ones go (engine/round.py fit_models)
+    ops_per_access: float | None = None
     # the allocation's targets (pages) of the last rounds, before a shrink
     # is confirmed (engine/round.py _confirm_shrinks)
     recent_targets: list[float] = field(default_factory=list)
@@ -79,7 +83,7 @@ class LogEntry:
     round: int
     node: str
     tenant: str
-    kind: str                       # "policy", "limit", "watchdog" or "observed"
+    kind: str                       # "policy", "limit", "watchdog", "phase" or "observed"
     before: str                     # old policy / limit (bytes, as text)
     after: str
     reason: str
@@ -171,6 +175,11 @@ class Observations:
         """Several observations of one tenant (a restored history)."""
         for mi, yi in zip(m[-self.window:].tolist(), y[-self.window:].tolist()):
             self.add(np.array([slot]), np.array([mi]), np.array([yi]))
+
+    def forget(self, slot: int) -> None:
+        """Drop a tenant's observations (its operations changed)."""
+        self.count[slot] = 0
+        self.next[slot] = 0
 
     def add(self, slots: np.ndarray, m: np.ndarray, y: np.ndarray) -> None:
         col = self.next[slots]
