@@ -903,3 +903,35 @@ def test_a_tenant_whose_operations_change_starts_its_model_again():
     assert any(e.kind == "phase" and e.tenant == "s" for d in loop.decisions for e in d.log)
     stale, _ = run(float("inf"))
     assert stale < 0.5, stale
+
+
+def test_a_loop_that_fits_keeps_the_kernels_policy_though_its_cliff_is_near():
+    # make e2e's search: a 100 MiB file read over and over, with room to
+    # spare.  Its curves are sampled at 1/128, so their sizes are known to
+    # some 7 %; read stretched by two of those errors, linux's cliff fell
+    # past the limit and MRU, whose curve has none, won by 938 % and kept
+    # the tenant for the rest of the phase, its hooks costing the
+    # CPU-bound passes 20 %.  Compared at the size itself, the two tie
+    # where the loop fits (past the grid point after the cliff), and MRU
+    # still wins where it does not.
+    loop = 25_600.0                     # pages
+    sizes = np.geomspace(256, 4 * loop, 64)
+    lru = np.where(sizes < loop, 1.0, 0.0)
+    mru = np.clip(1.0 - sizes / loop, 0.0, 1.0)
+
+    def run(limit_pages):
+        curves = {"linux": MRC(sizes, lru, "linux", "minisim", 1 / 128),
+                  "mru": MRC(sizes, mru, "mru", "minisim", 1 / 128)}
+        s = SynthTenant("s", curves, t_hit=2e-6, t_miss=1e-4)
+        o = tenant("o", 0.3, 0.8)
+        cap = int(limit_pages * 4096)
+        cfg = make([{"name": "s", "node": "n1", "policies": ["linux", "mru"],
+                     "floor_bytes": cap, "ceiling_bytes": cap},
+                    {"name": "o", "node": "n1"}], autopilot_k=2)
+        lp = Loop(cfg, {"s": s, "o": o}, limits={"s": cap, "o": GiB - cap})
+        for _ in range(6):
+            lp.step()
+        return lp.policy["s"]
+
+    assert run(1.12 * loop) == "linux"
+    assert run(0.85 * loop) == "mru"

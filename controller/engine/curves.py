@@ -19,7 +19,9 @@ of the pages within a reuse distance x, so x is known to a relative
 sqrt((1 - R) / (R x)).  With `sigmas`, every point is read as if it
 needed that many standard errors more memory (at most MAX_STRETCH more):
 a cliff (a loop that fits) read at its estimated edge may buy nothing at
-its real one.  Exact curves (R = 1) are read as they are.
+its real one.  That is a reading for buying memory; curves compared at
+one size (which policy serves a tenant best) are read as measured
+(`miss_at(..., raw=True)`).  Exact curves (R = 1) are read as they are.
 """
 from __future__ import annotations
 
@@ -65,6 +67,15 @@ class CurveBank:
         self.xs, self.ys, self.cid = xs, ys, cid
         self.span = float(xs.max()) + 2.0 if total else 1.0
         self.fkey = cid * self.span + xs
+        # the sizes as measured, for comparing curves at one size (miss_at
+        # raw=True): stretching both of two curves reads them at a smaller
+        # size than the one asked, where a loop that fits looks as if it
+        # did not and a curve without a cliff wins on that alone
+        self.xs_raw, self.fkey_raw = xs, self.fkey
+        if n and sigmas > 0:
+            self.xs_raw = np.zeros(total)
+            self.xs_raw[~origin] = np.concatenate(sizes)
+            self.fkey_raw = cid * self.span + self.xs_raw
         self.bkey = cid * 4.0 + (1.0 - ys)
         if rises.any():     # lifting may tie values closer than its rounding
             self.bkey = np.maximum.accumulate(self.bkey)
@@ -72,13 +83,15 @@ class CurveBank:
     def end(self, rows):
         return self.start[rows] + self.lens[rows] - 1
 
-    def miss_at(self, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Miss ratio of curve rows[i] at size x[i] (pages)."""
+    def miss_at(self, rows: np.ndarray, x: np.ndarray, raw: bool = False) -> np.ndarray:
+        """Miss ratio of curve rows[i] at size x[i] (pages); `raw`: on the
+        sizes as measured, not stretched by their error."""
+        xs, fkey = (self.xs_raw, self.fkey_raw) if raw else (self.xs, self.fkey)
         x = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
         xq = np.minimum(x, self.span - 1.0)
-        i = np.searchsorted(self.fkey, rows * self.span + xq, side="right") - 1
+        i = np.searchsorted(fkey, rows * self.span + xq, side="right") - 1
         j = np.minimum(i + 1, self.end(rows))
-        x0, x1, y0, y1 = self.xs[i], self.xs[j], self.ys[i], self.ys[j]
+        x0, x1, y0, y1 = xs[i], xs[j], self.ys[i], self.ys[j]
         span = x1 - x0
         frac = np.where(span > 0, (x - x0) / np.where(span > 0, span, 1.0), 0.0)
         return y0 + np.clip(frac, 0.0, 1.0) * (y1 - y0)
