@@ -41,11 +41,13 @@ def test_harness_at_a_tiny_load_answers_every_report(tmp_path, replicas):
     else:
         f = result["failover"]
         # every node served again, the dead leader's after its lease ran
-        # out (at a 1 s interval its 1 s lease, etcd's least, and the watch
-        # take most of two intervals, so the bound here is loose)
+        # out.  The figure runs from each node's first report due after the
+        # kill, which may fall late in the lease, so it can be well under
+        # the lease; it is positive only if some node waited for an answer
+        # after the kill (0.0 means nothing was measured)
         assert f["nodes_never_served_again"] == 0 and f["step_violations"] == 0
         assert f["new_leader_intervals"] is not None and f["new_leader_intervals"] < 4
-        assert 0.5 < result["failover_intervals"] < 4
+        assert 0 < result["failover_intervals"] < 4
         assert f["reports_unanswered"] <= 2 * f["nodes_that_missed_a_report"]
     [step] = result["steps"]
     assert STEP_KEYS <= set(step)
