@@ -54,6 +54,7 @@ class AgentMetrics:
                                 "1 when the agent runs without the BPF sampler",
                                 registry=self.registry)
         self._tenants: set[str] = set()
+        self._points: dict[str, set] = {}      # tenant -> curve labels exported
 
     def update(self, reports, backend=None):
         seen = set()
@@ -63,6 +64,7 @@ class AgentMetrics:
                 value = getattr(r, name)
                 self.report[name].labels(r.tenant, r.cgroup).set(
                     math.nan if value is None else float(value))
+            points = set()
             for c in r.curves:
                 idx = range(len(c.sizes))
                 if len(c.sizes) > MAX_CURVE_POINTS:
@@ -70,8 +72,14 @@ class AgentMetrics:
                     idx = sorted({int(i * step) for i in range(MAX_CURVE_POINTS)}
                                  | {len(c.sizes) - 1})
                 for i in idx:
-                    self.curve.labels(r.tenant, c.policy, str(int(c.sizes[i]))).set(
-                        float(c.miss_ratio[i]))
+                    labels = (r.tenant, c.policy, str(int(c.sizes[i])))
+                    self.curve.labels(*labels).set(float(c.miss_ratio[i]))
+                    points.add(labels)
+            # a curve's sizes move with its builder's rate and the tenant's
+            # limit: points of an earlier grid would read as this curve's
+            for labels in self._points.get(r.tenant, set()) - points:
+                self.curve.remove(*labels)
+            self._points[r.tenant] = points
         for gone in self._tenants - seen:
             self._forget(gone)
         self._tenants = seen
@@ -91,6 +99,7 @@ class AgentMetrics:
         self.cpu.labels("agent").set(ru.ru_utime + ru.ru_stime)
 
     def _forget(self, tenant: str):
+        self._points.pop(tenant, None)
         for gauge in list(self.report.values()) + [self.curve, self.sampler]:
             for labels in list(gauge._metrics):      # noqa: SLF001 - no public API
                 if labels and labels[0] == tenant:

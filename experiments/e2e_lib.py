@@ -794,7 +794,26 @@ def finish_run(run: Run, ts, cg: Cgroups) -> dict:
     for t in ts:
         cg.kill_all(t.name)
     reset_policies(ts, cg)
+    keep_logs(run)
     return extra
+
+
+# where each run's logs (agent, controller, tenants) are copied when it
+# ends; None keeps them only in the run's work folder, which the next run
+# of the same name overwrites (in the VM that folder dies with the guest)
+LOG_DIR: Path | None = None
+
+
+def keep_logs(run: Run) -> None:
+    if LOG_DIR is None:
+        return
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    for log in run.work.glob(f"{run.name}-*.log"):
+        dest, n = LOG_DIR / log.name, 1
+        while dest.exists():            # a configuration run again keeps both
+            n += 1
+            dest = LOG_DIR / f"{log.stem}.{n}.log"
+        shutil.copyfile(log, dest)
 
 
 def warm_up(t: Tenant, cg: Cgroups, files: list[Path]):

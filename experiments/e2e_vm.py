@@ -38,11 +38,13 @@ import itertools
 from dataclasses import replace
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import e2e_lib  # noqa: E402
 from e2e_lib import (ANON_MARGIN, MiB, Cgroups, drop_caches, finish_run, mean,  # noqa: E402
                      measure_intervals, memory_hierarchy, plot, prepare, run_config,
                      set_static, start_run, tenants, warm_up)
@@ -447,6 +449,9 @@ def main(argv=None) -> int:
         ap.error("--intervals must leave measured intervals in both phases")
     t_start = time.monotonic()
     budget = args.budget * MiB
+    # every run's logs kept beside the results, the last run's only
+    e2e_lib.LOG_DIR = Path(args.out) / "e2e_vm_logs"
+    shutil.rmtree(e2e_lib.LOG_DIR, ignore_errors=True)
     scale = budget / (320 * MiB)
     # search's file outgrows its equal share; a pass takes some 25 s at its
     # disk's 4 MiB/s, so a policy that keeps part of it shows within a phase.

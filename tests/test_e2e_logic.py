@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,36 @@ def test_the_agents_curves_are_read_at_each_tenants_limit():
     # beyond the points: the end values
     assert e2e_lib.interpolate_log([10, 100], [0.5, 0.1], 1) == 0.5
     assert e2e_lib.interpolate_log([10, 100], [0.5, 0.1], 1000) == 0.1
+
+
+def test_a_curve_on_a_new_grid_leaves_no_points_of_the_old_one():
+    """A builder at a new rate (or a tenant at a new limit) reports its
+    curve on other sizes: the endpoint then holds the new points only, or
+    a curve read from it mixes the two (make e2e's policy diagnosis read
+    every policy's stale first curve, all at their cold floor)."""
+    from cachepilot.agent.metrics import AgentMetrics
+    from cachepilot.models.mrc import MRC
+    from cachepilot.protocol.types import TenantReport
+
+    def report(pages, ys):
+        return TenantReport("zipf", "/cg/zipf", 10.0, 100.0, 7.0, 7.0, 0.0, 16000 * 4096,
+                            0, 0, "linux", 5000.0, 0.07,
+                            curves=[MRC(pages, ys, "linux"), MRC(pages, ys, "lfu")])
+    m = AgentMetrics()
+    m.update([report([1000, 4000, 16000, 64000], [0.9, 0.9, 0.9, 0.9])])
+    m.update([report([2000, 8000, 32000], [0.5, 0.3, 0.1])])
+    port = e2e_lib.free_port()
+    httpd, _ = m.serve("127.0.0.1", port)
+    try:
+        view = e2e_lib.agent_view(port, {"zipf": 16000 * 4096})
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    finally:
+        httpd.shutdown()
+    # halfway between 8,000 and 32,000 pages on a log scale
+    assert view["zipf"]["curves"] == {"linux": pytest.approx(0.2), "lfu": pytest.approx(0.2)}
+    assert text.decode().count("cachepilot_mrc_miss_ratio{") == 6
+    m.update([])                                    # the tenant gone: none left
+    assert "zipf" not in str(m.curve.collect()[0].samples)
 
 
 def test_two_phase_shell_runs_the_second_command_after_switch(tmp_path):
