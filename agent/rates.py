@@ -12,33 +12,45 @@ changes in speed never move it, and never so low that the miniature
 cache at the tenant's limit shrinks to a handful of pages.
 
 A builder's state is tied to its rate (a miniature cache holds the pages
-sampled at that rate), so a new rate means a new builder.  The first
-interval's speed sets the rate at once; later a rate moves only when its
-tenant's speed has asked for one at least RETUNE_FACTOR away.  The two
-directions differ (agent/backends/linux.py does both):
+sampled at that rate), so a new rate means a new builder, and a new
+builder's miniatures start empty while the tenant's page cache is full: a
+curve from them reads every page as a miss until the tenant has touched
+as many pages as its limit holds, which for a slow tenant takes minutes.
+The first interval's speed sets the rate at once; later a rate moves only
+when its tenant's speed has asked for one at least RETUNE_FACTOR away.
+The two directions differ (agent/backends/linux.py does both):
 - down (the tenant got faster): after one interval, since every interval
   at the old rate costs the agent RETUNE_FACTOR times its budget or more
   (search's passes, once cached, read 41,000 pages a second at 1/32 and
   took the agent 27 s of a 10 s interval).  The new builder is fed the
-  tenant's last REPLAY_INTERVALS intervals again, kept as they came: it
-  keeps the keys under its own, lower threshold, and starts warm;
+  tenant's last intervals again (Replay: as many as REPLAY_SAMPLES keys
+  hold, at least REPLAY_INTERVALS), one window an interval as they came;
+  it keeps the keys under its own, lower threshold and starts as warm as
+  that history makes it;
 - up (the tenant got slower, or its first interval asked for more than
   the starting rate): after RETUNE_INTERVALS intervals in a row (the first
   at once).  The keys kept were sampled at the old, lower rate, too few
-  for the new one, so the new builder counts beside the old for
-  HANDOVER_WINDOWS windows before its curves replace the old one's.
+  for the new one, so the new builder counts beside the old, whose curves
+  are reported until the new one is warm (`warm`): it has seen as many
+  distinct pages as the tenant's limit holds, or nearly as many as the
+  old one has, after HANDOVER_WINDOWS windows at least and
+  MAX_HANDOVER_WINDOWS at most.
 Either way no report carries a cold curve, nor one that lost what the
 builder before it saw.
 """
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 RETUNE_FACTOR = 4.0
 RETUNE_INTERVALS = 3
-HANDOVER_WINDOWS = 2
-REPLAY_INTERVALS = 2
+HANDOVER_WINDOWS = 2            # the least windows a new builder counts beside the old
+MAX_HANDOVER_WINDOWS = 30       # ... and the most, warm or not
+WARM_SHARE = 0.9                # of the old builder's distinct pages, when fewer than the limit
+REPLAY_INTERVALS = 2            # the least intervals kept for a builder at a lower rate
+REPLAY_SAMPLES = 1 << 17        # ... and the most sampled keys kept, if more intervals hold them
 # the least pages a miniature cache at the tenant's own limit holds: below
 # a hundred or so, which pages the hash happened to draw decides its curve
 MIN_MINI_PAGES = 128
@@ -90,3 +102,46 @@ class RateTuner:
             self.streak = 0
             return want
         return None
+
+
+def warm(new_pages: float, old_pages: float, limit_pages: float, windows: int) -> bool:
+    """Whether a builder counting beside another may take over, after
+    `windows` windows: it has seen `new_pages` distinct pages, the one it
+    replaces `old_pages`.  Warm at the limit: its miniature caches at the
+    tenant's limit are full, or the tenant has few more pages than it saw."""
+    if windows < HANDOVER_WINDOWS:
+        return False
+    if windows >= MAX_HANDOVER_WINDOWS:
+        return True
+    return new_pages >= min(limit_pages, WARM_SHARE * old_pages)
+
+
+class Replay:
+    """A tenant's last intervals of sampled batches, as they were fed, for
+    a builder at a lower rate to start from: the interval under way and
+    those before it, the oldest dropped while they hold more than
+    REPLAY_SAMPLES keys, down to REPLAY_INTERVALS intervals."""
+
+    def __init__(self):
+        self.intervals: deque = deque([[]])
+        self.sizes: deque = deque([0])
+
+    def add(self, batch) -> None:
+        """One batch (keys first) of the interval under way."""
+        self.intervals[-1].append(batch)
+        self.sizes[-1] += len(batch[0])
+        self._trim()
+
+    def next_interval(self) -> None:
+        self.intervals.append([])
+        self.sizes.append(0)
+        self._trim()
+
+    def _trim(self) -> None:
+        while len(self.intervals) > REPLAY_INTERVALS and sum(self.sizes) > REPLAY_SAMPLES:
+            self.intervals.popleft()
+            self.sizes.popleft()
+
+    def __len__(self) -> int:
+        """Intervals held, the one under way among them if it has a batch."""
+        return len(self.intervals) - (0 if self.intervals[-1] else 1)

@@ -175,6 +175,12 @@ class MRCBuilder:
         return threshold_rate(self.threshold)
 
     @property
+    def distinct_pages(self) -> float:
+        """Distinct pages seen since the builder began (estimated from its
+        sample): how far its miniature caches can have filled."""
+        return float(self.shards.unique_estimate)
+
+    @property
     def window_samples(self) -> int:
         """Sampled accesses (keys under this builder's threshold) fed into
         the current window: what its curve's counts rest on."""

@@ -8,8 +8,9 @@ import pytest
 from cachepilot.agent.backends.linux import LinuxBackend
 from cachepilot.agent.config import config_from_dict
 from cachepilot.agent.curves import make_builder
-from cachepilot.agent.rates import (HANDOVER_WINDOWS, RETUNE_INTERVALS, RateTuner,
-                                    ladder)
+from cachepilot.agent.rates import (HANDOVER_WINDOWS, MAX_HANDOVER_WINDOWS, REPLAY_INTERVALS,
+                                    REPLAY_SAMPLES, RETUNE_INTERVALS, WARM_SHARE, RateTuner,
+                                    Replay, ladder, warm)
 from cachepilot.agent.sampler import OP_ACCESS, Counters, threshold_for_rate
 from cachepilot.core.errors import UserError
 from cachepilot.models.shards import sample_mask_index, threshold_rate
@@ -60,6 +61,44 @@ def test_the_first_speed_sets_the_rate_at_once_later_ones_only_when_far():
     for _ in range(RETUNE_INTERVALS - 1):
         assert t2.decide(1 / 256, 800.0) is None
     assert t2.decide(1 / 256, 800.0) == 0.125
+
+
+def test_a_new_builder_takes_over_once_warm_at_the_limit():
+    # before HANDOVER_WINDOWS windows never, after MAX_HANDOVER_WINDOWS always
+    assert not warm(1e9, 10.0, 10.0, HANDOVER_WINDOWS - 1)
+    assert warm(0.0, 1e9, 1e9, MAX_HANDOVER_WINDOWS)
+    # between: once it has seen as many pages as the limit holds ...
+    assert not warm(9_999.0, 50_000.0, 10_000.0, HANDOVER_WINDOWS)
+    assert warm(10_000.0, 50_000.0, 10_000.0, HANDOVER_WINDOWS)
+    # ... or, where the tenant reads fewer pages than its limit holds,
+    # nearly as many as the builder it replaces has seen
+    assert not warm(8_000.0, 10_000.0, 1e6, HANDOVER_WINDOWS + 3)
+    assert warm(WARM_SHARE * 10_000.0, 10_000.0, 1e6, HANDOVER_WINDOWS + 3)
+
+
+def test_the_replay_keeps_the_last_intervals_within_its_samples():
+    r = Replay()
+    assert len(r) == 0
+    small = (np.arange(1000, dtype=np.uint64),)
+    for _ in range(10):
+        r.add(small)
+        r.next_interval()
+    assert len(r) == 10                         # 10,000 keys: all of them
+    big = (np.arange(REPLAY_SAMPLES // 2, dtype=np.uint64),)
+    r.add(big)
+    r.next_interval()
+    r.add(big)
+    # the interval under way counts; the oldest go first, and what is kept
+    # holds at most REPLAY_SAMPLES keys
+    assert len(r) == 2 and sum(r.sizes) == REPLAY_SAMPLES
+    r.next_interval()
+    huge = (np.arange(2 * REPLAY_SAMPLES, dtype=np.uint64),)
+    r.add(huge)
+    # never fewer than REPLAY_INTERVALS intervals, however many keys
+    assert len(r) == REPLAY_INTERVALS and r.intervals[-1][0] is huge
+    r.next_interval()
+    r.add(small)
+    assert len(r) == REPLAY_INTERVALS and r.intervals[0][0] is huge
 
 
 def test_the_config_checks_the_rate_settings():
@@ -199,9 +238,12 @@ def test_each_tenant_is_sampled_at_its_share_and_a_slow_one_waits_for_samples(ho
     assert slow.builder.total_accesses == 8_000 and slow.next_builder is not None
     for w in (fast, slow):
         assert sampler.thresholds[w.cgid] == w.wanted_threshold()
-    for _ in range(HANDOVER_WINDOWS):
+    new = slow.next_builder
+    for _ in range(MAX_HANDOVER_WINDOWS):
         one_interval(b, sampler, clock, ids, speeds, rng)
-    assert slow.next_builder is None
+        if slow.next_builder is None:
+            break
+    assert slow.builder is new
     assert threshold_rate(slow.builder.threshold) == pytest.approx(0.25)
     before = {n: sampler.counts[ids[n]].sampled for n in ids}
     reports = one_interval(b, sampler, clock, ids, speeds, rng)
@@ -238,16 +280,28 @@ def test_a_tenant_that_slows_down_hands_over_to_a_builder_at_a_higher_rate(host)
     # the kernel samples for both: the new builder's higher threshold
     assert sampler.thresholds[ids["fast"]] == new.threshold > old.threshold
     # reports carry the old builder's curves until the new one has counted
-    # HANDOVER_WINDOWS windows beside it, then the new one's
-    for _ in range(HANDOVER_WINDOWS):
+    # HANDOVER_WINDOWS windows beside it and seen nearly as many pages as
+    # the old one (the tenant's 20,000 keys, fewer than its limit holds),
+    # then the new one's
+    seen = []
+    for _ in range(MAX_HANDOVER_WINDOWS):
         r = one_interval(b, sampler, clock, ids, speeds, rng)["fast"]
         assert r.curves[0].rate == pytest.approx(1 / 256, rel=1e-6)
-    assert fast.builder is new and fast.next_builder is None
+        # what the handover rule read at the end of the interval
+        seen.append((new.windows, new.distinct_pages, old.distinct_pages))
+        if fast.next_builder is None:
+            break
+    assert fast.builder is new and len(seen) >= HANDOVER_WINDOWS
+    windows, pages, old_pages = seen[-1]
+    assert windows >= HANDOVER_WINDOWS and pages >= WARM_SHARE * old_pages
+    assert all(w < HANDOVER_WINDOWS or p < WARM_SHARE * o for w, p, o in seen[:-1])
     assert sampler.thresholds[ids["fast"]] == new.threshold
     r = one_interval(b, sampler, clock, ids, speeds, rng)["fast"]
     assert r.curves[0].rate == pytest.approx(0.25)
-    # the new builder's curve is warm: it counted every window of the handover
-    assert new.total_accesses >= HANDOVER_WINDOWS * 800 * 10
+    # the new builder's curve is warm: its miniature LFU at 5,000 pages (a
+    # quarter of the keys) reads the zipf's hits, not its cold start
+    lfu = next(c for c in r.curves if c.policy == "lfu")
+    assert float(lfu.at(5_000)) < 0.6
 
 
 def test_a_tenant_that_speeds_up_moves_down_at_once_from_its_last_intervals(host):
@@ -264,9 +318,10 @@ def test_a_tenant_that_speeds_up_moves_down_at_once_from_its_last_intervals(host
     new = slow.builder
     assert new is not old and slow.next_builder is None and slow.rate == 1 / 256
     assert sampler.thresholds[ids["slow"]] == new.threshold < old.threshold
-    # it started from the last REPLAY_INTERVALS intervals, fed again: warm
-    assert new.total_accesses == (32_000 + 800) * 10
-    assert new.windows == 1
+    # it started from the intervals kept (all four: they hold fewer than
+    # REPLAY_SAMPLES keys), fed again one window an interval: warm
+    assert new.total_accesses == (32_000 + 3 * 800) * 10
+    assert new.windows >= 1
     r = one_interval(b, sampler, clock, ids, speeds, rng)["slow"]
     assert r.curves[0].rate == pytest.approx(1 / 256, rel=1e-6)
     # its curve is the old builder's, give or take the sample: the last

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import make_builder, shift_by_anon
-from cachepilot.agent.rates import HANDOVER_WINDOWS, REPLAY_INTERVALS, RateTuner
+from cachepilot.agent.rates import Replay, RateTuner, warm
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
@@ -104,9 +103,9 @@ class Watched:
     tuner: RateTuner | None = None
     rate: float = 0.0
     next_builder: object | None = None
-    # its last REPLAY_INTERVALS intervals' batches as fed (a list an
-    # interval), for a builder at a lower rate to start from (agent/rates.py)
-    recent: deque | None = None
+    # its last intervals' batches as fed, for a builder at a lower rate to
+    # start from (agent/rates.py)
+    recent: Replay | None = None
 
     def builders(self) -> list:
         return [b for b in (self.builder, self.next_builder) if b is not None]
@@ -311,7 +310,7 @@ class LinuxBackend:
                         tuner=RateTuner(sampling.samples_per_s, sampling.min_rate,
                                         sampling.max_rate)
                         if sampling.samples_per_s else None,
-                        recent=deque([[]], maxlen=REPLAY_INTERVALS)
+                        recent=Replay()
                         if sampling.samples_per_s else None)
             try:
                 w.last_stats = cgroups.read_stats(path)
@@ -457,7 +456,7 @@ class LinuxBackend:
             # each builder keeps the keys under its own threshold
             _feed_batch(b, batch)
         if w.recent is not None:
-            w.recent[-1].append(batch)
+            w.recent.add(batch)
         # fixed-size SHARDS lowers the threshold as keys pile up
         self._follow_threshold(w)
 
@@ -475,15 +474,18 @@ class LinuxBackend:
         """sampling.samples_per_s: move the tenant to the rate its speed asks
         for (agent/rates.py).  Down, a builder at the new rate is fed the
         tenant's last intervals again and takes over at once; up, it counts
-        beside the old one and takes over after HANDOVER_WINDOWS windows.
+        beside the old one and takes over once it is warm at the limit.
         Either way the curves keep what the builder saw from the start."""
         if w.tuner is None or w.builder is None:
             return
         if w.next_builder is not None:
-            if w.next_builder.windows >= HANDOVER_WINDOWS:
-                w.builder, w.next_builder = w.next_builder, None
+            nb = w.next_builder
+            if warm(nb.distinct_pages, w.builder.distinct_pages, limit_pages, nb.windows):
+                w.builder, w.next_builder = nb, None
                 self._follow_threshold(w)
-                log.info("tenant %s: curves now sampled at rate %g", w.tenant, w.rate)
+                log.info("tenant %s: curves now sampled at rate %g (after %d windows, "
+                         "%.0f distinct pages seen)", w.tenant, w.rate, nb.windows,
+                         nb.distinct_pages)
             return
         new = w.tuner.decide(w.rate, accesses_per_s, limit_pages)
         if new is None:
@@ -493,7 +495,7 @@ class LinuxBackend:
         log.info("tenant %s: %.0f accesses/s, sampling rate %g -> %g%s", w.tenant,
                  accesses_per_s, w.rate, new,
                  f" (from its last {len(w.recent)} intervals again)" if down else
-                 f" (the new curves count beside the old for {HANDOVER_WINDOWS} windows)")
+                 " (the new curves count beside the old until they are warm)")
         w.rate = new
         if down:
             w.builder, w.next_builder = builder, None
@@ -502,10 +504,15 @@ class LinuxBackend:
         self._simulate_thread_rules(w)      # before it sees a read
         if down:
             # the keys kept were sampled above the new threshold: fed again,
-            # they warm the new builder, which takes over at once
-            for batch in (b for interval in w.recent for b in interval):
-                _feed_batch(builder, batch)
-            builder.end_window()
+            # interval by interval, they warm the new builder, which takes
+            # over at once
+            s = self.cfg.sampling
+            for interval in w.recent.intervals:
+                if not interval:
+                    continue
+                for batch in interval:
+                    _feed_batch(builder, batch)
+                builder.end_interval(s.min_window_samples, s.max_window_intervals)
         self._follow_threshold(w)
 
     def collect(self) -> list[TenantReport]:
@@ -592,7 +599,7 @@ class LinuxBackend:
                     stats.effective_limit_bytes or self.memory_bytes, self.memory_bytes)
                     / PAGE_SIZE)
             if w.recent is not None:
-                w.recent.append([])
+                w.recent.next_interval()
         if counted is not None:
             accesses, inserts, removals = d.accesses, d.inserts, d.removals
         else:
