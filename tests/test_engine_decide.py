@@ -935,3 +935,49 @@ def test_a_loop_that_fits_keeps_the_kernels_policy_though_its_cliff_is_near():
 
     assert run(1.12 * loop) == "linux"
     assert run(0.85 * loop) == "mru"
+
+
+class Warming(SynthTenant):
+    """A tenant whose cache starts cold: each report's curve (and what it
+    observes) carries cold misses, `cold` at first, times `decay` a round,
+    on top of its warm curve; decay 1 is a floor that is its own."""
+
+    def __init__(self, warm, cold, decay):
+        super().__init__(warm.name, dict(warm.curves), t_hit=warm.t_hit, t_miss=warm.t_miss)
+        self.warm, self.cold, self.decay = dict(warm.curves), cold, decay
+
+    def report(self, limit_bytes, policy, interval_s=1.0):
+        self.curves = {p: MRC(c.sizes, np.maximum(c.miss_ratio, self.cold), c.policy,
+                              c.method, c.rate) for p, c in self.warm.items()}
+        self.cold *= self.decay
+        return super().report(limit_bytes, policy, interval_s)
+
+
+def test_an_slo_whose_curve_is_still_warming_keeps_its_memory():
+    # x's SLO is met by half the node once its cache is warm.  Its first
+    # curves carry cold misses that put the SLO out of every size's reach;
+    # z gains steeply from memory.  While x's floor falls (a cache warming)
+    # x keeps what it holds and meets its SLO once warm; a floor that does
+    # not fall is x's own, and x, out of reach, gives memory to z.
+    def run(decay):
+        warm = tenant("x", 0.6, 1.0, floor=0.005, t_hit=2e-6, t_miss=2e-4)
+        slo = warm.throughput(float(warm.curves["linux"].at(0.45 * PAGES)))
+        synth = {"x": Warming(warm, 0.2, decay),
+                 "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
+        cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo},
+                     "priority": 2}, {"name": "z", "node": "n1"}],
+                   max_step_fraction=0.25, objective="relative")
+        loop = Loop(cfg, synth)
+        lows, met = [], []
+        for _ in range(20):
+            loop.step()
+            lows.append(loop.limit["x"])
+            met.append(synth["x"].throughput(float(synth["x"].curves["linux"].at(
+                loop.limit["x"] / 4096))) >= slo)
+        return lows, met, loop
+
+    lows, met, loop = run(0.8)
+    assert min(lows) >= GiB // 2 - 4096            # never cut while warming
+    assert all(met[-8:])                            # and met once warm
+    flat, _, _ = run(1.0)
+    assert min(flat) < 0.8 * (GiB // 2)            # an own floor: cut

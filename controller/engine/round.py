@@ -662,6 +662,36 @@ def _debounce_feasibility(R: Round, ctl) -> None:
             R.feasible[i] = False
 
 
+FLOOR_ROUNDS = 3        # rounds over which a curve's floor is seen to fall
+FLOOR_FALL = 0.05       # ... by more than this share of itself: still warming
+
+
+def _hold_warming(R: Round) -> tuple[np.ndarray, np.ndarray]:
+    """(need, need_safe) for serving SLOs: as sized, except that an SLO no
+    size meets whose curve's floor fell by more than FLOOR_FALL over the
+    last FLOOR_ROUNDS rounds (or that is too new to tell) keeps the memory
+    it holds, at its priority.
+    Such a floor is the cache's cold misses (pages read for the first
+    time), and they fall as it warms: judged on them, a zipf tenant with
+    the top SLO was cut from 20 to 14 MiB in its first rounds and missed
+    the SLO for ten intervals once warm, where the equal split met it.  A
+    floor that has stopped falling is the tenant's own, and the SLO out of
+    reach gets its gains weighed instead (allocate_memory)."""
+    need, need_safe = R.need.copy(), R.need_safe.copy()
+    bank = R.bank
+    for i in np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve).tolist():
+        st = R.tstates[i]
+        floor = float(bank.ys[bank.end(np.array([R.alloc_row[i]]))[0]])
+        floors = (list(st.floors) + [floor])[-(FLOOR_ROUNDS + 1):]
+        if R.learn:
+            st.floors = floors
+        # a tenant too new to have FLOOR_ROUNDS rounds behind it is warming too
+        falling = len(floors) <= FLOOR_ROUNDS or floors[-1] < (1 - FLOOR_FALL) * floors[0]
+        if not R.feasible[i] and falling:
+            need[i] = need_safe[i] = float(np.clip(R.current[i], R.lb[i], R.ub[i]))
+    return need, need_safe
+
+
 def allocate_memory(R: Round, ctl) -> None:
     """Targets: SLOs by priority, then the rest by marginal throughput on
     the hulls (engine/allocate.py); a row without a curve keeps its limit."""
@@ -670,10 +700,11 @@ def allocate_memory(R: Round, ctl) -> None:
     fixed_use = np.bincount(node_of, weights=np.where(has_curve, 0.0, R.target),
                             minlength=nn)
     order = np.arange(R.n)            # rows are already in (node, name) order
+    need, need_safe = _hold_warming(R)
     R.x_lo, R.granted = allocate.serve_slos(
         node_of, R.mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
-        R.need, R.has_slo & has_curve, R.column(lambda s, r: s.priority), order,
-        R.need_safe)
+        need, R.has_slo & has_curve, R.column(lambda s, r: s.priority), order,
+        need_safe)
     over = np.bincount(node_of, weights=lb, minlength=nn) > R.mem_pages
     for ni in np.flatnonzero(over).tolist():
         R.notes.append(f"node {R.nodes[ni]!r}: floors and anonymous memory (+ margin) add "

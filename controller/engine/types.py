@@ -43,6 +43,11 @@ class TenantState:
     slo_disagree: int = 0
     slo_need_pages: float | None = None
     slo_history: list[bool] = field(default_factory=list)
+    # the floor of the allocation's curve (its miss ratio at its largest
+    # size) over the last rounds: one still falling is a cache still
+    # warming, whose cold misses say nothing of what memory can do
+    # (engine/round.py _hold_warming)
+    floors: list[float] = field(default_factory=list)
     # what the SLO's misses have added to its safe size (pages), and the
     # safe size last round, which the next interval judges (_slo_feedback)
     slo_extra_pages: float = 0.0
