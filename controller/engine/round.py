@@ -670,13 +670,13 @@ def _hold_warming(R: Round) -> tuple[np.ndarray, np.ndarray]:
     """(need, need_safe) for serving SLOs: as sized, except that an SLO no
     size meets whose curve's floor fell by more than FLOOR_FALL over the
     last FLOOR_ROUNDS rounds (or that is too new to tell) keeps the memory
-    it holds, at its priority.
-    Such a floor is the cache's cold misses (pages read for the first
-    time), and they fall as it warms: judged on them, a zipf tenant with
-    the top SLO was cut from 20 to 14 MiB in its first rounds and missed
-    the SLO for ten intervals once warm, where the equal split met it.  A
-    floor that has stopped falling is the tenant's own, and the SLO out of
-    reach gets its gains weighed instead (allocate_memory)."""
+    it holds, at its priority.  Such a floor is the cache's cold misses
+    (pages read for the first time), and they fall as it warms: judged on
+    them, a tenant with the top SLO lost memory in its first rounds and
+    missed its SLO once warm, where the equal split met it
+    (bench_scenarios).  A floor that has stopped falling is the tenant's
+    own, and the SLO out of reach gets its gains weighed instead
+    (allocate_memory)."""
     need, need_safe = R.need.copy(), R.need_safe.copy()
     bank = R.bank
     for i in np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve).tolist():
