@@ -10,7 +10,7 @@ from cachepilot.agent.config import config_from_dict
 from cachepilot.agent.curves import make_builder
 from cachepilot.agent.rates import (HANDOVER_WINDOWS, MAX_HANDOVER_WINDOWS, REPLAY_INTERVALS,
                                     REPLAY_SAMPLES, RETUNE_INTERVALS, WARM_SHARE, RateTuner,
-                                    Replay, ladder, warm)
+                                    RETUNE_FACTOR, Replay, ladder, shed, warm)
 from cachepilot.agent.sampler import OP_ACCESS, Counters, threshold_for_rate
 from cachepilot.core.errors import UserError
 from cachepilot.models.shards import sample_mask_index, threshold_rate
@@ -337,3 +337,56 @@ def test_the_rate_keeps_a_miniature_of_a_few_hundred_pages_at_the_limit():
     assert t.wanted(40_000.0, limit_pages=13_824) == 1 / 64
     assert t.wanted(40_000.0, limit_pages=1 << 20) == 1 / 512     # 4 GiB: the budget's
     assert t.wanted(40_000.0, limit_pages=100) == 0.25            # never above max_rate
+
+
+def test_a_tenant_that_floods_an_interval_moves_down_at_the_next_slice(host):
+    """The e2e's start: a tenant sampled at 1/4 while it read 300 pages a
+    second reads 46,000 once cached.  Fed a whole interval at 1/4, its
+    builder cost the agent four intervals; it must move down at the slice
+    where its interval's samples pass RETUNE_FACTOR intervals' budget, and
+    the builder at the old rate must not be fed that slice."""
+    b, sampler, clock, ids = host
+    rng = np.random.default_rng(17)
+    speeds = {"fast": 32_000, "slow": 800}
+    for _ in range(2):
+        one_interval(b, sampler, clock, ids, speeds, rng)
+    slow = b.watched["slow"]
+    old = slow.builder
+    assert slow.rate == 0.25
+    fed = old.total_accesses
+    # a quiet first slice: 800 a second for 2.5 s, 500 samples, under the
+    # 4 x 200 x 10 = 8,000 that shed() waits for: nothing moves
+    sampler.read(ids["slow"], zipf_keys(2_000, 20_000, rng))
+    clock[0] += 2.5
+    b.tick()
+    assert slow.builder is old and old.total_accesses == fed + 2_000
+    # then 32,000 a second: 80,000 reads, 20,000 samples at 1/4
+    sampler.read(ids["slow"], zipf_keys(80_000, 20_000, rng))
+    clock[0] += 2.5
+    b.tick()
+    new = slow.builder
+    assert new is not old and slow.rate < 0.25 / RETUNE_FACTOR
+    assert old.total_accesses == fed + 2_000          # never fed the flood
+    assert sampler.thresholds[ids["slow"]] == new.threshold < old.threshold
+    # the new builder starts from the kept intervals and this one so far,
+    # whose window stays open for the report to close
+    assert new.total_accesses == 2 * 8_000 + 82_000
+    windows = new.windows
+    clock[0] += 5.0
+    r = {x.tenant: x for x in b.collect()}["slow"]
+    assert r.curves[0].rate == pytest.approx(slow.rate, rel=1e-6)
+    assert new.windows == windows + 1
+    # the interval's end takes no second step for the same speed
+    rate = slow.rate
+    one_interval(b, sampler, clock, ids, {"fast": 32_000, "slow": 32_000}, rng)
+    assert slow.rate == rate and slow.builder is new
+
+
+def test_shedding_waits_for_several_intervals_of_budget():
+    t = RateTuner(100.0, 1 / 1024, 0.25)
+    # 3,999 samples: under 4 intervals of 100 a second over 10 s
+    assert shed(t, 0.25, 3_999, 16_000, 2.0, 10.0) is None
+    # 4,000 samples of 8,000 a second: 100 / 8,000 -> 1/128
+    assert shed(t, 0.25, 4_000, 16_000, 2.0, 10.0) == 1 / 128
+    # a speed that asks for less than RETUNE_FACTOR down keeps the rate
+    assert shed(t, 0.25, 4_000, 1_000, 2.0, 10.0) is None

@@ -24,7 +24,7 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import make_builder, shift_by_anon
-from cachepilot.agent.rates import Replay, RateTuner, warm
+from cachepilot.agent.rates import Replay, RateTuner, shed, warm
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
@@ -452,13 +452,36 @@ class LinuxBackend:
                 else now_ns - 1
         keys, tids, positions = access_batch(recs, start, now_ns, d.accesses)
         batch = (keys, tids, positions, d.accesses, sketch)
-        for b in w.builders():
-            # each builder keeps the keys under its own threshold
-            _feed_batch(b, batch)
         if w.recent is not None:
             w.recent.add(batch)
+        if not self._shed(w):
+            for b in w.builders():
+                # each builder keeps the keys under its own threshold
+                _feed_batch(b, batch)
         # fixed-size SHARDS lowers the threshold as keys pile up
         self._follow_threshold(w)
+
+    def _shed(self, w: Watched) -> bool:
+        """Move a tenant whose interval under way has already sampled
+        several intervals' budget down to its rate now (agent/rates.py),
+        from its kept batches, this slice's last among them."""
+        if w.tuner is None or w.builder is None or w.interval is None:
+            return False
+        stats = w.last_stats
+        limit = stats.effective_limit_bytes if stats is not None else None
+        limit_pages = min(limit or self.memory_bytes, self.memory_bytes) / PAGE_SIZE
+        elapsed = max(time.monotonic() - w.last_time,
+                      self.cfg.interval_s / self.cfg.sampling.slices)
+        new = shed(w.tuner, w.rate, w.interval.sampled, w.interval.accesses, elapsed,
+                   self.cfg.interval_s, limit_pages)
+        if new is None:
+            return False
+        log.info("tenant %s: %d samples of %.0f accesses/s in %.1f s of an interval, "
+                 "sampling rate %g -> %g now (from its last %d intervals again)", w.tenant,
+                 w.interval.sampled, w.interval.accesses / elapsed, elapsed, w.rate, new,
+                 len(w.recent))
+        self._move_down(w, new, interval_done=False)
+        return True
 
     def _follow_threshold(self, w: Watched) -> None:
         """The kernel samples the cgroup at the threshold its builders need."""
@@ -490,28 +513,34 @@ class LinuxBackend:
         new = w.tuner.decide(w.rate, accesses_per_s, limit_pages)
         if new is None:
             return
-        builder = self._builder(w.spec, new)
         down = new < w.rate
         log.info("tenant %s: %.0f accesses/s, sampling rate %g -> %g%s", w.tenant,
                  accesses_per_s, w.rate, new,
                  f" (from its last {len(w.recent)} intervals again)" if down else
                  " (the new curves count beside the old until they are warm)")
+        if down:
+            self._move_down(w, new, interval_done=True)
+            return
         w.rate = new
-        if down:
-            w.builder, w.next_builder = builder, None
-        else:
-            w.next_builder = builder
+        w.next_builder = self._builder(w.spec, new)
         self._simulate_thread_rules(w)      # before it sees a read
-        if down:
-            # the keys kept were sampled above the new threshold: fed again,
-            # interval by interval, they warm the new builder, which takes
-            # over at once
-            s = self.cfg.sampling
-            for interval in w.recent.intervals:
-                if not interval:
-                    continue
-                for batch in interval:
-                    _feed_batch(builder, batch)
+        self._follow_threshold(w)
+
+    def _move_down(self, w: Watched, new: float, interval_done: bool) -> None:
+        """A builder at the lower rate `new` takes over at once: the keys
+        kept were sampled above its threshold, and fed again interval by
+        interval they warm it.  The interval under way is closed only if it
+        is done (`interval_done`); else the report closes it."""
+        builder = self._builder(w.spec, new)
+        w.rate = new
+        w.builder, w.next_builder = builder, None
+        self._simulate_thread_rules(w)      # before it sees a read
+        s = self.cfg.sampling
+        intervals = list(w.recent.intervals)
+        for k, interval in enumerate(intervals):
+            for batch in interval:
+                _feed_batch(builder, batch)
+            if interval and (interval_done or k < len(intervals) - 1):
                 builder.end_interval(s.min_window_samples, s.max_window_intervals)
         self._follow_threshold(w)
 
