@@ -149,11 +149,13 @@ class Replay:
     def __init__(self):
         self.intervals: deque = deque([[]])
         self.sizes: deque = deque([0])
+        self.total = 0                  # keys held, sum(self.sizes)
 
     def add(self, batch) -> None:
         """One batch (keys first) of the interval under way."""
         self.intervals[-1].append(batch)
         self.sizes[-1] += len(batch[0])
+        self.total += len(batch[0])
         self._trim()
 
     def next_interval(self) -> None:
@@ -162,9 +164,9 @@ class Replay:
         self._trim()
 
     def _trim(self) -> None:
-        while len(self.intervals) > REPLAY_INTERVALS and sum(self.sizes) > REPLAY_SAMPLES:
+        while len(self.intervals) > REPLAY_INTERVALS and self.total > REPLAY_SAMPLES:
             self.intervals.popleft()
-            self.sizes.popleft()
+            self.total -= self.sizes.popleft()
 
     def __len__(self) -> int:
         """Intervals held, the one under way among them if it has a batch."""

@@ -26,18 +26,30 @@ class MRC:
 
     def __post_init__(self):
         self.sizes = np.asarray(self.sizes, dtype=np.int64)
-        self.miss_ratio = np.asarray(self.miss_ratio, dtype=np.float64)
-        if self.sizes.ndim != 1 or self.sizes.shape != self.miss_ratio.shape:
+        self.miss_ratio = m = np.asarray(self.miss_ratio, dtype=np.float64)
+        if self.sizes.ndim != 1 or self.sizes.shape != m.shape:
             raise ValueError("sizes and miss_ratio must be 1-D and equally long")
         if len(self.sizes) == 0:
             raise ValueError("a curve needs at least one point")
-        if np.any(np.diff(self.sizes) <= 0):
+        if (self.sizes[1:] <= self.sizes[:-1]).any():
             raise ValueError("sizes must be strictly increasing")
         if self.sizes[0] < 0:
             raise ValueError("sizes must be non-negative")
-        if not np.all(np.isfinite(self.miss_ratio)) or \
-                np.any(self.miss_ratio < 0) or np.any(self.miss_ratio > 1 + 1e-9):
+        # NaN fails both comparisons, and so does either infinity one of them
+        if not ((m >= 0) & (m <= 1 + 1e-9)).all():
             raise ValueError("miss ratios must be finite and within [0, 1]")
+
+    @classmethod
+    def checked(cls, sizes: np.ndarray, miss_ratio: np.ndarray, policy: str = "lru",
+                method: str = "exact", rate: float = 1.0, meta: dict | None = None) -> "MRC":
+        """A curve from int64 sizes and float64 miss ratios that its caller
+        has checked as __post_init__ would (protocol/wire.py, for every
+        curve of every report a controller takes)."""
+        c = cls.__new__(cls)
+        c.sizes, c.miss_ratio, c.policy, c.method, c.rate = sizes, miss_ratio, policy, \
+            method, rate
+        c.meta = {} if meta is None else meta
+        return c
 
     # -- reading the curve -------------------------------------------------
     def _points(self):

@@ -39,20 +39,27 @@ def curve_to_pb(curve: MRC) -> pb.Curve:
 
 
 def curve_from_pb(msg: pb.Curve, where: str = "curve") -> MRC:
-    sizes, ratios = list(msg.sizes_pages), list(msg.miss_ratio)
-    if len(sizes) > MAX_CURVE_POINTS:
-        raise WireError(f"{where}: {len(sizes)} points, more than {MAX_CURVE_POINTS}")
-    if len(sizes) != len(ratios):
-        raise WireError(f"{where}: {len(sizes)} sizes but {len(ratios)} miss ratios")
-    if not sizes:
+    """The curve a message carries, every field checked (a node's reports
+    carry a few dozen curves of tens of points, so the checks are array
+    operations, once: the MRC is made without checking them again)."""
+    n = len(msg.sizes_pages)
+    if n > MAX_CURVE_POINTS:
+        raise WireError(f"{where}: {n} points, more than {MAX_CURVE_POINTS}")
+    if n != len(msg.miss_ratio):
+        raise WireError(f"{where}: {n} sizes but {len(msg.miss_ratio)} miss ratios")
+    if not n:
         raise WireError(f"{where}: no points")
-    if any(b <= a for a, b in zip(sizes, sizes[1:])):
+    sizes = np.fromiter(msg.sizes_pages, dtype=np.int64, count=n)
+    ratios = np.fromiter(msg.miss_ratio, dtype=np.float64, count=n)
+    if (sizes[1:] <= sizes[:-1]).any():
         raise WireError(f"{where}: sizes are not strictly increasing")
     if sizes[0] < 0:
         raise WireError(f"{where}: negative size")
-    for m in ratios:
-        if not math.isfinite(m) or m < 0.0 or m > 1.0 + 1e-9:
-            raise WireError(f"{where}: miss ratio {m!r} is not within [0, 1]")
+    # NaN fails both comparisons, and so does either infinity one of them
+    bad = ~((ratios >= 0.0) & (ratios <= 1.0 + 1e-9))
+    if bad.any():
+        m = float(ratios[bad][0])
+        raise WireError(f"{where}: miss ratio {m!r} is not within [0, 1]")
     if not math.isfinite(msg.rate) or not 0.0 < msg.rate <= 1.0:
         raise WireError(f"{where}: sampling rate {msg.rate!r} is not within (0, 1]")
     meta = {}
@@ -63,11 +70,8 @@ def curve_from_pb(msg: pb.Curve, where: str = "curve") -> MRC:
             raise WireError(f"{where}: meta_json is not JSON") from None
         if not isinstance(meta, dict):
             raise WireError(f"{where}: meta_json is not a JSON object")
-    try:
-        return MRC(np.asarray(sizes, dtype=np.int64), np.asarray(ratios, dtype=np.float64),
-                   msg.policy or "lru", msg.method or "exact", float(msg.rate), meta)
-    except ValueError as err:
-        raise WireError(f"{where}: {err}") from None
+    return MRC.checked(sizes, ratios, msg.policy or "lru", msg.method or "exact",
+                       float(msg.rate), meta)
 
 
 def _jsonable(value):

@@ -69,3 +69,39 @@ def test_malformed_curves_are_refused(sizes, ratios, msg):
 def test_from_dict_names_a_missing_key():
     with pytest.raises(ValueError, match="sizes"):
         MRC.from_dict({"miss_ratio": [0.5]})
+
+
+@pytest.mark.parametrize("sizes,ratios,why", [
+    ([10, 10, 20], [0.5, 0.4, 0.3], "strictly increasing"),
+    ([20, 10], [0.5, 0.4], "strictly increasing"),
+    ([-1, 10], [0.5, 0.4], "non-negative"),
+    ([10, 20], [0.5, float("nan")], "within"),
+    ([10, 20], [float("inf"), 0.4], "within"),
+    ([10, 20], [0.5, float("-inf")], "within"),
+    ([10, 20], [1.1, 0.4], "within"),
+    ([10, 20], [0.5, -0.01], "within"),
+    ([], [], "at least one point"),
+    ([10, 20], [0.5], "equally long"),
+])
+def test_a_curve_that_breaks_the_rules_is_refused_and_so_is_its_message(sizes, ratios, why):
+    """The type refuses it, and so does the wire (which checks a report's
+    curves itself and makes them with MRC.checked), each with its reason."""
+    from cachepilot.protocol import cachepilot_pb2 as pb
+    from cachepilot.protocol.wire import WireError, curve_from_pb
+    with pytest.raises(ValueError, match=why):
+        MRC(np.array(sizes, dtype=np.int64), np.array(ratios, dtype=np.float64))
+    msg = pb.Curve(policy="lru", rate=0.1, sizes_pages=sizes, miss_ratio=ratios)
+    with pytest.raises(WireError):
+        curve_from_pb(msg)
+
+
+def test_the_wire_makes_the_same_curve_as_the_type():
+    from cachepilot.protocol import cachepilot_pb2 as pb
+    from cachepilot.protocol.wire import curve_from_pb, curve_to_pb
+    c = MRC([0, 10, 40], [1.0, 0.6, 0.25], "s3fifo", "minisim", 0.125, {"k": 1})
+    back = curve_from_pb(pb.Curve.FromString(curve_to_pb(c).SerializeToString()))
+    assert back.sizes.dtype == np.int64 and back.miss_ratio.dtype == np.float64
+    assert back.sizes.tolist() == [0, 10, 40] and back.miss_ratio.tolist() == [1.0, 0.6, 0.25]
+    assert (back.policy, back.method, back.rate, back.meta) == ("s3fifo", "minisim", 0.125,
+                                                               {"k": 1})
+    assert back.at(25) == pytest.approx(c.at(25))

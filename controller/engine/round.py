@@ -678,10 +678,10 @@ def _hold_warming(R: Round) -> tuple[np.ndarray, np.ndarray]:
     own, and the SLO out of reach gets its gains weighed instead
     (allocate_memory)."""
     need, need_safe = R.need.copy(), R.need_safe.copy()
-    bank = R.bank
-    for i in np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve).tolist():
+    rows = np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve)
+    floor_of = R.bank.ys[R.bank.end(R.alloc_row[rows])] if len(rows) else np.zeros(0)
+    for i, floor in zip(rows.tolist(), floor_of.tolist()):
         st = R.tstates[i]
-        floor = float(bank.ys[bank.end(np.array([R.alloc_row[i]]))[0]])
         floors = (list(st.floors) + [floor])[-(FLOOR_ROUNDS + 1):]
         if R.learn:
             st.floors = floors
