@@ -7,9 +7,10 @@ gRPC; `serve()` starts a server with mutual TLS (a certificate per node and
 one for admins, controller/auth.py), TLS with a shared token, or
 plaintext on request, with a loud warning.
 
-A decision round runs for one node each time that node reports: memory is
-divided per node, so a node's directives depend only on its own tenants, and
-answering in the Report reply needs no second channel back to the agent.
+A decision round runs each time a node reports: memory is divided per
+node, so a node's directives depend only on its own tenants, and answering
+in the Report reply needs no second channel back to the agent.  Reports
+that arrive while a round runs are decided together in the next one.
 
 What a restart must not lose -- SLOs and modes set through the admin API,
 node registrations and last directives, the engine's memory of each tenant
@@ -66,6 +67,23 @@ class TenantBook:
     last_met: bool | None = None
 
 
+class _Pending:
+    """A report waiting for its round, and then its answer."""
+    __slots__ = ("node_id", "session", "seq", "reports", "applied", "refused", "arrived",
+                 "done", "result", "error")
+
+    def __init__(self, node_id, session, seq, reports, applied, refused, arrived):
+        self.node_id, self.session, self.seq = node_id, session, seq
+        self.reports, self.applied, self.refused = reports, applied, refused
+        self.arrived = arrived
+        self.done = False
+        self.result = None
+        self.error: BaseException | None = None
+
+    def finish(self, result=None, error: BaseException | None = None) -> None:
+        self.result, self.error, self.done = result, error, True
+
+
 class Engine:
     """The decision engine (controller/engine) behind the calls the service makes.
 
@@ -86,6 +104,21 @@ class Engine:
         d = self._engine.decide(self.state, {node: reports}, config,
                                 advisory_nodes={node} if advisory else (), recommend=recommend)
         return list(d.directives.get(node, [])), list(d.violations), list(d.log)
+
+    def decide_many(self, reports: dict[str, list[TenantReport]], config, advisory=(),
+                    recommend=()) -> dict:
+        """One round over several nodes' reports: node -> what decide()
+        returns for it."""
+        d = self._engine.decide(self.state, reports, config, advisory_nodes=advisory,
+                                recommend=recommend)
+        out = {n: (list(d.directives.get(n, [])), [], []) for n in reports}
+        for v in d.violations:
+            if v.node in out:
+                out[v.node][1].append(v)
+        for e in d.log:
+            if e.node in out:
+                out[e.node][2].append(e)
+        return out
 
     def restore(self, records: dict, rounds: int, config) -> None:
         engine_saved.restore(self.state, records, rounds, config.control.model_window)
@@ -137,6 +170,9 @@ class Controller(AdminOps):
         self.latencies: deque[float] = deque(maxlen=10000)   # seconds per round
         self.shed = 0                   # reports answered without a round, since shed_since
         self.shed_since: float | None = None
+        # reports waiting for the lock, taken a batch at a time (report())
+        self._queue: deque[_Pending] = deque()
+        self._queue_lock = threading.Lock()
         self._restore()
         for t in self.config.tenants:
             self._export_slo(t.name)
@@ -252,50 +288,126 @@ class Controller(AdminOps):
                applied: list[ApplyResult], refused=()):
         """One node's report: returns (directives to send, round, refusals).
 
+        Reports that arrive while a round runs wait in a queue, and the
+        next thread to hold the lock takes every waiting report (one per
+        node) into one engine round (_decide_batch): a node's decisions
+        depend only on its own tenants, so one round over ten nodes
+        decides what ten rounds would, for the fixed cost of one.  An idle
+        controller still decides each report alone, at once.
+
         A report that waited longer than `control.shed_after` of an interval
-        for the controller's lock finds it behind (a replica that took over
-        a dead one's nodes, a burst of registrations): it is taken and
-        answered without a decision round -- no directive, so the node keeps
-        what it runs -- unless its node has gone `shed_max_rounds` reports
-        without one.  A report answered late is a report the node counts as
-        lost; one answered now with nothing new costs the node a round of
-        decisions, and the rounds saved let the queue drain."""
+        finds the controller behind (a replica that took over a dead one's
+        nodes, a burst of registrations): it is taken and answered without
+        a decision -- no directive, so the node keeps what it runs --
+        unless its node has gone `shed_max_rounds` reports without one.  A
+        report answered late is a report the node counts as lost; one
+        answered now with nothing new costs the node a round of decisions,
+        and the rounds saved let the queue drain."""
         self._check_owner(node_id)
-        arrived = self.clock()
-        with self.lock:
-            rec, reports, refusals = self.registry.accept_report(
-                node_id, session, seq, reports, applied, refused)
-            self.serving.add(node_id)
-            self._note_refusals(node_id, refusals, applied)
-            self._observe(reports)
+        item = _Pending(node_id, session, seq, reports, applied, refused, self.clock())
+        with self._queue_lock:
+            self._queue.append(item)
+        while not item.done:
+            with self.lock:
+                if not item.done:
+                    self._run_batch(self._take_batch())
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    def _take_batch(self) -> list[_Pending]:
+        """The waiting reports, the first of each node's (a node that sent
+        two at once has the second decided in the next batch)."""
+        with self._queue_lock:
+            batch, later, seen = [], deque(), set()
+            for it in self._queue:
+                (later if it.node_id in seen else batch).append(it)
+                seen.add(it.node_id)
+            self._queue = later
+        return batch
+
+    def _run_batch(self, batch: list[_Pending]) -> None:
+        """Take each report of `batch` in, shed those that waited too long,
+        decide the rest in one round; every item is answered (result or
+        error) whatever happens."""
+        ready = []
+        try:
             ctl = self.config.control
-            behind = self.clock() - arrived > ctl.shed_after * ctl.interval_s
-            if behind and rec.reports - rec.decided_at <= ctl.shed_max_rounds:
-                self.shed += 1
-                self.metrics.shed.inc()
-                if self.shed_since is None:
-                    self.shed_since = self.clock()
-                    self._note(None, None, "shed", f"behind: reports that waited over "
-                               f"{ctl.shed_after * ctl.interval_s:.1f} s are answered "
-                               f"without a decision (each node decided at least every "
-                               f"{ctl.shed_max_rounds + 1} reports)")
-                return [], self.rounds, refusals
-            if not behind and self.shed_since is not None:
-                self._note(None, None, "shed", f"caught up: {self.shed} reports answered "
-                           f"without a decision since it fell behind")
-                self.shed_since, self.shed = None, 0
-            rec.decided_at = rec.reports
-            placed = {t.name for t in self.config.tenants_on(node_id)}
-            advice = {t for t in placed if self.mode_of(t) == "recommend"}
-            start = time.perf_counter()
-            directives, violations, entries = self.engine.decide(
-                node_id, reports, self.config, advisory=rec.advisory,
+            for it in batch:
+                try:
+                    rec, reports, refusals = self.registry.accept_report(
+                        it.node_id, it.session, it.seq, it.reports, it.applied, it.refused)
+                except Exception as err:        # Refused: the caller's gRPC error
+                    it.finish(error=err)
+                    continue
+                self.serving.add(it.node_id)
+                self._note_refusals(it.node_id, refusals, it.applied)
+                self._observe(reports)
+                behind = self.clock() - it.arrived > ctl.shed_after * ctl.interval_s
+                if behind and rec.reports - rec.decided_at <= ctl.shed_max_rounds:
+                    self._shed_one()
+                    it.finish(result=([], self.rounds, refusals))
+                    continue
+                if not behind and self.shed_since is not None:
+                    self._note(None, None, "shed", f"caught up: {self.shed} reports answered "
+                               f"without a decision since it fell behind")
+                    self.shed_since, self.shed = None, 0
+                rec.decided_at = rec.reports
+                ready.append((it, rec, reports, refusals))
+            if ready:
+                self._decide_batch(ready)
+        except Exception as err:
+            # each caller raises it (a gRPC error); the lock's holder goes on
+            log.exception("a round over %d report(s) failed", len(batch))
+            for it in batch:
+                if not it.done:
+                    it.finish(error=err)
+        finally:
+            for it in batch:
+                if not it.done:
+                    it.finish(error=RuntimeError("the controller dropped this report"))
+
+    def _shed_one(self) -> None:
+        self.shed += 1
+        self.metrics.shed.inc()
+        if self.shed_since is None:
+            self.shed_since = self.clock()
+            ctl = self.config.control
+            self._note(None, None, "shed", f"behind: reports that waited over "
+                       f"{ctl.shed_after * ctl.interval_s:.1f} s are answered "
+                       f"without a decision (each node decided at least every "
+                       f"{ctl.shed_max_rounds + 1} reports)")
+
+    def _decide_batch(self, ready) -> None:
+        """One engine round over the nodes of `ready` ([(item, node record,
+        reports, refusals)]), then each node's directives recorded, saved
+        and answered as its own round would have been."""
+        placed = {it.node_id: {t.name for t in self.config.tenants_on(it.node_id)}
+                  for it, *_ in ready}
+        advice = {t for names in placed.values() for t in names
+                  if self.mode_of(t) == "recommend"}
+        start = time.perf_counter()
+        if len(ready) > 1 and hasattr(self.engine, "decide_many"):
+            decided = self.engine.decide_many(
+                {it.node_id: reports for it, _, reports, _ in ready}, self.config,
+                advisory={it.node_id for it, rec, _, _ in ready if rec.advisory},
                 **({"recommend": advice} if advice else {}))
-            took = time.perf_counter() - start
-            self.metrics.loop_latency.observe(took)
-            self.latencies.append(took)
-            self.rounds += 1
-            directives = [d for d in directives if d.tenant in placed]
+        else:
+            decided = {}
+            for it, rec, reports, _ in ready:
+                mine = advice & placed[it.node_id]
+                decided[it.node_id] = self.engine.decide(
+                    it.node_id, reports, self.config, advisory=rec.advisory,
+                    **({"recommend": mine} if mine else {}))
+        took = time.perf_counter() - start
+        self.metrics.loop_latency.observe(took)
+        self.latencies.append(took)
+        self.rounds += 1
+        every = self.config.control.plan_every_intervals
+        for it, rec, reports, refusals in ready:
+            node_id = it.node_id
+            directives, violations, entries = decided[node_id]
+            directives = [d for d in directives if d.tenant in placed[node_id]]
             sent = [d for d in directives if d.tenant not in advice]
             self._record_directives(rec, sent)
             self._record_recommendations([d for d in directives if d.tenant in advice])
@@ -304,11 +416,10 @@ class Controller(AdminOps):
             for e in entries:
                 self._note_engine(node_id, e)
             self._save_round(node_id, directives, advice)
-            self._export_nodes()
-            every = self.config.control.plan_every_intervals
             if self.fleet is not None and every and (rec.reports - 1) % every == 0:
                 self._publish_demands(rec, reports)
-            return sent, self.rounds, refusals
+            it.finish(result=(sent, self.rounds, refusals))
+        self._export_nodes()
 
     def _publish_demands(self, rec, reports):
         """What this node's tenants need, for the leader's plan."""

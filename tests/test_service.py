@@ -604,3 +604,72 @@ def test_a_controller_that_is_behind_answers_without_deciding_but_decides_each_n
     directives, _, _ = c.report("n1", session, 8, reps, [])
     assert directives and len(engine.calls) == 4
     assert any(e.kind == "shed" and "caught up: 4 reports" in e.message for e in c.log)
+
+
+def test_reports_that_wait_for_a_round_are_decided_together_as_each_alone_would_be():
+    """Reports that queue on the lock are taken into one engine round; a
+    node's decisions depend only on its own tenants, so each node gets
+    the directives, log and violations it would have got alone."""
+    import threading
+    import time
+
+    import numpy as np
+    from cachepilot.controller.config import config_from_dict
+    from cachepilot.controller.engine.synthetic import random_tenant
+    from cachepilot.controller.service import Controller
+    from cachepilot.protocol.types import NodeInfo
+    node_bytes, nodes = 256 << 20, ["n0", "n1", "n2", "n3"]
+    rng = np.random.default_rng(5)
+    tenants = {n: [random_tenant(rng, f"{n}-t{j}", ["linux", "mru", "lfu"], node_bytes / 4096)
+                   for j in range(5)] for n in nodes}
+    data = {"control": {"interval_s": 10.0, "warmup_intervals": 0, "autopilot_k": 1},
+            "controller": {"listen": "127.0.0.1:0", "insecure": True},
+            "nodes": [{"name": n, "memory_bytes": node_bytes, "backend": "sim",
+                       "policies": ["linux", "mru", "lfu"]} for n in nodes],
+            "tenants": [{"name": st.name, "node": n, "policies": ["linux", "mru", "lfu"],
+                         **({"slo": {"min_throughput": round(0.9 * st.throughput(
+                             float(st.curves["linux"].at(node_bytes / 4096 / 5))), 1)}}
+                            if j == 0 else {})}
+                        for n in nodes for j, st in enumerate(tenants[n])]}
+    alone, together = (Controller(config_from_dict(data, "t.yaml")) for _ in range(2))
+    sessions = {}
+    for c in (alone, together):
+        for n in nodes:
+            sessions[id(c), n] = c.register(NodeInfo(n, node_bytes, 2, True,
+                                                     ["linux", "mru", "lfu"], "sim"))[0]
+    limits = {st.name: node_bytes // 5 for n in nodes for st in tenants[n]}
+    policy = {st.name: "linux" for n in nodes for st in tenants[n]}
+    for seq in range(1, 5):
+        reps = {n: [st.report(limits[st.name], policy[st.name], 10.0) for st in tenants[n]]
+                for n in nodes}
+        one = {n: alone.report(n, sessions[id(alone), n], seq, reps[n], []) for n in nodes}
+        # the same reports arrive while another round holds the lock
+        got, threads = {}, []
+        with together.lock:
+            for n in nodes:
+                t = threading.Thread(target=lambda n=n: got.__setitem__(n, together.report(
+                    n, sessions[id(together), n], seq, reps[n], [])))
+                t.start()
+                threads.append(t)
+            deadline = time.monotonic() + 10
+            while len(together._queue) < len(nodes) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(together._queue) == len(nodes)
+        for t in threads:
+            t.join(10)
+        assert together.rounds == seq                   # one round a batch
+        assert alone.rounds == seq * len(nodes)
+        for n in nodes:
+            assert [(d.tenant, d.limit_bytes, d.policy) for d in got[n][0]] == \
+                [(d.tenant, d.limit_bytes, d.policy) for d in one[n][0]]
+            assert [v.tenant for v in together.last_violations[n]] == \
+                [v.tenant for v in alone.last_violations[n]]
+            for d in one[n][0]:
+                limits[d.tenant], policy[d.tenant] = d.limit_bytes, d.policy
+    moved = [t for t in limits if limits[t] != node_bytes // 5]
+    assert moved, "the rounds moved no limit: nothing was compared"
+    # the decision log says the same of every tenant, round numbers aside
+    def entries(c):
+        return sorted((e.node, e.tenant, e.kind, e.message) for e in c.log
+                      if e.kind not in ("register", "observed"))
+    assert entries(together) == entries(alone)
