@@ -9,6 +9,7 @@ import pytest
 from cachepilot.controller import engine
 from cachepilot.controller.config import config_from_dict
 from cachepilot.controller.engine import model
+from cachepilot.controller.engine.round import FLOOR_ROUNDS
 from cachepilot.controller.engine.synthetic import SynthTenant, power_curve
 from cachepilot.models.mrc import MRC
 
@@ -981,3 +982,34 @@ def test_an_slo_whose_curve_is_still_warming_keeps_its_memory():
     assert all(met[-8:])                            # and met once warm
     flat, _, _ = run(1.0)
     assert min(flat) < 0.8 * (GiB // 2)            # an own floor: cut
+
+
+def test_a_warming_slo_that_misses_grows_and_gives_the_memory_back_once_warm():
+    # make e2e's kv: its SLO needs 70 % of the node once warm, it starts at
+    # half, and its curves stay cold (out of the SLO's reach) for rounds.
+    # Held where it was, it missed its SLO until its curve warmed; it must
+    # grow at once, by a step a round, and once warm be sized on its curve,
+    # the rest going back to z.
+    warm = tenant("x", 0.6, 1.0, floor=0.005, t_hit=2e-6, t_miss=2e-4)
+    need = 0.7 * PAGES
+    slo = warm.throughput(float(warm.curves["linux"].at(need)))
+    synth = {"x": Warming(warm, 0.3, 0.8),
+             "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
+    cfg = make([{"name": "x", "node": "n1", "slo": {"min_throughput": slo}},
+                {"name": "z", "node": "n1"}], max_step_fraction=0.25,
+               objective="relative")
+    loop = Loop(cfg, synth)
+    limits, feasible = [], []
+    for _ in range(40):
+        d = loop.step()
+        limits.append(loop.limit["x"] / 4096)
+        feasible.append(not any(v.tenant == "x" for v in d.violations))
+    first_feasible = feasible.index(True)
+    assert first_feasible >= 3, "x's curve was never cold: nothing was tested"
+    # grown past its warm need before its curve could say what that is:
+    # from the round its floor has been seen to fall for FLOOR_ROUNDS
+    assert limits[FLOOR_ROUNDS] >= need
+    assert all(x >= need for x in limits[FLOOR_ROUNDS:first_feasible])
+    # once warm, sized on its curve: not the whole node
+    assert limits[-1] < 0.8 * PAGES
+    assert loop.true_throughput("x") >= slo
