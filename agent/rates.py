@@ -29,8 +29,8 @@ The two directions differ (agent/backends/linux.py does both):
   that history makes it;
   A tenant that speeds up by far within an interval does not wait for
   its end: once the samples of the interval under way come to
-  RETUNE_FACTOR intervals' budget (`shed`), the agent moves it down at
-  the next slice, from what it sampled so far.  At the e2e's start, kv and
+  RETUNE_FACTOR intervals' budget (RateTuner.shed), the agent moves it
+  down at the next slice, from what it sampled so far.  At the e2e's start, kv and
   search read 300 pages a second (rate 1/4), then search's cached passes
   46,000: an interval at 1/4 cost the agent 43 s of a 10 s interval, and
   the stall skewed every tenant's operations per page read.  Shedding
@@ -91,6 +91,21 @@ class RateTuner:
         return ladder(self.samples_per_s / accesses_per_s, min(floor, self.max_rate),
                       self.max_rate)
 
+    def shed(self, current: float, sampled: int, accesses: int, elapsed_s: float,
+             interval_s: float, limit_pages: float | None = None) -> float | None:
+        """The rate to move down to at once, in an interval under way that has
+        sampled `sampled` of `accesses` accesses over `elapsed_s`, or None:
+        only once its samples come to RETUNE_FACTOR intervals of the budget,
+        and only a move RETUNE_FACTOR down or more (what decide() does at the
+        interval's end)."""
+        if sampled < RETUNE_FACTOR * self.samples_per_s * interval_s or not elapsed_s > 0:
+            return None
+        want = self.wanted(accesses / elapsed_s, limit_pages)
+        if want * RETUNE_FACTOR > current:
+            return None
+        self.measured, self.streak = True, 0
+        return want
+
     def decide(self, current: float, accesses_per_s: float,
                limit_pages: float | None = None) -> float | None:
         """The rate to move to after an interval at `accesses_per_s`, or
@@ -110,22 +125,6 @@ class RateTuner:
             self.streak = 0
             return want
         return None
-
-
-def shed(tuner: RateTuner, current: float, sampled: int, accesses: int, elapsed_s: float,
-         interval_s: float, limit_pages: float | None = None) -> float | None:
-    """The rate to move down to at once, in an interval under way that has
-    sampled `sampled` of `accesses` accesses over `elapsed_s`, or None:
-    only once its samples come to RETUNE_FACTOR intervals of the budget,
-    and only a move RETUNE_FACTOR down or more (what decide() does at the
-    interval's end)."""
-    if sampled < RETUNE_FACTOR * tuner.samples_per_s * interval_s or not elapsed_s > 0:
-        return None
-    want = tuner.wanted(accesses / elapsed_s, limit_pages)
-    if want * RETUNE_FACTOR > current:
-        return None
-    tuner.measured, tuner.streak = True, 0
-    return want
 
 
 def warm(new_pages: float, old_pages: float, limit_pages: float, windows: int) -> bool:

@@ -101,14 +101,13 @@ class Engine:
 
     def decide(self, node: str, reports: list[TenantReport], config, advisory: bool = False,
                recommend=()):
-        d = self._engine.decide(self.state, {node: reports}, config,
-                                advisory_nodes={node} if advisory else (), recommend=recommend)
-        return list(d.directives.get(node, [])), list(d.violations), list(d.log)
+        return self.decide_many({node: reports}, config, {node} if advisory else (),
+                                recommend)[node]
 
     def decide_many(self, reports: dict[str, list[TenantReport]], config, advisory=(),
                     recommend=()) -> dict:
         """One round over several nodes' reports: node -> what decide()
-        returns for it."""
+        returns for it (every violation and log entry names its node)."""
         d = self._engine.decide(self.state, reports, config, advisory_nodes=advisory,
                                 recommend=recommend)
         out = {n: (list(d.directives.get(n, [])), [], []) for n in reports}

@@ -15,6 +15,26 @@ import numpy as np
 PAGE_SIZE = 4096
 
 
+def curve_fault(sizes: np.ndarray, miss_ratio: np.ndarray) -> str | None:
+    """Why int64 `sizes` and float64 `miss_ratio` are not a curve, or None:
+    the rules every MRC keeps, in array operations (a report brings dozens
+    of curves)."""
+    if sizes.ndim != 1 or sizes.shape != miss_ratio.shape:
+        return "sizes and miss ratios must be 1-D and equally long"
+    if len(sizes) == 0:
+        return "a curve needs at least one point"
+    if (sizes[1:] <= sizes[:-1]).any():
+        return "sizes are not strictly increasing"
+    if sizes[0] < 0:
+        return "sizes must be non-negative"
+    # NaN fails both comparisons, and so does either infinity one of them
+    bad = ~((miss_ratio >= 0.0) & (miss_ratio <= 1.0 + 1e-9))
+    if bad.any():
+        return (f"miss ratio {float(miss_ratio[bad][0])!r}: miss ratios must be finite "
+                "and within [0, 1]")
+    return None
+
+
 @dataclass
 class MRC:
     sizes: np.ndarray              # pages, int64, increasing
@@ -26,25 +46,17 @@ class MRC:
 
     def __post_init__(self):
         self.sizes = np.asarray(self.sizes, dtype=np.int64)
-        self.miss_ratio = m = np.asarray(self.miss_ratio, dtype=np.float64)
-        if self.sizes.ndim != 1 or self.sizes.shape != m.shape:
-            raise ValueError("sizes and miss_ratio must be 1-D and equally long")
-        if len(self.sizes) == 0:
-            raise ValueError("a curve needs at least one point")
-        if (self.sizes[1:] <= self.sizes[:-1]).any():
-            raise ValueError("sizes must be strictly increasing")
-        if self.sizes[0] < 0:
-            raise ValueError("sizes must be non-negative")
-        # NaN fails both comparisons, and so does either infinity one of them
-        if not ((m >= 0) & (m <= 1 + 1e-9)).all():
-            raise ValueError("miss ratios must be finite and within [0, 1]")
+        self.miss_ratio = np.asarray(self.miss_ratio, dtype=np.float64)
+        why = curve_fault(self.sizes, self.miss_ratio)
+        if why is not None:
+            raise ValueError(why)
 
     @classmethod
     def checked(cls, sizes: np.ndarray, miss_ratio: np.ndarray, policy: str = "lru",
                 method: str = "exact", rate: float = 1.0, meta: dict | None = None) -> "MRC":
         """A curve from int64 sizes and float64 miss ratios that its caller
-        has checked as __post_init__ would (protocol/wire.py, for every
-        curve of every report a controller takes)."""
+        has checked with curve_fault (protocol/wire.py, for every curve of
+        every report a controller takes, which says which curve was bad)."""
         c = cls.__new__(cls)
         c.sizes, c.miss_ratio, c.policy, c.method, c.rate = sizes, miss_ratio, policy, \
             method, rate

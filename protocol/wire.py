@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from cachepilot.models.mrc import MRC
+from cachepilot.models.mrc import MRC, curve_fault
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol.tenant import NodeTenant
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
@@ -39,27 +39,19 @@ def curve_to_pb(curve: MRC) -> pb.Curve:
 
 
 def curve_from_pb(msg: pb.Curve, where: str = "curve") -> MRC:
-    """The curve a message carries, every field checked (a node's reports
-    carry a few dozen curves of tens of points, so the checks are array
-    operations, once: the MRC is made without checking them again)."""
+    """The curve a message carries, every field checked (the points with
+    the MRC's own rules, curve_fault, once: the MRC is made without
+    checking them again)."""
     n = len(msg.sizes_pages)
     if n > MAX_CURVE_POINTS:
         raise WireError(f"{where}: {n} points, more than {MAX_CURVE_POINTS}")
     if n != len(msg.miss_ratio):
         raise WireError(f"{where}: {n} sizes but {len(msg.miss_ratio)} miss ratios")
-    if not n:
-        raise WireError(f"{where}: no points")
     sizes = np.fromiter(msg.sizes_pages, dtype=np.int64, count=n)
     ratios = np.fromiter(msg.miss_ratio, dtype=np.float64, count=n)
-    if (sizes[1:] <= sizes[:-1]).any():
-        raise WireError(f"{where}: sizes are not strictly increasing")
-    if sizes[0] < 0:
-        raise WireError(f"{where}: negative size")
-    # NaN fails both comparisons, and so does either infinity one of them
-    bad = ~((ratios >= 0.0) & (ratios <= 1.0 + 1e-9))
-    if bad.any():
-        m = float(ratios[bad][0])
-        raise WireError(f"{where}: miss ratio {m!r} is not within [0, 1]")
+    why = curve_fault(sizes, ratios)
+    if why is not None:
+        raise WireError(f"{where}: {why}")
     if not math.isfinite(msg.rate) or not 0.0 < msg.rate <= 1.0:
         raise WireError(f"{where}: sampling rate {msg.rate!r} is not within (0, 1]")
     meta = {}

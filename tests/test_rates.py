@@ -10,7 +10,7 @@ from cachepilot.agent.config import config_from_dict
 from cachepilot.agent.curves import make_builder
 from cachepilot.agent.rates import (HANDOVER_WINDOWS, MAX_HANDOVER_WINDOWS, REPLAY_INTERVALS,
                                     REPLAY_SAMPLES, RETUNE_INTERVALS, WARM_SHARE, RateTuner,
-                                    RETUNE_FACTOR, Replay, ladder, shed, warm)
+                                    RETUNE_FACTOR, Replay, ladder, warm)
 from cachepilot.agent.sampler import OP_ACCESS, Counters, threshold_for_rate
 from cachepilot.core.errors import UserError
 from cachepilot.models.shards import sample_mask_index, threshold_rate
@@ -385,8 +385,8 @@ def test_a_tenant_that_floods_an_interval_moves_down_at_the_next_slice(host):
 def test_shedding_waits_for_several_intervals_of_budget():
     t = RateTuner(100.0, 1 / 1024, 0.25)
     # 3,999 samples: under 4 intervals of 100 a second over 10 s
-    assert shed(t, 0.25, 3_999, 16_000, 2.0, 10.0) is None
+    assert t.shed(0.25, 3_999, 16_000, 2.0, 10.0) is None
     # 4,000 samples of 8,000 a second: 100 / 8,000 -> 1/128
-    assert shed(t, 0.25, 4_000, 16_000, 2.0, 10.0) == 1 / 128
+    assert t.shed(0.25, 4_000, 16_000, 2.0, 10.0) == 1 / 128
     # a speed that asks for less than RETUNE_FACTOR down keeps the rate
-    assert shed(t, 0.25, 4_000, 1_000, 2.0, 10.0) is None
+    assert t.shed(0.25, 4_000, 1_000, 2.0, 10.0) is None

@@ -24,7 +24,7 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import make_builder, shift_by_anon
-from cachepilot.agent.rates import Replay, RateTuner, shed, warm
+from cachepilot.agent.rates import Replay, RateTuner, warm
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
@@ -467,13 +467,10 @@ class LinuxBackend:
         from its kept batches, this slice's last among them."""
         if w.tuner is None or w.builder is None or w.interval is None:
             return False
-        stats = w.last_stats
-        limit = stats.effective_limit_bytes if stats is not None else None
-        limit_pages = min(limit or self.memory_bytes, self.memory_bytes) / PAGE_SIZE
         elapsed = max(time.monotonic() - w.last_time,
                       self.cfg.interval_s / self.cfg.sampling.slices)
-        new = shed(w.tuner, w.rate, w.interval.sampled, w.interval.accesses, elapsed,
-                   self.cfg.interval_s, limit_pages)
+        new = w.tuner.shed(w.rate, w.interval.sampled, w.interval.accesses, elapsed,
+                           self.cfg.interval_s, self._limit_pages(w.last_stats))
         if new is None:
             return False
         log.info("tenant %s: %d samples of %.0f accesses/s in %.1f s of an interval, "
@@ -482,6 +479,12 @@ class LinuxBackend:
                  len(w.recent))
         self._move_down(w, new, interval_done=False)
         return True
+
+    def _limit_pages(self, stats) -> float:
+        """The tenant's limit in pages, the node's memory at most (and when
+        there is none, or no stats yet)."""
+        limit = stats.effective_limit_bytes if stats is not None else None
+        return min(limit or self.memory_bytes, self.memory_bytes) / PAGE_SIZE
 
     def _follow_threshold(self, w: Watched) -> None:
         """The kernel samples the cgroup at the threshold its builders need."""
@@ -624,9 +627,7 @@ class LinuxBackend:
             for b in w.builders():
                 b.end_interval(s.min_window_samples, s.max_window_intervals)
             if counted is not None:
-                self._retune(w, d.accesses / dt, min(
-                    stats.effective_limit_bytes or self.memory_bytes, self.memory_bytes)
-                    / PAGE_SIZE)
+                self._retune(w, d.accesses / dt, self._limit_pages(stats))
             if w.recent is not None:
                 w.recent.next_interval()
         if counted is not None:
