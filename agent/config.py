@@ -75,8 +75,11 @@ class Sampling(Strict):
     One rate for all gives a tenant that reads 40,000 pages a second
     hundreds of samples an interval and one that reads 800 a handful,
     while a curve's error and the agent's CPU both follow the samples.
-    `rate` is then where a tenant starts, until its first interval says
-    how fast it reads; rates stay within [min_rate, max_rate].
+    A tenant then starts at `max_rate` (`start_rate`), until its first
+    interval says how fast it reads, and rates stay within [min_rate,
+    max_rate]: moving down is warm at once (the new builder is fed the
+    tenant's last intervals again), moving up costs a handover of several
+    windows, so a tenant started low had no curve for its first rounds.
 
     `min_window_samples`: a tenant's counting window closes at the end of
     an interval only once it holds that many sampled accesses (or after
@@ -91,6 +94,12 @@ class Sampling(Strict):
     max_window_intervals: int = Field(6, ge=1, le=100)
     ring_bytes: int = Field(1 << 22, ge=4096)
     slices: int = Field(32, ge=1, le=128)
+
+    @property
+    def start_rate(self) -> float:
+        """Where a newly watched tenant's sampling starts: `rate`, or
+        `max_rate` when each tenant gets its own."""
+        return self.max_rate if self.samples_per_s else self.rate
 
     @model_validator(mode="after")
     def _power_of_two(self):

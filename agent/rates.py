@@ -16,8 +16,10 @@ sampled at that rate), so a new rate means a new builder, and a new
 builder's miniatures start empty while the tenant's page cache is full: a
 curve from them reads every page as a miss until the tenant has touched
 as many pages as its limit holds, which for a slow tenant takes minutes.
-The first interval's speed sets the rate at once; later a rate moves only
-when its tenant's speed has asked for one at least RETUNE_FACTOR away.
+A tenant starts at the top rate (Sampling.start_rate), since moving down
+is warm at once and moving up is not; its first interval's speed sets the
+rate at once; later a rate moves only when its tenant's speed has asked
+for one at least RETUNE_FACTOR away.
 The two directions differ (agent/backends/linux.py does both):
 - down (the tenant got faster): after one interval, since every interval
   at the old rate costs the agent RETUNE_FACTOR times its budget or more
@@ -35,8 +37,8 @@ The two directions differ (agent/backends/linux.py does both):
   46,000: an interval at 1/4 cost the agent 43 s of a 10 s interval, and
   the stall skewed every tenant's operations per page read.  Shedding
   early is the decision the interval's end would take, taken sooner;
-- up (the tenant got slower, or its first interval asked for more than
-  the starting rate): after RETUNE_INTERVALS intervals in a row (the first
+- up (the tenant got slower, or, under a fixed starting rate, its first
+  interval asked for more): after RETUNE_INTERVALS intervals in a row (the first
   at once).  The keys kept were sampled at the old, lower rate, too few
   for the new one, so the new builder counts beside the old, whose curves
   are reported until the new one is warm (`warm`): it has seen as many

@@ -225,30 +225,31 @@ def one_interval(b, sampler, clock, ids, speeds, rng, seconds=10.0):
 def test_each_tenant_is_sampled_at_its_share_and_a_slow_one_waits_for_samples(host):
     b, sampler, clock, ids = host
     rng = np.random.default_rng(7)
-    assert sampler.thresholds[ids["fast"]] == threshold_for_rate(0.01)
+    # every tenant starts at the top rate: moving down is warm at once
+    assert sampler.thresholds[ids["fast"]] == threshold_for_rate(0.25)
+    assert sampler.thresholds[ids["slow"]] == threshold_for_rate(0.25)
     speeds = {"fast": 40_000, "slow": 800}
-    one_interval(b, sampler, clock, ids, speeds, rng)
+    first = b.watched["slow"].builder
+    reports = one_interval(b, sampler, clock, ids, speeds, rng)
+    # a curve from the first interval for each (slow's 2,000 samples pass
+    # min_window_samples; started at 0.01 it had 80, and then a handover)
+    assert reports["slow"].curves and reports["fast"].curves
     fast, slow = b.watched["fast"], b.watched["slow"]
     # 200 samples a second: 200 / 40,000 -> 1/256, 200 / 800 -> 1/4
     assert (fast.rate, slow.rate) == (1 / 256, 0.25)
     # fast, down: its new builder took over at once, from its interval again
     assert fast.next_builder is None and fast.builder.total_accesses == 400_000
     assert threshold_rate(fast.builder.threshold) == pytest.approx(1 / 256, rel=1e-6)
-    # slow, up: the new builder counts beside the one that saw its start
-    assert slow.builder.total_accesses == 8_000 and slow.next_builder is not None
+    # slow was at its rate from the start: the builder that saw its first
+    # interval goes on, and no second one counts beside it
+    assert slow.builder is first and slow.next_builder is None
+    assert slow.builder.total_accesses == 8_000
     for w in (fast, slow):
         assert sampler.thresholds[w.cgid] == w.wanted_threshold()
-    new = slow.next_builder
-    for _ in range(MAX_HANDOVER_WINDOWS):
-        one_interval(b, sampler, clock, ids, speeds, rng)
-        if slow.next_builder is None:
-            break
-    assert slow.builder is new
-    assert threshold_rate(slow.builder.threshold) == pytest.approx(0.25)
     before = {n: sampler.counts[ids[n]].sampled for n in ids}
     reports = one_interval(b, sampler, clock, ids, speeds, rng)
     # the kernel now hands over keys of the same order for each (at one
-    # rate of 0.01: 4,000 against 80)
+    # rate of 0.25: 100,000 against 2,000)
     got = {n: sampler.counts[ids[n]].sampled - before[n] for n in ids}
     assert 0.25 < got["fast"] / got["slow"] < 4, got
     assert reports["slow"].curves and reports["fast"].curves

@@ -306,7 +306,7 @@ class LinuxBackend:
                 tp = PrometheusSource(spec.throughput)
             w = Watched(tenant, path, cgid, spec, builder, tp, time.monotonic(),
                         policy=running_policy(path, self.default_policy),
-                        rate=sampling.rate,
+                        rate=sampling.start_rate,
                         tuner=RateTuner(sampling.samples_per_s, sampling.min_rate,
                                         sampling.max_rate)
                         if sampling.samples_per_s else None,
@@ -332,13 +332,13 @@ class LinuxBackend:
 
     def _builder(self, spec, rate: float | None = None):
         """A tenant's curve builder: the policies it names that the engine
-        knows, else the node's; at `rate` (default: sampling.rate)."""
+        knows, else the node's; at `rate` (default: sampling.start_rate)."""
         known = self._known_policies()
         policies = [p for p in spec.policies if p in known] \
             if spec is not None and spec.policies else []
         policies = policies or self.policies
         max_pages = (self.cfg.max_cache or self.memory_bytes) // PAGE_SIZE
-        return make_builder(policies, rate=rate or self.cfg.sampling.rate,
+        return make_builder(policies, rate=rate or self.cfg.sampling.start_rate,
                             max_pages=max_pages, max_samples=self.cfg.sampling.max_samples)
 
     def _drop(self, tenant: str, why: str):
