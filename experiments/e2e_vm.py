@@ -646,30 +646,44 @@ def summarise(args, ts, runs, trials, table, errors, static, static_score, slos,
 
 
 def policy_choices(args, ts, auto, table, errors, share, phase_at, win):
-    """The policy (c) ran in each tenant phase against the policies the
-    sweep cannot tell from the best at the limit (c) gave it, and how many
-    intervals the policy took to settle (from the start, and after the
-    phase change for a two-phase tenant)."""
+    """The policy (c) settled on in each tenant phase (the one in force over
+    the phase's last `settle` intervals) against the policies the sweep
+    cannot tell from the best at the limit (c) gave it then; beside it, the
+    share of the phase's intervals whose policy in force was among the best
+    at that interval's own limit (a tenant whose limit still moves can run
+    the default while every policy ties, as search's passes do while they
+    fit), and how many intervals the policy took to settle (from the start,
+    and after the phase change for a two-phase tenant)."""
     choices, latency = [], {}
     for t in ts:
         s = auto[t.name]
+        pol = ["linux" if x == "none" else x for x in s["policy"]]
+
+        def best_at(p, limit):
+            f = nearest_factor(limit, share,
+                               sorted({ff for _, ff in table[t.name][p]}, reverse=True))
+            at = {q: v for (q, ff), v in table[t.name][p].items() if ff == f}
+            se = {q: v for (q, ff), v in errors[t.name][p].items() if ff == f}
+            return f, at, se, best_policies(at, se)
+
         for p, (a, b) in (win.items() if t.phase_pidfile else [(0, (args.warmup,
                                                                      args.intervals))]):
-            pols = s["policy"][a:b]
-            ran = max(set(pols), key=pols.count) if pols else None
-            ran = "linux" if ran == "none" else ran
-            f = nearest_factor(mean(s["limit_bytes"][a:b]), share,
-                               sorted({ff for _, ff in table[t.name][p]}, reverse=True))
-            at = {pol: v for (pol, ff), v in table[t.name][p].items() if ff == f}
-            se = {pol: v for (pol, ff), v in errors[t.name][p].items() if ff == f}
-            best = max(at, key=at.get)
-            tied = best_policies(at, se)
+            if b <= a:
+                continue
+            tail = max(a, b - args.settle)
+            settled = pol[tail:b]
+            ran = max(set(settled), key=settled.count)
+            f, at, se, tied = best_at(p, mean(s["limit_bytes"][tail:b]))
+            in_best = [pol[i] in best_at(p, s["limit_bytes"][i])[3] for i in range(a, b)]
+            majority = max(set(pol[a:b]), key=pol[a:b].count)
             choices.append({"tenant": t.name, "phase": p, "autopilot_policy": ran,
-                            "best_static_policy": best, "best_static_policies": tied,
+                            "best_static_policy": max(at, key=at.get),
+                            "best_static_policies": tied,
                             "match": ran in tied, "at_limit_factor": f,
+                            "majority_policy": majority,
+                            "in_best_fraction": mean(in_best),
                             "sweep_ops": at, "sweep_stderr": se,
                             "curves": curve_view(s, a, b)})
-        pol = ["linux" if x == "none" else x for x in s["policy"]]
         first_final = next((i + 1 for i in range(phase_at)
                             if pol[i] == pol[phase_at - 1]), None)
         latency[t.name] = {"from_start": first_final}
@@ -712,7 +726,9 @@ def report(result, ts):
     for c in choices:
         print(f"  {c['tenant']} phase {c['phase']}: autopilot {c['autopilot_policy']}, "
               f"best static {'/'.join(c['best_static_policies'])} (at "
-              f"{c['at_limit_factor']:g} x share): {'match' if c['match'] else 'MISMATCH'}")
+              f"{c['at_limit_factor']:g} x share): {'match' if c['match'] else 'MISMATCH'}; "
+              f"ran most {c['majority_policy']}, among the best at its limit in "
+              f"{c['in_best_fraction']:.0%} of the phase")
         cv = c.get("curves")
         if cv:
             print("    curves at its limit: " + ", ".join(

@@ -334,6 +334,41 @@ def test_sweep_error_and_the_policies_the_sweep_cannot_tell_apart():
                                 {"linux": 0.5, "mru": 0.5}) == ["mru"]
 
 
+def test_a_choice_is_the_policy_settled_on_judged_at_the_limit_it_ran_at():
+    """search's passes: the default while its limit is large (every policy
+    ties there), MRU once shrunk to a quarter share (where MRU is best):
+    the choice is the policy it settled on, at the limit it settled at,
+    and the share of intervals in force among the best counts each at its
+    own limit; a tenant that settles on a policy the sweep ranks below the
+    best is a mismatch, whatever it ran before."""
+    import argparse
+    ts = [T("search", ["linux", "mru"])]
+    share = 80 * MiB
+    trials = [trial(0, f, {"search": p}, {"search": ops})
+              for f, p, ops in ((2.0, "linux", 100), (2.0, "mru", 100),
+                                (0.25, "linux", 10), (0.25, "mru", 40))]
+    for t in trials:
+        t["series"] = {"search": [t["ops"]["search"]] * 3}
+    table, errors = e2e_vm.sweep_table(trials, ts), e2e_vm.sweep_error(trials, ts)
+    args = argparse.Namespace(warmup=0, intervals=8, settle=3)
+    win = e2e_vm.windows(8, 8, 0, 3)
+
+    def choose(policies):
+        auto = {"search": {"policy": policies,
+                           "limit_bytes": [160 * MiB] * 3 + [20 * MiB] * 5}}
+        return e2e_vm.policy_choices(args, ts, auto, table, errors, share, 8, win)[0][0]
+
+    c = choose(["none"] * 5 + ["mru"] * 3)
+    assert c["autopilot_policy"] == "mru" and c["match"] and c["at_limit_factor"] == 0.25
+    # the majority ran linux; every interval but two was among the best at
+    # its own limit (those at a quarter share before the switch)
+    assert c["majority_policy"] == "linux"
+    assert c["in_best_fraction"] == pytest.approx(6 / 8)
+    c = choose(["none"] * 7 + ["mru"])
+    assert c["autopilot_policy"] == "linux" and not c["match"]
+    assert c["in_best_fraction"] == pytest.approx(4 / 8)
+
+
 def test_slos_sit_above_the_equal_split_where_the_sweep_found_headroom():
     table = {"kv": {0: {("linux", 1.0): 100.0, ("get_scan", 1.0): 400.0,
                         ("linux", 2.0): 300.0}},
