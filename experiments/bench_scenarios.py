@@ -19,6 +19,14 @@ against the equal split, and per SLO tenant how often its limit swung
 back (a move of >= 5 % of the node's memory followed at once by one the
 other way).
 
+A fourth run, `whole`, gives each tenant its node's whole memory (less
+the others' floors): an interval in which an SLO is missed even then is
+one no configuration could have held it in (a cache still cold after the
+warm-up, a burst of new pages), which the issue asks to report.  Those
+intervals are listed per SLO and left out of the check's shares for
+every configuration alike (`*_reachable`); the shares over every
+interval after warm-up are printed and kept beside them.
+
 `--seed-offset K` adds K to every sim node's and tenant's seed: the same
 scenarios with other draws of every generator and trace offset, so that
 a check passed on the committed seeds is seen to hold on others too.
@@ -36,7 +44,7 @@ import time
 from pathlib import Path
 
 from cachepilot.controller.config import load_config
-from cachepilot.run import run_autopilot, run_static_equal, summarise
+from cachepilot.run import run_autopilot, run_static_equal, run_static_whole, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "configs" / "scenarios"
@@ -52,6 +60,20 @@ def swings(limits: list[int], memory: int) -> int:
     return sum(1 for x, y in zip(d, d[1:]) if abs(x) >= big and abs(y) >= big and x * y < 0)
 
 
+def unreachable(rows: list[dict], slo: float) -> list[int]:
+    """The intervals (as the history numbers them) in which a tenant given
+    its whole node (`rows`: its `whole` run after warm-up) missed `slo`."""
+    return [r["interval"] for r in rows if r["throughput"] < slo]
+
+
+def met_share(rows: list[dict], slo: float, skip: list[int]) -> float:
+    """The share of `rows` (a run after warm-up) that met `slo`, leaving out
+    the intervals in `skip`; 1.0 when every one is left out."""
+    left = set(skip)
+    kept = [r["throughput"] >= slo for r in rows if r["interval"] not in left]
+    return sum(kept) / len(kept) if kept else 1.0
+
+
 def run_scenario(path: Path, intervals: int, seed_offset: int = 0) -> dict:
     cfg = load_config(path)
     for n in cfg.nodes:
@@ -65,29 +87,35 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0) -> dict:
     fixed_cfg.control.slo_feasibility_rounds = 1
     runs, seconds = {}, {}
     for name, fn in (("equal", lambda: run_static_equal(cfg, intervals)),
+                     ("whole", lambda: run_static_whole(cfg, intervals)),
                      ("fixed", lambda: run_autopilot(fixed_cfg, intervals)[0]),
                      ("autopilot", lambda: run_autopilot(cfg, intervals)[0])):
         started = time.monotonic()
         runs[name] = summarise(cfg, fn(), warmup)
         seconds[name] = time.monotonic() - started
+    whole = runs.pop("whole")[0]
     memory = {n.name: n.memory_bytes for n in cfg.nodes}
     slos = []
     for i, t in enumerate(cfg.tenants):
         if t.slo is None:
             continue
-        row = {"tenant": t.name, "node": t.node, "slo": t.slo.min_throughput}
+        v = t.slo.min_throughput
+        row = {"tenant": t.name, "node": t.node, "slo": v,
+               "unreachable_intervals": unreachable(whole[i]["history"][warmup:], v)}
         for name, (tenants, _) in runs.items():
             rec = tenants[i]
             row[name] = rec["met_fraction"]
+            row[f"{name}_reachable"] = met_share(rec["history"][warmup:], v,
+                                                 row["unreachable_intervals"])
             if name != "equal":
                 row[f"{name}_swings"] = swings([h["limit_bytes"] for h in rec["history"]],
                                                memory[t.node])
-        row["required"] = row["equal"] >= TARGET
-        row["ok"] = row["autopilot"] >= TARGET if row["required"] else None
+        row["required"] = row["equal_reachable"] >= TARGET
+        row["ok"] = row["autopilot_reachable"] >= TARGET if row["required"] else None
         slos.append(row)
     totals = {name: total for name, (_, total) in runs.items()}
     return {
-        "scenario": path.stem, "config": str(path.relative_to(ROOT)),
+        "scenario": path.stem, "config": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
         "intervals": intervals, "warmup_intervals": warmup, "seed_offset": seed_offset,
         "nodes": {n.name: n.memory_bytes for n in cfg.nodes},
         "slos": slos, "aggregate_throughput": totals,
@@ -108,15 +136,20 @@ def plot(results: list[dict], out: Path) -> None:
         x = np.arange(len(names))
         for k, (key, colour) in enumerate((("equal", "#999999"), ("fixed", "#e0a040"),
                                            ("autopilot", "#3070c0"))):
-            ax.bar(x + (k - 1) * 0.27, [100 * s[key] for s in r["slos"]], 0.27,
-                   label=key, color=colour)
+            # bars: the check's share (intervals some memory could serve);
+            # ticks: every interval after warm-up
+            ax.bar(x + (k - 1) * 0.27, [100 * s[f"{key}_reachable"] for s in r["slos"]],
+                   0.27, label=key, color=colour)
+            ax.scatter(x + (k - 1) * 0.27, [100 * s[key] for s in r["slos"]], marker="_",
+                       s=120, color="black", zorder=3,
+                       label="every interval" if k == 0 else None)
         ax.axhline(100 * TARGET, color="black", lw=0.8, ls="--")
         ax.set_xticks(x, names)
         ax.set_ylim(0, 105)
         ratio = r["ratio_vs_equal"]
         ax.set_title(f"{r['scenario']}: aggregate {ratio['autopilot']:.2f}x equal "
                      f"(fixed {ratio['fixed']:.2f}x)", fontsize=9)
-        ax.set_ylabel("% of intervals the SLO is met")
+        ax.set_ylabel("% of intervals the SLO is met\n(bars: those the whole node serves)")
     axes[0][0].legend(fontsize=8, loc="lower left")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -151,7 +184,13 @@ def main(argv=None) -> int:
             print(f"  SLO {s['tenant']:8} {s['slo']:>9,.0f}/s met: equal "
                   f"{100 * s['equal']:5.1f}%  fixed {100 * s['fixed']:5.1f}% "
                   f"(swings {s['fixed_swings']})  autopilot {100 * s['autopilot']:5.1f}% "
-                  f"(swings {s['autopilot_swings']})  check {verdict}")
+                  f"(swings {s['autopilot_swings']})")
+            gone = s["unreachable_intervals"]
+            which = ", ".join(map(str, gone[:8])) + (", ..." if len(gone) > 8 else "")
+            print(f"      {len(gone)} intervals out of reach with the whole node"
+                  f"{f' ({which})' if gone else ''}; over the rest: equal {100 * s['equal_reachable']:5.1f}%  fixed "
+                  f"{100 * s['fixed_reachable']:5.1f}%  autopilot "
+                  f"{100 * s['autopilot_reachable']:5.1f}%  check {verdict}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "scenarios" if not args.only else "scenarios-" + "-".join(p.stem for p in paths)
     if args.seed_offset:
