@@ -696,14 +696,11 @@ def _hold_warming(R: Round, ctl) -> tuple[np.ndarray, np.ndarray]:
         # a tenant too new to have FLOOR_ROUNDS rounds behind it is warming
         # too, but only one whose floor was seen to fall grows
         seen = len(floors) > FLOOR_ROUNDS
-        fell = len(floors) > 1 and floors[-1] < (1 - FLOOR_FALL) * floors[0]
-        if R.feasible[i] or (seen and not fell):
+        falling = not seen or floors[-1] < (1 - FLOOR_FALL) * floors[0]
+        if R.feasible[i] or not falling:
             continue
         thr = R.rows[i][2].throughput
-        # it grows from the second round its curve is seen, once the floor
-        # fell between them: waiting for FLOOR_ROUNDS rounds of it left make
-        # e2e's kv at its equal share until its sixth round
-        missing = fell and thr is not None and math.isfinite(thr) and thr < R.slo[i]
+        missing = seen and thr is not None and math.isfinite(thr) and thr < R.slo[i]
         # what it holds as its need; the step as its headroom, which is
         # raised toward with what the node has left once every SLO that fits
         # has its need (allocate.serve_slos)
