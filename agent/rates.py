@@ -38,8 +38,8 @@ The two directions differ (agent/backends/linux.py does both):
   the stall skewed every tenant's operations per page read.  Shedding
   early is the decision the interval's end would take, taken sooner;
 - up (the tenant got slower, or, under a fixed starting rate, its first
-  interval asked for more): after RETUNE_INTERVALS intervals in a row (the first
-  at once).  The keys kept were sampled at the old, lower rate, too few
+  interval asked for more): after RETUNE_INTERVALS intervals in a row (the
+  first at once).  The keys kept were sampled at the old, lower rate, too few
   for the new one, so the new builder counts beside the old, whose curves
   are reported until the new one is warm (`warm`): it has seen as many
   distinct pages as the tenant's limit holds, or nearly as many as the

@@ -115,7 +115,8 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0) -> dict:
         slos.append(row)
     totals = {name: total for name, (_, total) in runs.items()}
     return {
-        "scenario": path.stem, "config": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+        "scenario": path.stem,
+        "config": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
         "intervals": intervals, "warmup_intervals": warmup, "seed_offset": seed_offset,
         "nodes": {n.name: n.memory_bytes for n in cfg.nodes},
         "slos": slos, "aggregate_throughput": totals,
@@ -188,7 +189,8 @@ def main(argv=None) -> int:
             gone = s["unreachable_intervals"]
             which = ", ".join(map(str, gone[:8])) + (", ..." if len(gone) > 8 else "")
             print(f"      {len(gone)} intervals out of reach with the whole node"
-                  f"{f' ({which})' if gone else ''}; over the rest: equal {100 * s['equal_reachable']:5.1f}%  fixed "
+                  f"{f' ({which})' if gone else ''}; over the rest: equal "
+                  f"{100 * s['equal_reachable']:5.1f}%  fixed "
                   f"{100 * s['fixed_reachable']:5.1f}%  autopilot "
                   f"{100 * s['autopilot_reachable']:5.1f}%  check {verdict}")
     RESULTS.mkdir(parents=True, exist_ok=True)

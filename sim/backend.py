@@ -40,11 +40,11 @@ LOW_PAGES = 256
 def curve_sizes(memory_bytes: int, points: int = CURVE_POINTS) -> np.ndarray:
     """The sizes (pages) a sim tenant's curves are read at.  Below the
     first even point a curve is read on the straight line to (0, 1), which
-    shrinks every difference between policies there: on the demo's 64 MiB
-    node the first point is 682 pages, and a tenant at its 512-page floor
-    read s3fifo's lead over linux as 3.5 % where a full simulation gives
-    7 %.  So a few points sit below it, down to 1 MiB, as the agent's
-    log-spaced grid (agent/curves.py) has."""
+    shrinks every difference between policies there: on the demo's node
+    the first point lies above a tenant's floor, and a tenant held at its
+    floor read s3fifo's lead over linux as half what a full simulation
+    gives, too little for a switch.  So a few points sit below it, down to
+    1 MiB, as the agent's log-spaced grid (agent/curves.py) has."""
     top = max(points, memory_bytes // PAGE_SIZE)
     even = np.linspace(top / points, top, points)
     low = np.geomspace(min(LOW_PAGES, even[0]), even[0], LOW_POINTS + 1)[:-1]
