@@ -683,7 +683,7 @@ def policy_choices(args, ts, auto, table, errors, share, phase_at, win):
                             "majority_policy": majority,
                             "in_best_fraction": mean(in_best),
                             "sweep_ops": at, "sweep_stderr": se,
-                            "curves": curve_view(s, a, b)})
+                            "curves": curve_view(s, a, b, majority)})
         first_final = next((i + 1 for i in range(phase_at)
                             if pol[i] == pol[phase_at - 1]), None)
         latency[t.name] = {"from_start": first_final}
@@ -694,18 +694,16 @@ def policy_choices(args, ts, auto, table, errors, share, phase_at, win):
     return choices, latency
 
 
-def curve_view(s: dict, a: int, b: int) -> dict:
+def curve_view(s: dict, a: int, b: int, ran: str) -> dict:
     """What the agent's curves said of one tenant over intervals [a, b) of
     a controlled run (series `s`), beside what its cgroup did: the mean
     miss ratio each policy's curve gave at the tenant's limit, and the
-    mean observed miss ratio with the policy that ran most.  Empty for a
-    run whose agent's endpoint was not read."""
+    mean observed miss ratio with `ran`, the policy that ran most.  Empty
+    for a run whose agent's endpoint was not read."""
     curves = [c for c in s.get("curves_at_limit", [])[a:b] if c]
     if not curves:
         return {}
-    pols = s["policy"][a:b]
-    ran = max(set(pols), key=pols.count)
-    return {"ran": "linux" if ran == "none" else ran,
+    return {"ran": ran,
             "observed": mean(s.get("observed_miss_ratio", [])[a:b]),
             "predicted": {p: mean([c[p] for c in curves if p in c])
                           for p in sorted({p for c in curves for p in c})}}

@@ -17,19 +17,21 @@ MiB = 1 << 20
 SVC = {"t_hit_s": 1.0e-5, "t_miss_s": 1.0e-4, "concurrency": 8}
 
 
+def _tenant(name: str, kind: str, footprint: str, **phase) -> dict:
+    return {"name": name, "node": "n1", "floor_bytes": "2MiB", "policies": ["linux", "mru"],
+            "workload": {"accesses_per_interval": 3000, "service": SVC,
+                         "phases": [{"kind": kind, "footprint": footprint, **phase}]}}
+
+
 def _scenario(slo_hot: float) -> dict:
-    tenant = lambda name, kind, fp, **kw: dict(  # noqa: E731
-        {"name": name, "node": "n1", "floor_bytes": "2MiB", "policies": ["linux", "mru"],
-         "workload": {"accesses_per_interval": 3000, "service": SVC,
-                      "phases": [{"kind": kind, "footprint": fp, **kw}]}})
-    hot = tenant("hot", "zipf", "48MiB", skew=1.2)
+    hot = _tenant("hot", "zipf", "48MiB", skew=1.2)
     hot.update({"slo": {"min_throughput": slo_hot}, "priority": 2})
     return {
         "control": {"interval_s": 1.0, "max_step_fraction": 0.25, "hysteresis": 0.005,
                     "autopilot_k": 2, "warmup_intervals": 2, "anon_margin_bytes": 0},
         "controller": {"listen": "127.0.0.1:0", "insecure": True},
         "nodes": [{"name": "n1", "memory_bytes": "40MiB", "backend": "sim", "seed": 3}],
-        "tenants": [hot, tenant("loop", "loop", "24MiB")]}
+        "tenants": [hot, _tenant("loop", "loop", "24MiB")]}
 
 
 def test_the_whole_run_gives_each_tenant_its_node_less_the_others_floors():
