@@ -572,62 +572,70 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
     procs = []
     ctl = agent = None
     metrics_port = 0
-    with_agent = name in CONTROLLED or name == "agent_sampling"
-    if with_agent:
-        port = free_port()
-        tls = make_tls(work)
-        metrics_port = free_port()
-        acfg = agent_config("autopilot" if name == "agent_sampling" else name,
-                            ts, cg, budget, interval, port, tls,
-                            standalone=name == "agent_sampling",
-                            calibrate_dir=work if name == "autopilot" else None,
-                            metrics_port=metrics_port)
-        (work / "agent.yaml").write_text(yaml.safe_dump(acfg))
-    if name in CONTROLLED:
-        # each run's controller starts from nothing: the state a run before
-        # it saved (its tenants' holds, streaks, SLO feedback) is not its own
-        for old in work.glob("controller.state.db*"):
-            old.unlink()
-        (work / "controller.yaml").write_text(yaml.safe_dump(
-            controller_config(name, ts, cg, budget, interval, port, tls, slos)))
-        ctl = subprocess.Popen([*CLI, "controller", "--config", str(work / "controller.yaml")],
-                               stdout=open(work / f"{name}-controller.log", "w"),
-                               stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=daemon_priority)
-        time.sleep(2)
-    if with_agent:
-        # before the tenants, as on a host whose agent was there first: it
-        # sees every page they read from their cold start, where started
-        # with them (its start-up takes a minute or more under emulation)
-        # its miniature caches began empty beside page caches already full,
-        # and every policy's curve read the cold misses of pages the kernel
-        # held (kv's 0.78 at its limit against 0.51 observed)
-        agent = subprocess.Popen([*CLI, "agent", "--config", str(work / "agent.yaml")],
-                                 stdout=open(work / f"{name}-agent.log", "w"),
-                                 stderr=subprocess.STDOUT, cwd=ROOT, preexec_fn=daemon_priority)
-        # ... and sampling: its first interval reported (under emulation its
-        # start-up, the policies' hook costs measured, takes a minute)
-        wait_for(work / f"{name}-agent.log", REPORTED, agent, 600)
-    for t in ts:
-        procs.append(start_tenant(t, cg, work / f"{name}-{t.name}.log"))
-        for i, h in enumerate(t.helpers):
-            procs.append(start_helper(h, cg, t.name, work / f"{name}-{t.name}-helper{i}.log"))
-    # every exporter up and counting before the first interval (under
-    # emulation a process takes tens of seconds to start)
-    started = time.monotonic()
-    while time.monotonic() - started < 600:
-        if all((scrape(t.port) or 0) > 0 for t in ts):
-            break
-        time.sleep(1.0)
-    # a static policy's threads exist only now
-    for t in ts:
-        if static and t.name in static:
-            register_threads(t, cg, static[t.name][0])
-    # ... and, where a controller decides, its first directives applied
-    # (the agent's first interval: under emulation a minute or more)
-    while ctl is not None and time.monotonic() - started < 900:
-        if APPLIED.search((work / f"{name}-agent.log").read_text(errors="replace")):
-            break
-        time.sleep(1.0)
+    try:
+        with_agent = name in CONTROLLED or name == "agent_sampling"
+        if with_agent:
+            port = free_port()
+            tls = make_tls(work)
+            metrics_port = free_port()
+            acfg = agent_config("autopilot" if name == "agent_sampling" else name,
+                                ts, cg, budget, interval, port, tls,
+                                standalone=name == "agent_sampling",
+                                calibrate_dir=work if name == "autopilot" else None,
+                                metrics_port=metrics_port)
+            (work / "agent.yaml").write_text(yaml.safe_dump(acfg))
+        if name in CONTROLLED:
+            # each run's controller starts from nothing: the state a run before
+            # it saved (its tenants' holds, streaks, SLO feedback) is not its own
+            for old in work.glob("controller.state.db*"):
+                old.unlink()
+            (work / "controller.yaml").write_text(yaml.safe_dump(
+                controller_config(name, ts, cg, budget, interval, port, tls, slos)))
+            ctl = subprocess.Popen([*CLI, "controller", "--config",
+                                    str(work / "controller.yaml")],
+                                   stdout=open(work / f"{name}-controller.log", "w"),
+                                   stderr=subprocess.STDOUT, cwd=ROOT,
+                                   preexec_fn=daemon_priority)
+            time.sleep(2)
+        if with_agent:
+            # before the tenants, as on a host whose agent was there first: it
+            # sees every page they read from their cold start, where started
+            # with them (its start-up takes a minute or more under emulation)
+            # its miniature caches began empty beside page caches already full,
+            # and every policy's curve read the cold misses of pages the kernel
+            # held (kv's 0.78 at its limit against 0.51 observed)
+            agent = subprocess.Popen([*CLI, "agent", "--config", str(work / "agent.yaml")],
+                                     stdout=open(work / f"{name}-agent.log", "w"),
+                                     stderr=subprocess.STDOUT, cwd=ROOT,
+                                     preexec_fn=daemon_priority)
+            # ... and sampling: its first interval reported (under emulation its
+            # start-up, the policies' hook costs measured, takes a minute)
+            wait_for(work / f"{name}-agent.log", REPORTED, agent, 600)
+        for t in ts:
+            procs.append(start_tenant(t, cg, work / f"{name}-{t.name}.log"))
+            for i, h in enumerate(t.helpers):
+                procs.append(start_helper(h, cg, t.name, work / f"{name}-{t.name}-helper{i}.log"))
+        # every exporter up and counting before the first interval (under
+        # emulation a process takes tens of seconds to start)
+        started = time.monotonic()
+        while time.monotonic() - started < 600:
+            if all((scrape(t.port) or 0) > 0 for t in ts):
+                break
+            time.sleep(1.0)
+        # a static policy's threads exist only now
+        for t in ts:
+            if static and t.name in static:
+                register_threads(t, cg, static[t.name][0])
+        # ... and, where a controller decides, its first directives applied
+        # (the agent's first interval: under emulation a minute or more)
+        while ctl is not None and time.monotonic() - started < 900:
+            if APPLIED.search((work / f"{name}-agent.log").read_text(errors="replace")):
+                break
+            time.sleep(1.0)
+    except BaseException:
+        # a start that fails or is interrupted leaves nothing running
+        halt([p for p in (agent, ctl) if p is not None] + procs, ts, cg)
+        raise
     run = Run(name, work, procs, ctl, agent, time.monotonic() - started,
               metrics_port=metrics_port)
     run.last = {t.name: scrape(t.port) or 0.0 for t in ts}
@@ -790,12 +798,33 @@ def finish_run(run: Run, ts, cg: Cgroups) -> dict:
     if run.agent is not None:
         extra["agent_cpu_s"] = tree_cpu_seconds(run.agent.pid) - run.agent_cpu0
         extra["agent_cpu_fraction"] = extra["agent_cpu_s"] / max(run.measured_s, 1e-9)
-    stop([p for p in (run.agent, run.ctl) if p is not None] + run.procs)
+    end_run(run, ts, cg)
+    return extra
+
+
+def halt(procs, ts, cg: Cgroups) -> None:
+    """Stop `procs` and whatever is left in the tenants' cgroups, and take
+    the tenants' policies off: the end of a run, or of one that failed or
+    was interrupted (then nothing of it is left running)."""
+    stop(procs)
     for t in ts:
         cg.kill_all(t.name)
     reset_policies(ts, cg)
+
+
+def end_run(run: Run, ts, cg: Cgroups) -> None:
+    """Everything a run started stopped, its logs kept: at its end, or on
+    an error or an interrupt before it."""
+    halt([p for p in (run.agent, run.ctl) if p is not None] + run.procs, ts, cg)
     keep_logs(run)
-    return extra
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends an experiment as Ctrl-C does, through its cleanup: the
+    tenants, the agent and the controller lead their own sessions, so
+    neither signal reaches them, and without this a killed experiment left
+    them running."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 # where each run's logs (agent, controller, tenants) are copied when it
@@ -834,7 +863,11 @@ def run_config(name: str, ts, cg: Cgroups, budget: int, interval: float, interva
     (default: the measured interval)."""
     run = start_run(name, ts, cg, budget, control_interval or interval, work, slos, static,
                     cold)
-    series = measure_intervals(run, ts, cg, interval, intervals, phase_at)
+    try:
+        series = measure_intervals(run, ts, cg, interval, intervals, phase_at)
+    except BaseException:
+        end_run(run, ts, cg)
+        raise
     return {"series": series, **finish_run(run, ts, cg)}
 
 

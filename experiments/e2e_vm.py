@@ -45,9 +45,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_lib  # noqa: E402
-from e2e_lib import (ANON_MARGIN, MiB, Cgroups, drop_caches, finish_run, mean,  # noqa: E402
-                     measure_intervals, memory_hierarchy, plot, prepare, run_config,
-                     set_static, start_run, tenants, warm_up)
+from e2e_lib import (ANON_MARGIN, MiB, Cgroups, drop_caches, exit_on_sigterm,  # noqa: E402
+                     finish_run, mean, measure_intervals, memory_hierarchy, plot, prepare,
+                     run_config, set_static, start_run, tenants, warm_up)
 
 CONFIGS = ("default_equal", "limits_only", "autopilot", "best_static")
 # what the controller may choose per tenant (and the sweep tries); "linux"
@@ -445,6 +445,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", default="/tmp/data", help="data folder (the VM's data disk)")
     ap.add_argument("--out", default="/tmp/results", help="where the JSON and PNG go")
     args = ap.parse_args(argv)
+    exit_on_sigterm()
     if args.intervals < 2 * (args.warmup + 1) or args.intervals // 2 <= args.settle:
         ap.error("--intervals must leave measured intervals in both phases")
     t_start = time.monotonic()

@@ -496,3 +496,87 @@ def test_the_run_configs_are_valid_where_the_loaders_read_them(tmp_path, monkeyp
     assert kv.slo.min_throughput == 300.0 and kv.throughput.source == "prometheus"
     assert kv.policy_threads is not None
     assert kv.policies == (e2e_vm.ALLOWED["kv"] if name == "autopilot" else ["linux"])
+
+
+def test_e2e_hosts_sim_sets_kvs_slo_by_the_real_runs_rule_and_its_controller_serves_it():
+    """experiments/e2e_host.py's sim prediction: kv asks KV_SLO_GAIN times
+    what the sim's own equal split gave it, as the real run's kv does of
+    its real equal split, and the sim's controller gives it more than that
+    split to meet it (without the SLO it sized kv below its share)."""
+    import e2e_host
+    from types import SimpleNamespace as NS
+    kv = 40 * MiB
+    ts = [NS(name="kv", sim={"kind": "get-scan", "footprint": kv, "skew": 0.0,
+                             "scan_fraction": 0.5, "scan_length": kv}),
+          NS(name="search", sim={"kind": "loop", "footprint": 40 * MiB}),
+          NS(name="zipf", sim={"kind": "zipf", "footprint": 64 * MiB, "skew": 1.1}),
+          NS(name="stream", sim={"kind": "scan", "footprint": 256 * MiB})]
+    ops, slo, met = e2e_host.sim_prediction(
+        ts, 64 * MiB, 16, 4, {"t_hit_s": 2e-6, "t_miss_s": 8e-5, "concurrency": 1})
+    assert set(ops) == {"default_equal", "limits_only"}
+    assert slo == {"kv": pytest.approx(e2e_host.KV_SLO_GAIN * ops["default_equal"]["kv"])}
+    assert ops["limits_only"]["kv"] > 1.1 * ops["default_equal"]["kv"]
+    assert set(met) == {"kv"} and met["kv"] >= 0.5
+
+
+class _FakeCgroups:
+    """What start_run and halt touch of e2e_lib.Cgroups, recorded."""
+    def __init__(self):
+        self.killed = []
+
+    def set_limit(self, name, limit):
+        pass
+
+    def kill_all(self, name):
+        self.killed.append(name)
+
+
+def test_an_interrupted_or_failed_run_leaves_nothing_running(tmp_path, monkeypatch):
+    """The tenants lead their own sessions, so Ctrl-C and SIGTERM reach only
+    the experiment: a run interrupted while measuring, and a start that
+    fails half way, stop what they started and empty the tenants' cgroups
+    (a killed e2e_host left RocksDB, fio, the agent and the controller
+    running)."""
+    monkeypatch.setattr(e2e_lib, "reset_policies", lambda ts, cg: None)
+    monkeypatch.setattr(e2e_lib, "drop_caches", lambda: None)
+    started = []
+
+    def start_tenant(t, cg, log):
+        if t.name == "b":
+            raise RuntimeError("b: exporter did not start")
+        p = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        started.append(p)
+        return p
+    monkeypatch.setattr(e2e_lib, "start_tenant", start_tenant)
+    ts = [e2e_lib.Tenant("a", "fio", "reads", ["true"], ["linux"]),
+          e2e_lib.Tenant("b", "fio", "reads", ["true"], ["linux"])]
+    cg = _FakeCgroups()
+    with pytest.raises(RuntimeError, match="did not start"):
+        e2e_lib.start_run("default_equal", ts, cg, 64 * MiB, 1.0, tmp_path, {})
+    assert len(started) == 1 and started[0].wait(timeout=30) == -signal.SIGTERM
+    assert cg.killed == ["a", "b"]
+
+    # interrupted while measuring: the run's processes stopped, cgroups emptied
+    ts = ts[:1]
+    cg = _FakeCgroups()
+    monkeypatch.setattr(e2e_lib, "scrape", lambda port: 1.0)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(e2e_lib, "measure_intervals", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        e2e_lib.run_config("default_equal", ts, cg, 64 * MiB, 1.0, 4, tmp_path, {})
+    assert len(started) == 2 and started[1].wait(timeout=30) == -signal.SIGTERM
+    assert cg.killed == ["a"]
+
+
+def test_sigterm_ends_an_experiment_through_its_cleanup():
+    """exit_on_sigterm turns SIGTERM into SystemExit, so the `finally` and
+    `except BaseException` that stop a run's processes run."""
+    code = ("import os, signal, sys, time; sys.path.insert(0, sys.argv[1]); import e2e_lib\n"
+            "e2e_lib.exit_on_sigterm()\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)\n"
+            "finally:\n    print('cleaned up')\n")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(e2e_lib.__file__).parent)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 128 + signal.SIGTERM and "cleaned up" in out.stdout
