@@ -882,10 +882,16 @@ def mean_after(values, warmup):
     return mean(values[warmup:])
 
 
+LOG_SPAN = 30     # ops/s spanning more than this factor are plotted on a log axis
+
+
 def plot(result, path: Path, title: str, phase_at: int | None = None):
-    """Per tenant, over the intervals of every configuration's first run:
+    """Per tenant, over the intervals of every run of every configuration
+    (a configuration's runs in one colour, its later rounds dashed):
     operations per second, limit and the policy that ran; the title of
-    each column gives the mean ratio to the equal split."""
+    each column gives the mean ratio to the equal split.  An ops/s axis
+    whose values span more than LOG_SPAN is logarithmic, so that a round in
+    which a tenant's data came to fit does not flatten the others."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -893,18 +899,26 @@ def plot(result, path: Path, title: str, phase_at: int | None = None):
     configs = list(result["runs"])
     fig, axes = plt.subplots(3, len(names), figsize=(4 * len(names), 9), squeeze=False,
                              sharex=True)
+    colour = {cfg: f"C{k}" for k, cfg in enumerate(configs)}
     for j, n in enumerate(names):
         seen: list[str] = []
+        ops_seen: list[float] = []
         for cfg in configs:
-            r = result["runs"][cfg][0]["series"][n]
-            axes[0][j].plot(r["ops_per_s"], label=cfg)
-            axes[1][j].plot([b / MiB for b in r["limit_bytes"]], label=cfg)
-            pols = ["linux" if p in ("none", "") else p for p in r["policy"]]
-            for p in pols:
-                if p not in seen:
-                    seen.append(p)
-            axes[2][j].step(range(len(pols)), [seen.index(p) for p in pols], where="post",
-                            label=cfg)
+            for k, run in enumerate(result["runs"][cfg]):
+                r = run["series"][n]
+                style = {"color": colour[cfg], "linestyle": "-" if k == 0 else "--",
+                         "label": cfg if k == 0 else None}
+                axes[0][j].plot(r["ops_per_s"], **style)
+                ops_seen += [x for x in r["ops_per_s"] if x == x and x > 0]
+                axes[1][j].plot([b / MiB for b in r["limit_bytes"]], **style)
+                pols = ["linux" if p in ("none", "") else p for p in r["policy"]]
+                for p in pols:
+                    if p not in seen:
+                        seen.append(p)
+                axes[2][j].step(range(len(pols)), [seen.index(p) for p in pols],
+                                where="post", **style)
+        if ops_seen and max(ops_seen) > LOG_SPAN * min(ops_seen):
+            axes[0][j].set_yscale("log")
         axes[2][j].set_yticks(range(len(seen)), seen)
         ratios = "\n".join(f"{c} {result['ratio'][c][n]:.2f}" for c in configs
                             if c != "default_equal")

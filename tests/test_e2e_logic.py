@@ -580,3 +580,38 @@ def test_sigterm_ends_an_experiment_through_its_cleanup():
     out = subprocess.run([sys.executable, "-c", code, str(Path(e2e_lib.__file__).parent)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 128 + signal.SIGTERM and "cleaned up" in out.stdout
+
+
+def test_the_plot_draws_every_round_and_a_wide_span_on_a_log_axis(tmp_path, monkeypatch):
+    """e2e_host runs each configuration more than once: every run is drawn
+    (later rounds dashed), and a tenant whose ops/s span more than LOG_SPAN
+    (its data came to fit in one round) gets a log axis, the others not."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    made = []
+    real = plt.subplots
+
+    def subplots(*a, **k):
+        fig, axes = real(*a, **k)
+        made.append(axes)
+        return fig, axes
+    monkeypatch.setattr(plt, "subplots", subplots)
+
+    def run(kv, other):
+        return {"series": {n: {"ops_per_s": v, "limit_bytes": [64 * MiB] * 3,
+                               "policy": ["none"] * 3}
+                           for n, v in (("kv", kv), ("zipf", other))}}
+    result = {"tenants": [{"name": "kv"}, {"name": "zipf"}],
+              "runs": {"default_equal": [run([1e3] * 3, [10.0] * 3)] * 2,
+                       "limits_only": [run([1e3] * 3, [11.0] * 3),
+                                       run([1e3, 1e5, 2e5], [12.0] * 3)]},
+              "ratio": {"limits_only": {"kv": 66.0, "zipf": 1.1}}}
+    e2e_lib.plot(result, tmp_path / "p.png", "title")
+    axes = made[0]
+    kv_lines, zipf_lines = axes[0][0].get_lines(), axes[0][1].get_lines()
+    assert len(kv_lines) == 4 and len(zipf_lines) == 4
+    assert [ln.get_linestyle() for ln in kv_lines] == ["-", "--", "-", "--"]
+    assert max(kv_lines[3].get_ydata()) == 2e5
+    assert axes[0][0].get_yscale() == "log" and axes[0][1].get_yscale() == "linear"
+    assert (tmp_path / "p.png").stat().st_size > 10_000
