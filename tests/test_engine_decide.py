@@ -999,12 +999,18 @@ def test_a_warming_slo_that_misses_grows_and_gives_the_memory_back_once_warm():
                 {"name": "z", "node": "n1"}], max_step_fraction=0.25,
                objective="relative")
     loop = Loop(cfg, synth)
-    limits, feasible = [], []
+    limits, feasible, reasons = [], [], []
     for _ in range(40):
         d = loop.step()
         limits.append(loop.limit["x"] / 4096)
         feasible.append(not any(v.tenant == "x" for v in d.violations))
+        reasons.append(next(x.reason for ds in d.directives.values() for x in ds
+                            if x.tenant == "x"))
     first_feasible = feasible.index(True)
+    # the reason says the curve is warming, not that the SLO needs 0 MiB
+    assert all("still warming" in r and "needs 0 MiB" not in r
+               for r in reasons[FLOOR_ROUNDS:first_feasible])
+    assert "needs" in reasons[-1] and "still warming" not in reasons[-1]
     assert first_feasible >= 3, "x's curve was never cold: nothing was tested"
     # grown past its warm need before its curve could say what that is:
     # from the round its floor has been seen to fall for FLOOR_ROUNDS

@@ -89,8 +89,11 @@ class _Columns:
                      "pred_new", "pred_old", "score", "infeasible_share", "feasible_now"):
             setattr(self, name, getattr(R, name).tolist())
         to_mib = PAGE_SIZE / MIB
-        need = np.where(np.isfinite(R.need), R.need, 0)
-        self.need_mib = np.round(need * to_mib).astype(np.int64).tolist()
+        known = np.isfinite(R.need)
+        # an SLO granted without a size it needs: its curve is still warming
+        # (engine/round.py _hold_warming), and it is held or grown meanwhile
+        self.need_known = known.tolist()
+        self.need_mib = np.round(np.where(known, R.need, 0) * to_mib).astype(np.int64).tolist()
         self.extra_mib = np.round((R.target - R.x_lo) * to_mib).astype(np.int64).tolist()
         self.target_mib = np.round(R.target * to_mib).astype(np.int64).tolist()
         self.hysteresis_bytes = (ctl.hysteresis * R.mem_pages * PAGE_SIZE).tolist()
@@ -109,7 +112,11 @@ def _reason(R: Round, col: _Columns, i: int) -> str:
         why.append(f"no curve for the running {r.policy} yet: limit held"
                    if advisory else "no curve yet: limit held")
     elif col.has_slo[i]:
-        if col.granted[i]:
+        if col.granted[i] and not col.need_known[i]:
+            why.append(f"SLO {col.slo[i]:g}/s: its curve is still warming (its floor "
+                       f"falling), so no size is known to meet it yet: held, and grown "
+                       f"while it misses")
+        elif col.granted[i]:
             why.append(f"SLO {col.slo[i]:g}/s needs {col.need_mib[i]} MiB under "
                        f"{R.row_policy[col.alloc_row[i]]}")
         elif not col.feasible[i] and col.slo[i] > 0 and col.shortfall_weight != 1:
