@@ -662,7 +662,7 @@ def _debounce_feasibility(R: Round, ctl) -> None:
             R.feasible[i] = False
 
 
-FLOOR_ROUNDS = 3        # rounds over which a curve's floor is seen to fall
+FLOOR_ROUNDS = 2        # rounds over which a curve's floor is seen to fall
 FLOOR_FALL = 0.05       # ... by more than this share of itself: still warming
 WARM_GROWTH = 0.25      # of its node: the most a warming SLO that misses grows a round
 
