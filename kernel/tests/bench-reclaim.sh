@@ -5,13 +5,15 @@
 # time, readahead off: nearly every read evicts a page.  With the kernel's
 # BPF statistics on, every policy program's run time and run count are read
 # at the end of each run, beside the cgroup's memory.cache_ext counters and
-# fio's CPU figures.  Policies rotate order over the rounds.
+# fio's CPU figures.  "none" runs the same reads under the kernel's own
+# policy (nothing attached): fio's CPU per read there is what every policy's
+# is read against.  Policies rotate order over the rounds.
 #   bench-reclaim.sh REPO ROUNDS SECONDS [POLICY...]
 REPO=$1
 ROUNDS=${2:-3}
 RUNTIME=${3:-10}
 shift 3 2>/dev/null
-POLICIES=${*:-"fifo lru mru linux lfu s3fifo lhd mglru hyperbolic get_scan admit_filter"}
+POLICIES=${*:-"none fifo lru mru linux lfu s3fifo lhd mglru hyperbolic get_scan admit_filter"}
 . /cachepilot/testlib.sh
 . /cachepilot/hostroot.sh
 CG=/sys/fs/cgroup
@@ -29,6 +31,10 @@ fio --version || exit 1
 
 run() {	# run POLICY ROUND
 	drop_caches
+	if [ "$1" = none ]; then
+		fio_randread $CG/bench $FILE $RUNTIME "$1 $2" || return 1
+		return 0
+	fi
 	policyctl attach $CG/bench "$1" || return 1
 	fio_randread $CG/bench $FILE $RUNTIME "$1 $2" || return 1
 	echo "STATS $1 $2 $(tr '\n' ' ' <$CG/bench/memory.cache_ext)"
