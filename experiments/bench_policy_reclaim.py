@@ -171,7 +171,10 @@ def plot(table: dict, path: Path):
                 color=["grey" if p == KERNEL else "tab:green" for p in order])
         ax2.axhline(1.0, color="grey", linestyle=":")
         ax2.set_xticks(range(len(order)))
-        ax2.set_xticklabels(["kernel's own" if p == KERNEL else p for p in order], rotation=30)
+        ax2.set_xticklabels(["kernel's own" if p == KERNEL else p for p in order],
+                            rotation=35, ha="right")
+        ax2.set_ylim(min(0.8, *(table[p]["cpu_per_read_vs_kernel"] for p in order)) * 0.95,
+                     None)
         ax2.set_ylabel("fio CPU per read, x the kernel's own")
         ax2.set_title("reads that miss: CPU against no cache_ext policy", fontsize=10)
     else:
