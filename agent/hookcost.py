@@ -16,8 +16,10 @@ its own CPU time per read is the policy's cost per hit in nanoseconds.
 The agent puts it on each curve it reports (meta `hook_ns_per_access`);
 the controller weighs it against the tenant's own CPU per access
 (controller/engine/round.py, choose_policies).  Misses cost a policy more
-(insertion, eviction), but a tenant that misses often waits on its disk,
-where a few microseconds of CPU do not show.
+(insertion, eviction; experiments/bench_policy_reclaim.py measures a read
+that misses under each policy against the kernel's own), but a tenant
+that misses often waits on its disk, where that CPU does not show; one
+bound by its CPU while it misses is not weighed for it yet.
 
 The file lives in `cache_ext.calibrate_dir`, which must be on a disk file
 system (tmpfs pages are shared memory, which cache_ext does not track).
