@@ -22,8 +22,8 @@ The agent's hook costs (agent/hookcost.py) are for reads that hit; this is
 the other half, the reads that miss and evict.
 
 Under TCG absolute times mean little, so every figure is the median over
-rounds divided by fifo's (and, for fio's CPU, by the kernel's own).  Writes experiments/results/bench_policy_reclaim
-.json and .png.
+rounds divided by fifo's (and, for fio's CPU, by the kernel's own).
+Writes experiments/results/bench_policy_reclaim.json and .png.
 
     VM_DIR=/tmp/myvm .venv/bin/python experiments/bench_policy_reclaim.py \\
         [--rounds 3] [--seconds 10] [--policy NAME ...]
@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
 SCRIPT = REPO / "kernel" / "tests" / "bench-reclaim.sh"
+KERNEL = "none"        # the kernel's own policy: nothing attached
 
 
 def parse(log: str) -> list[dict]:
@@ -83,9 +84,6 @@ def parse(log: str) -> list[dict]:
                              f"in the guest's log")
         out.append({"policy": policy, "round": rnd, **run})
     return out
-
-
-KERNEL = "none"        # the kernel's own policy: nothing attached
 
 
 def fio_cpu_us_per_read(job: dict) -> tuple[float, int]:
