@@ -229,7 +229,7 @@ def main(argv=None) -> int:
         t = table[p]
         if p == KERNEL:
             print(f"{'(kernel) none':>13} {'-':>13} {'-':>13} "
-                  f"{t['cpu_per_read_vs_fifo']:12.2f}x {1.0:9.2f}x   "
+                  f"{t['cpu_per_read_vs_fifo']:12.2f}x {t['cpu_per_read_vs_kernel']:9.2f}x   "
                   f"({t['cpu_us_per_read']:.0f} us)")
             continue
         print(f"{p:>13} {t['reclaim_vs_fifo']:12.2f}x {t['hooks_vs_fifo']:12.2f}x "
