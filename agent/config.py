@@ -10,7 +10,7 @@
                     config holds the tenants and sends this node its own
                     when it registers): named tenants
                     {name, cgroup, throughput, floor, ceiling,
-                    policies, policy_threads}; policies: the curves this
+                    policies, policy_threads, slo_threads}; policies: the curves this
                     tenant's builder computes (default: the node's
                     `policies`; fewer is cheaper, as every policy but lru
                     is a miniature simulation per size); policy_threads
@@ -20,7 +20,11 @@
                     {policy: {role: {comm: GLOB, cmdline: GLOB}}}, e.g.
                     {get_scan: {scan_threads: {comm: "db_scan*"}},
                      admit_filter: {bypass_threads: {comm: "rocksdb:low*"}}}
-                    (roles and their tid maps: protocol/tenant.py)
+                    (roles and their tid maps: protocol/tenant.py);
+                    slo_threads names, by a rule of the same kind, the
+                    threads whose operations the tenant's throughput
+                    counts (a store's GET threads, not its scanner):
+                    its curves then count their reads' misses only
     interval_s:     seconds between reports
     sampling:       {rate, max_samples (fixed-size SHARDS), samples_per_s,
                     min_rate, max_rate, min_window_samples,

@@ -20,16 +20,17 @@ def size_grid(max_pages: int, points: int = 48, min_pages: int = 256) -> np.ndar
 
 
 def make_builder(policies=("lru",), *, rate: float, max_pages: int | None = None,
-                 max_samples: int | None = None):
+                 max_samples: int | None = None, counted: bool = False):
     """The engine's MRCBuilder for `policies`.  An LRU-only builder sizes its
     curve by the pages it has seen; miniature simulations need a fixed grid,
-    up to max_pages (default: the host's memory)."""
+    up to max_pages (default: the host's memory).  `counted`: its curves
+    may count some threads' reads only (MRCBuilder.count_threads)."""
     from cachepilot.models.builder import MRCBuilder
     policies = tuple(policies)
-    if policies == ("lru",):
+    if policies == ("lru",) and not counted:
         return MRCBuilder(policies, rate=rate, max_samples=max_samples)
     return MRCBuilder(policies, rate=rate, max_samples=max_samples,
-                      sizes=size_grid(max_pages or _mem_total_pages()))
+                      sizes=size_grid(max_pages or _mem_total_pages()), counted=counted)
 
 
 def _mem_total_pages() -> int:

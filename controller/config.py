@@ -32,7 +32,7 @@ from cachepilot.controller.etcd import parse_url
 from cachepilot.core import config as base
 from cachepilot.core.config import Bytes, FilePath, Strict
 from cachepilot.core.errors import UserError
-from cachepilot.protocol.tenant import (NodeTenant, PodRef, PolicyThreads,
+from cachepilot.protocol.tenant import (NodeTenant, PodRef, PolicyThreads, ThreadRule,
                                         PrometheusThroughput, Throughput)
 
 Name = Annotated[str, Field(min_length=1, max_length=128,
@@ -386,6 +386,9 @@ class TenantSpec(Strict):
     # The threads an application-informed policy treats specially, by a
     # rule matched on the node every interval (protocol/tenant.py).
     policy_threads: PolicyThreads | None = None
+    # The threads whose operations the tenant's throughput counts (its GET
+    # threads, not the scan beside them): its curves count their misses.
+    slo_threads: ThreadRule | None = None
     initial_policy: PolicyName = "linux"
     initial_limit_bytes: Bytes | None = None  # None: an equal share
     model: ModelPrior | None = None     # prior; None = control.prior
@@ -428,7 +431,8 @@ class TenantSpec(Strict):
         return NodeTenant(name=self.name, cgroup=self.cgroup, pod=self.pod,
                           throughput=self.throughput_source(),
                           floor=self.floor_bytes or None, ceiling=self.ceiling_bytes,
-                          policies=self.policies, policy_threads=self.policy_threads)
+                          policies=self.policies, policy_threads=self.policy_threads,
+                          slo_threads=self.slo_threads)
 
     def mode_in(self, control: "ControlSpec") -> str:
         return self.mode or control.mode

@@ -177,6 +177,7 @@ class Tenant:
     sim: dict = field(default_factory=dict)      # the sim's workload phase
     helpers: list[list[str]] = field(default_factory=list)   # more processes in its cgroup
     threads: dict | None = None  # policy_threads rules of its agent config
+    slo_threads: dict | None = None  # the threads its throughput counts
     phase_pidfile: Path | None = None   # the first phase's process, to end it
 
     def switch_phase(self) -> bool:
@@ -256,6 +257,8 @@ def tenants(data: Path, sizes: dict, seconds: int, phased: bool = False,
             policies=policies.get("kv", ["linux", "lru", "s3fifo", "get_scan"]),
             helpers=[scan],
             threads={"get_scan": {"scan_threads": {"comm": "db_scan*"}}},
+            # its SLO counts GETs: its curves count the GET process's reads
+            slo_threads={"cmdline": "*--benchmarks=readrandom *"},
             sim={"kind": "get-scan", "footprint": sizes["kv_bytes"], "skew": 0.0,
                  "scan_fraction": 0.5, "scan_length": sizes["kv_bytes"]}),
         Tenant("search", "fio", "64 KiB reads, then 4 KiB lookups" if phased
@@ -461,10 +464,12 @@ def make_tls(folder: Path) -> tuple[Path, Path, Path]:
 def node_tenants(name: str, ts) -> list[dict]:
     """Each tenant as its node sees it: its cgroup, its application's
     throughput, the policies it builds curves for (those the controller may
-    choose for it only) and its thread rules."""
+    choose for it only), its thread rules and the threads its throughput
+    counts."""
     return [{"name": t.name, "cgroup": t.name,
              "policies": t.policies if name == "autopilot" else ["linux"],
              **({"policy_threads": t.threads} if t.threads else {}),
+             **({"slo_threads": t.slo_threads} if t.slo_threads else {}),
              "throughput": {"source": "prometheus",
                             "url": f"http://127.0.0.1:{t.port}/metrics",
                             "metric": "cachepilot_app_operations",

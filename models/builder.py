@@ -107,7 +107,7 @@ class MRCBuilder:
                  max_pages: int | None = None, window: int | None = None,
                  half_life: float | None = None, minisim_rate: float | None = None,
                  adj: bool | None = None, estimator: str | None = None,
-                 slice_refs: int | None = None):
+                 slice_refs: int | None = None, counted: bool = False):
         if isinstance(policies, str):
             policies = [policies]
         self.policies = list(dict.fromkeys(p.strip().lower() for p in policies))
@@ -137,7 +137,11 @@ class MRCBuilder:
             self.sizes = None
 
         self.minisim = None
-        self.mini_policies = [p for p in self.policies if p != "lru"]
+        # SHARDS counts every access; a builder whose curves may count some
+        # threads' accesses only (count_threads) simulates LRU in miniature
+        # like every other policy
+        self.counted = bool(counted)
+        self.mini_policies = [p for p in self.policies if p != "lru" or self.counted]
         if self.mini_policies:
             from cachepilot.models import runtime
             known = runtime.available_policies()
@@ -243,6 +247,14 @@ class MRCBuilder:
         if self.minisim is not None:
             self.minisim.register_threads(policy, tids)
 
+    def count_threads(self, tids) -> None:
+        """The threads whose accesses the curves count from now on (the
+        ones a tenant's throughput counts: a store's GET threads beside its
+        scanner); None or empty: every thread.  Needs counted=True."""
+        if not self.counted:
+            raise ValueError("this builder counts every access; make it with counted=True")
+        self.minisim.count_threads(tids)
+
     # -- ageing ---------------------------------------------------------------
     def end_interval(self, min_samples: int = 0, max_intervals: int = 1) -> bool:
         """The end of a control interval: close the window once it holds
@@ -277,10 +289,11 @@ class MRCBuilder:
         if self.minisim is not None:
             # misses scaled back to the full stream, over the full stream's
             # accesses: the SHARDS_adj-style estimate (see runtime.MiniSim)
-            accesses = float(self.minisim.accesses)
             for curve in self.minisim.curves():
                 misses = np.asarray(curve.meta["est_misses"], dtype=np.float64)
-                mini[curve.policy] = (misses, np.full(len(misses), accesses))
+                mini[curve.policy] = (misses, np.full(len(misses),
+                                                      curve.meta["est_accesses"]))
+            accesses = float(self.minisim.accesses)
             if reset:
                 self.minisim.reset_counts()
         return _Window(hist, bin_pages, rate, float(accesses), mini, key_stats,
@@ -330,7 +343,7 @@ class MRCBuilder:
             sizes = auto_sizes(max(1, int(round(self.shards.unique_estimate))))
         out = []
         for policy in self.policies:
-            if policy == "lru":
+            if policy == "lru" and not self.counted:
                 curve = curve_from_histogram(
                     both.hist, both.bin_pages, both.rate, both.accesses, sizes,
                     estimator=self.estimator, key_stats=both.key_stats,
@@ -342,7 +355,9 @@ class MRCBuilder:
                 curve = MRC(sizes, np.clip(ratios, 0.0, 1.0), policy, "minisim",
                             self.minisim_rate,
                             {"accesses": float(acc[0]) if len(acc) else 0.0,
-                             "estimator": self.minisim.estimator(policy)})
+                             "estimator": self.minisim.estimator(policy),
+                             "counted": self.minisim.counting
+                             and self.minisim.estimator(policy) != "chain"})
             curve.meta["window_accesses"] = float(both.accesses)
             out.append(curve)
         return out

@@ -52,7 +52,8 @@ POLICY_CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wno-unused-parameter",
 STAT_NAMES = ("accesses", "hits", "misses", "inserts", "evictions",
               "admit_bypassed", "proposed", "accepted", "rejected_not_cached",
               "rejected_duplicate", "rejected_excess", "fallback_evictions",
-              "requests", "policy_capacity", "policy_overflow")
+              "requests", "policy_capacity", "policy_overflow",
+              "counted_accesses", "counted_misses")
 
 
 def available_policies(include_loaded: bool = False) -> list[str]:
@@ -102,6 +103,16 @@ def _tids(tids, n: int) -> np.ndarray | None:
     arr = np.ascontiguousarray(np.asarray(tids), dtype=np.uint32)
     if arr.shape != (n,):
         raise UserError(f"tids must have one entry per key ({n}), "
+                        f"not shape {arr.shape}")
+    return arr
+
+
+def _counted(counted, n: int) -> np.ndarray | None:
+    if counted is None:
+        return None
+    arr = np.ascontiguousarray(np.asarray(counted, dtype=bool)).view(np.uint8)
+    if arr.shape != (n,):
+        raise UserError(f"counted must have one entry per key ({n}), "
                         f"not shape {arr.shape}")
     return arr
 
@@ -160,10 +171,12 @@ class Cache:
         except ValueError as err:
             raise UserError(str(err)) from None
 
-    def access(self, keys, tids=None) -> int:
-        """Run a batch of accesses; returns the misses among them."""
+    def access(self, keys, tids=None, counted=None) -> int:
+        """Run a batch of accesses; returns the misses among them.
+        `counted` (one bool per key, default all): the accesses the
+        counted_accesses and counted_misses stats count."""
         keys = _keys(keys)
-        return self._c.access(keys, _tids(tids, len(keys)))
+        return self._c.access(keys, _tids(tids, len(keys)), _counted(counted, len(keys)))
 
     @property
     def policy(self) -> str:
@@ -278,7 +291,14 @@ class MiniSim:
     is such a thread's.  :meth:`register_threads` gives one policy its
     threads, as the agent writes the kernel policy's map: that policy's
     miniatures then see those threads' accesses marked, the others'
-    unmarked."""
+    unmarked.
+
+    Counted threads.  A tenant's throughput may count some of its threads'
+    operations only: a store's GETs, not the scan beside them.  After
+    :meth:`count_threads` every access still moves every miniature cache,
+    but the curves count the misses of those threads' accesses only, over
+    those accesses in the full stream (see :meth:`curves`).  MRU's chain
+    model counts every access."""
 
     def __init__(self, policies, sizes_pages, rate: float):
         if isinstance(policies, str):
@@ -295,9 +315,11 @@ class MiniSim:
         for p in self.policies:
             for m in np.unique(self.mini_sizes).tolist():
                 self._caches[(p, m)] = Cache(p, m, scale=1.0 / self.rate)
-        self._window = {k: (0, 0) for k in self._caches}
+        self._window = {k: None for k in self._caches}   # stats at its start
         self._registered: dict[str, np.ndarray] = {}   # policy -> sorted tids
+        self._counted: np.ndarray | None = None         # None: every thread
         self.sampled = 0           # sampled accesses in the current window
+        self.counted_sampled = 0   # ... of them by counted threads
         self.accesses = 0          # full-stream accesses, when told
         self.chain = MRUChain(self.sizes, self.rate) if "mru" in self.policies else None
 
@@ -334,18 +356,36 @@ class MiniSim:
         else:
             self._registered.pop(policy, None)
 
+    def count_threads(self, tids) -> None:
+        """Count only these threads' accesses in the curves from now on;
+        None or an empty list counts every access again (a rule that
+        matches no thread yet must not leave the curves counting none)."""
+        arr = None if tids is None else np.unique(np.asarray(list(tids), dtype=np.uint32))
+        self._counted = arr if arr is not None and len(arr) else None
+
+    @property
+    def counting(self) -> bool:
+        """True while the curves count some threads' accesses only."""
+        return self._counted is not None
+
     def _feed_caches(self, keys, tids, accesses):
         if accesses is not None:
             self.accesses += int(accesses)
         if len(keys) == 0:
             return
         marked = {}
+        counted = None
         if tids is not None:
             for policy, reg in self._registered.items():
                 marked[policy] = mark_registered(tids, reg)
+            if self._counted is not None:
+                plain = tids & np.uint32(TID_REGISTERED - 1)
+                counted = np.isin(plain, self._counted).view(np.uint8)
         for (policy, _), cache in self._caches.items():
-            cache._c.access(keys, marked.get(policy, tids))    # already checked above
+            # arguments already checked above
+            cache._c.access(keys, marked.get(policy, tids), counted)
         self.sampled += len(keys)
+        self.counted_sampled += len(keys) if counted is None else int(counted.sum())
 
     def feed_unsampled(self, keys, tids=None):
         """Sample the full stream at this MiniSim's rate, then feed it."""
@@ -359,38 +399,57 @@ class MiniSim:
     def reset_counts(self):
         """Start a new counting window; cache contents are kept."""
         for k, cache in self._caches.items():
-            st = cache.stats
-            self._window[k] = (st["accesses"], st["misses"])
+            self._window[k] = cache.stats
         if self.chain is not None:
             self.chain.reset_counts()
         self.sampled = 0
+        self.counted_sampled = 0
         self.accesses = 0
 
     def curves(self) -> list[MRC]:
         """One MRC per policy (in the order given), over the current window.
         An empty window gives miss ratio 1 everywhere, with
-        meta["sampled_accesses"] = 0 saying so."""
+        meta["sampled_accesses"] = 0 saying so.  meta["est_accesses"] is
+        the full stream's accesses the curve counts (the counted threads'
+        share of it while counting), meta["est_misses"] their misses."""
         scaled = self.accesses > 0
+        # the counted threads' accesses in the full stream: all of them less
+        # the other threads' scaled back from their sample.  As SHARDS_adj
+        # does for the total, this lays the sample's deviation (a few hot
+        # keys sampled or not) on the counted threads, whose point reads
+        # are the skewed ones, while the others (a scan: many keys, each
+        # read alike) scale back well; never fewer than the counted
+        # threads' own sample scaled back.
+        counted_full = self.accesses
+        if self.counting:
+            counted_full = max(self.counted_sampled / self.rate,
+                               self.accesses - (self.sampled - self.counted_sampled) / self.rate)
+        prefix = "counted_" if self.counting else ""
         out = []
         for p in self.policies:
             ratios = []
             misses_full = []
             for m in self.mini_sizes.tolist():
-                st = self._caches[(p, m)].stats
-                acc0, miss0 = self._window[(p, m)]
-                acc, miss = st["accesses"] - acc0, st["misses"] - miss0
+                st, st0 = self._caches[(p, m)].stats, self._window[(p, m)]
+                acc = st[prefix + "accesses"] - (st0[prefix + "accesses"] if st0 else 0)
+                miss = st[prefix + "misses"] - (st0[prefix + "misses"] if st0 else 0)
                 if scaled:
-                    ratios.append(min(1.0, miss / self.rate / self.accesses))
+                    ratios.append(min(1.0, miss / self.rate / counted_full)
+                                  if counted_full > 0 else 1.0)
                 else:
                     ratios.append(miss / acc if acc else 1.0)
                 misses_full.append(miss / self.rate)
             estimator = self.estimator(p)
+            est_accesses = counted_full
             if estimator == "chain":
                 ratios = self.chain.miss_ratios().tolist()
                 misses_full = [r * self.accesses for r in ratios]
+                est_accesses = self.accesses
             meta = {"sampled_accesses": int(self.sampled),
                     "mini_sizes": self.mini_sizes.tolist(),
                     "est_misses": misses_full,
+                    "est_accesses": float(est_accesses),
+                    "counted": self.counting and estimator != "chain",
                     "estimator": estimator}
             if scaled:
                 meta["accesses"] = int(self.accesses)

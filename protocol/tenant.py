@@ -10,7 +10,10 @@ nothing to copy between them by hand.
 
 A tenant's `policy_threads` names the threads an application-informed
 policy treats specially, by a rule (agent/threads.py matches the rules
-among the cgroup's threads).  The roles each policy has, and the rule
+among the cgroup's threads).  Its `slo_threads` names, by the same kind
+of rule, the threads whose operations its throughput counts (a store's GET
+threads beside a scan it also runs): its curves then count their reads'
+misses only (models/runtime.py, MiniSim's counted threads).  The roles each policy has, and the rule
 schema, live here because both configs carry them.
 """
 from __future__ import annotations
@@ -196,7 +199,7 @@ class NodeTenant(Strict):
     """One tenant as its node sees it: where it lives (a cgroup under the
     agent's roots, or pods), where its throughput comes from, the bounds
     the agent enforces itself, the policies it builds curves for, and its
-    thread rules."""
+    thread rules (for policies, and for what its curves count)."""
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/-]+$")
     cgroup: str | None = Field(None, min_length=1)
     pod: PodRef | None = None
@@ -205,6 +208,7 @@ class NodeTenant(Strict):
     ceiling: Bytes | None = None
     policies: list[str] | None = Field(None, min_length=1)
     policy_threads: PolicyThreads | None = None
+    slo_threads: ThreadRule | None = None
 
     @model_validator(mode="after")
     def _cgroup_or_pod(self):

@@ -496,6 +496,12 @@ def test_the_run_configs_are_valid_where_the_loaders_read_them(tmp_path, monkeyp
     assert kv.slo.min_throughput == 300.0 and kv.throughput.source == "prometheus"
     assert kv.policy_threads is not None
     assert kv.policies == (e2e_vm.ALLOWED["kv"] if name == "autopilot" else ["linux"])
+    # kv's curves count its GET process's reads: the rule takes the
+    # readrandom command line and not the scanner's
+    rule = kv.node_tenant().slo_threads
+    kv_t = next(t for t in ts if t.name == "kv")
+    assert rule.matches("db_bench", " ".join(kv_t.command))
+    assert not rule.matches("db_scan", " ".join(kv_t.helpers[0]))
 
 
 def test_e2e_hosts_sim_sets_kvs_slo_by_the_real_runs_rule_and_its_controller_serves_it():

@@ -339,7 +339,8 @@ class LinuxBackend:
         policies = policies or self.policies
         max_pages = (self.cfg.max_cache or self.memory_bytes) // PAGE_SIZE
         return make_builder(policies, rate=rate or self.cfg.sampling.start_rate,
-                            max_pages=max_pages, max_samples=self.cfg.sampling.max_samples)
+                            max_pages=max_pages, max_samples=self.cfg.sampling.max_samples,
+                            counted=spec is not None and spec.slo_threads is not None)
 
     def _drop(self, tenant: str, why: str):
         w = self.watched.pop(tenant)
@@ -596,9 +597,19 @@ class LinuxBackend:
     def _simulate_thread_rules(self, w: Watched) -> None:
         """Once an interval: every application-informed policy the tenant's
         curves simulate sees the threads its rules name now, as the kernel
-        policy would if it ran (its scan threads' pages go first, say)."""
+        policy would if it ran (its scan threads' pages go first, say), and
+        the curves count the reads of the threads its `slo_threads` names."""
         if w.builder is None or w.spec is None:
             return
+        if w.spec.slo_threads is not None:
+            # the curves count the reads of the threads the throughput
+            # counts; none found (yet, or any more): every thread's
+            try:
+                counted = threads.match(w.path, w.spec.slo_threads)
+            except cgroups.CgroupError:
+                counted = []
+            for b in w.builders():
+                b.count_threads(counted)
         for policy in w.spec.thread_rules():
             if policy not in w.builder.policies:
                 continue

@@ -79,40 +79,52 @@ static struct cp_instance *usable(CacheObject *self)
 
 static PyObject *cache_access(CacheObject *self, PyObject *args)
 {
-	PyObject *keys_obj, *tids_obj = Py_None;
-	Py_buffer keys, tids = { 0 };
+	PyObject *keys_obj, *tids_obj = Py_None, *counted_obj = Py_None;
+	Py_buffer keys, tids = { 0 }, counted = { 0 };
 	struct cp_instance *inst = usable(self);
 	unsigned long long misses;
+	PyObject *ret = NULL;
 	__u64 n;
 
-	if (!inst || !PyArg_ParseTuple(args, "O|O", &keys_obj, &tids_obj))
+	if (!inst || !PyArg_ParseTuple(args, "O|OO", &keys_obj, &tids_obj,
+				       &counted_obj))
 		return NULL;
 	if (get_u64_buffer(keys_obj, &keys, "keys", 8) < 0)
 		return NULL;
 	n = keys.len / 8;
 	if (tids_obj != Py_None) {
-		if (get_u64_buffer(tids_obj, &tids, "tids", 4) < 0) {
-			PyBuffer_Release(&keys);
-			return NULL;
-		}
+		if (get_u64_buffer(tids_obj, &tids, "tids", 4) < 0)
+			goto out;
 		if ((__u64)tids.len / 4 != n) {
 			PyErr_SetString(PyExc_ValueError,
 					"tids and keys differ in length");
-			PyBuffer_Release(&keys);
-			PyBuffer_Release(&tids);
-			return NULL;
+			goto out;
+		}
+	}
+	if (counted_obj != Py_None) {
+		if (get_u64_buffer(counted_obj, &counted, "counted", 1) < 0)
+			goto out;
+		if ((__u64)counted.len != n) {
+			PyErr_SetString(PyExc_ValueError,
+					"counted and keys differ in length");
+			goto out;
 		}
 	}
 	inst->busy = 1;
 	Py_BEGIN_ALLOW_THREADS
 	misses = cp_instance_access(inst, keys.buf,
-				    tids.buf ? tids.buf : NULL, n);
+				    tids.buf ? tids.buf : NULL,
+				    counted.buf ? counted.buf : NULL, n);
 	Py_END_ALLOW_THREADS
 	inst->busy = 0;
+	ret = PyLong_FromUnsignedLongLong(misses);
+out:
 	PyBuffer_Release(&keys);
 	if (tids.buf)
 		PyBuffer_Release(&tids);
-	return PyLong_FromUnsignedLongLong(misses);
+	if (counted.buf)
+		PyBuffer_Release(&counted);
+	return ret;
 }
 
 static PyObject *cache_swap_policy(CacheObject *self, PyObject *args)
@@ -146,7 +158,7 @@ static PyObject *cache_stats(CacheObject *self, PyObject *unused)
 	s = &inst->stats;
 	ps = cp_instance_policy_stats(inst);
 	return Py_BuildValue(
-		"{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsK}",
+		"{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsK}",
 		"accesses", s->accesses, "hits", s->hits, "misses", s->misses,
 		"inserts", s->inserts, "evictions", s->evictions,
 		"admit_bypassed", s->admit_bypassed, "requests", s->requests,
@@ -155,6 +167,8 @@ static PyObject *cache_stats(CacheObject *self, PyObject *unused)
 		"rejected_duplicate", s->rejected_duplicate,
 		"rejected_excess", s->rejected_excess,
 		"fallback_evictions", s->fallback_evictions,
+		"counted_accesses", s->counted_accesses,
+		"counted_misses", s->counted_misses,
 		"cached", (unsigned long long)inst->nr_cached,
 		"policy_capacity", ps ? (unsigned long long)ps->capacity : 0ULL,
 		"policy_overflow", ps ? (unsigned long long)ps->overflow : 0ULL);
@@ -249,7 +263,7 @@ static PyObject *cache_get_nr_cached(CacheObject *self, void *closure)
 
 static PyMethodDef cache_methods[] = {
 	{ "access", (PyCFunction)cache_access, METH_VARARGS,
-	  "access(keys_u64_buffer, tids_u32_buffer=None) -> misses" },
+	  "access(keys_u64_buffer, tids_u32_buffer=None, counted_u8_buffer=None) -> misses" },
 	{ "swap_policy", (PyCFunction)cache_swap_policy, METH_VARARGS,
 	  "swap_policy(name): live swap to a fresh instance of name" },
 	{ "stats", (PyCFunction)cache_stats, METH_NOARGS, "counters" },

@@ -659,19 +659,21 @@ static __u64 reclaim_target(struct cp_instance *inst)
 }
 
 __u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
-			 const __u32 *tids, __u64 n)
+			 const __u32 *tids, const __u8 *counted, __u64 n)
 {
 	const struct cache_ext_ops *ops = inst->file->ops;
-	__u64 misses = 0, i;
+	__u64 misses = 0, counted_acc = 0, counted_miss = 0, i;
 
 	enter(inst);
 	for (i = 0; i < n; i++) {
 		__u64 key = keys[i];
+		int counts = !counted || counted[i];
 		struct folio *f;
 
 		inst->clock++;
 		if (tids)
 			inst->tid = tids[i];
+		counted_acc += counts;
 		f = table_find(inst, key);
 		if (f) {
 			if (ops->folio_accessed)
@@ -679,6 +681,7 @@ __u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
 			continue;
 		}
 		misses++;
+		counted_miss += counts;
 		if (ops->admit_folio) {
 			struct cache_ext_admit_ctx actx = { .ino = 0,
 							    .index = key };
@@ -697,6 +700,8 @@ __u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
 	}
 	inst->stats.accesses += i;
 	inst->stats.misses += misses;
+	inst->stats.counted_accesses += counted_acc;
+	inst->stats.counted_misses += counted_miss;
 	inst->stats.hits += i - misses;
 	cur = NULL;
 	return misses;

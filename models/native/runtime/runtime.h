@@ -24,6 +24,8 @@ struct cp_stats {
 	__u64 rejected_duplicate;
 	__u64 rejected_excess;		/* beyond ctx->request */
 	__u64 fallback_evictions;
+	__u64 counted_accesses;		/* accesses the caller counts (all */
+	__u64 counted_misses;		/* without a mask) and their misses */
 };
 
 struct cp_list;
@@ -86,9 +88,12 @@ struct cp_instance *cp_instance_new(const char *policy, __u64 capacity,
 void cp_instance_free(struct cp_instance *inst);
 int cp_instance_swap(struct cp_instance *inst, const char *policy,
 		     const char **err);
-/* Returns misses among the n accesses; tids may be NULL. */
+/* Returns misses among the n accesses; tids may be NULL.  counted, when
+ * not NULL, marks the accesses (nonzero) that counted_accesses and
+ * counted_misses count: a tenant's throughput may count some threads'
+ * reads only, while every access still moves the cache. */
 __u64 cp_instance_access(struct cp_instance *inst, const __u64 *keys,
-			 const __u32 *tids, __u64 n);
+			 const __u32 *tids, const __u8 *counted, __u64 n);
 void cp_instance_set_capacity(struct cp_instance *inst, __u64 capacity);
 /* The pool slot of a folio of inst (cached or not), or -1 for a pointer
  * that is no folio of inst; safe for any pointer. */
