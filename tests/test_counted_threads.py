@@ -183,7 +183,7 @@ def test_slo_threads_load_travel_and_fail_clearly(tmp_path):
 
 # -- the linux backend --------------------------------------------------------
 
-def test_the_backend_counts_the_threads_the_rule_matches(tmp_path, monkeypatch):
+def test_the_backend_counts_the_threads_the_rule_matches(tmp_path, monkeypatch, caplog):
     cfg = config_from_dict({"roots": [str(tmp_path)], "memory": "1GiB", "tenants": [
         {"name": "kv", "cgroup": "kv", "policies": ["lru", "linux"],
          "slo_threads": {"comm": "db_bench"}},
@@ -203,13 +203,19 @@ def test_the_backend_counts_the_threads_the_rule_matches(tmp_path, monkeypatch):
 
     def watched(builder, spec):
         return types.SimpleNamespace(builder=builder, spec=spec, path=tmp_path / "kv",
+                                     tenant=spec.name, counted_tids=None,
                                      builders=lambda: [builder])
     found = [11, 12]
-    b._simulate_thread_rules(watched(kv_builder, kv))
+    w = watched(kv_builder, kv)
+    with caplog.at_level("INFO", logger="cachepilot.agent"):
+        b._simulate_thread_rules(w)
+        b._simulate_thread_rules(w)          # no change: said once
     assert seen["rule"] == kv.slo_threads
     assert kv_builder.minisim._counted.tolist() == [11, 12]
+    assert [r.getMessage() for r in caplog.records if "curves count" in r.getMessage()] \
+        == ["tenant kv: curves count 2 threads' reads"]
     found = None                     # the cgroup went: every thread counts again
-    b._simulate_thread_rules(watched(kv_builder, kv))
+    b._simulate_thread_rules(w)
     assert not kv_builder.minisim.counting
     seen.clear()
     b._simulate_thread_rules(watched(web_builder, web))

@@ -92,6 +92,7 @@ class Watched:
     policy: str = "linux"                # running, as the kernel last said
     last_tick_ns: int | None = None      # monotonic ns of the last counters read
     tids: dict | None = None             # tid maps last written, from thread rules
+    counted_tids: list | None = None     # the threads its curves count (slo_threads)
     overflow_seen: int = 0               # the policy's overflow last reported
     last_cpu_us: int | None = None       # the cgroup's CPU time at the last report
     # (monotonic time, limit before) of the first limit write of the
@@ -610,6 +611,11 @@ class LinuxBackend:
                 counted = []
             for b in w.builders():
                 b.count_threads(counted)
+            if counted != w.counted_tids:
+                log.info("tenant %s: curves count %s", w.tenant,
+                         f"{len(counted)} threads' reads" if counted else
+                         "every thread's reads (slo_threads matches none)")
+                w.counted_tids = counted
         for policy in w.spec.thread_rules():
             if policy not in w.builder.policies:
                 continue
