@@ -3,13 +3,15 @@
 The MRC engine's `MRCBuilder` (models/builder.py) builds them: SHARDS for
 the LRU curve plus one miniature simulation per (policy, size) for every
 other policy, from sampled page keys and the unsampled access count.  This
-module picks its size grid and moves curves from cache sizes to limits.
+module picks its size grid, moves curves from cache sizes to limits, and
+observes the miss ratio of the threads a tenant's curves count.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from cachepilot.agent.sampler import rate_for_threshold, threshold_for_rate
+from cachepilot.agent.sampler import (OP_ACCESS, OP_INSERT, rate_for_threshold,
+                                      threshold_for_rate)
 from cachepilot.models.mrc import MRC
 
 
@@ -56,3 +58,50 @@ def shift_by_anon(curve: MRC, anon_pages: int) -> MRC:
                np.concatenate(([1.0], curve.miss_ratio)) if sizes[0] > anon_pages
                else curve.miss_ratio,
                curve.policy, curve.method, curve.rate, meta)
+
+
+class CountedMisses:
+    """The observed miss ratio of the threads a tenant's curves count
+    (`slo_threads`), over one report interval, from the sampler's records.
+
+    The kernel counts a cgroup's reads and inserts, not whose they are;
+    its sample says whose.  A sampled access record of a counted thread
+    is one of its reads, and a sampled insert record one of its misses,
+    both under the one key hash, so each scaled back by the rate they were
+    sampled at estimates its whole count.  As in the curves (MiniSim's
+    counted threads), the counted threads' reads are all of the cgroup's
+    less the other threads' scaled back, and never fewer than their own
+    sample scaled back: the observed ratio and the curves count alike, so
+    the controller's model, fitted on the one, reads the other right."""
+
+    def __init__(self):
+        self.accesses = 0.0          # the cgroup's reads
+        self.others = 0.0            # other threads' reads, scaled back
+        self.counted = 0.0           # counted threads' reads, scaled back
+        self.misses = 0.0            # counted threads' inserts, scaled back
+        self.samples = 0             # counted threads' sampled reads
+        self.lost = False            # insert records lost to a full ring
+
+    def add(self, recs, tids, rate: float, accesses: int, insert_drops: int = 0) -> None:
+        """One tick: its records (None: none), the counted threads (sorted
+        uint32), the rate the records were sampled at, the cgroup's reads
+        and the insert records lost in it."""
+        self.accesses += accesses
+        self.lost |= insert_drops > 0
+        if recs is None or not len(recs) or not rate > 0:
+            return
+        mine = np.isin(recs["tid"], tids)
+        access = recs["op"] == OP_ACCESS
+        n_mine = int((access & mine).sum())
+        self.samples += n_mine
+        self.counted += n_mine / rate
+        self.others += int((access & ~mine).sum()) / rate
+        self.misses += int(((recs["op"] == OP_INSERT) & mine).sum()) / rate
+
+    def miss_ratio(self) -> float | None:
+        """Their miss ratio, or None where the interval cannot say (no read
+        of theirs sampled, insert records lost)."""
+        if not self.samples or self.lost:
+            return None
+        reads = max(self.counted, self.accesses - self.others)
+        return min(1.0, self.misses / reads)

@@ -35,6 +35,7 @@ BTF = Path("/sys/kernel/btf/vmlinux")
 
 FRAME_RECORDS, FRAME_COUNTERS, FRAME_MESSAGE, FRAME_SKETCHES = 1, 2, 3, 4
 OP_ACCESS = 0           # a record's op for a page read (models/record_format.md)
+OP_INSERT = 1           # ... for a page the read brought into the page cache
 _FRAME = struct.Struct("<II")
 
 MASK64 = (1 << 64) - 1
@@ -74,6 +75,8 @@ class Counters:
     access_events: int = 0
     insert_events: int = 0
     removal_events: int = 0
+    sampled_inserts: int = 0     # insert records handed over (pages)
+    insert_drops: int = 0        # ... and lost to a full ring buffer
 
     def __sub__(self, other: "Counters") -> "Counters":
         return Counters(*(getattr(self, f.name) - getattr(other, f.name)

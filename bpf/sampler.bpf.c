@@ -4,8 +4,9 @@
  *
  * Three tp_btf programs on the filemap tracepoints count every page-cache
  * access, insertion and removal of each watched memory cgroup, and hand
- * the accesses whose page key hashes under the cgroup's SHARDS threshold
- * to user space through a ring buffer.
+ * the accesses and insertions whose page key hashes under the cgroup's
+ * SHARDS threshold to user space through a ring buffer, each with the
+ * thread that made it.
  *
  * A cgroup is named by its memcg's kernfs id, which is the inode number of
  * the cgroup directory in both cgroup v1 and v2; user space fills the
@@ -359,8 +360,9 @@ struct sample_ctx {
 	struct cp_sketch *sketch;	/* NULL: none for this slot */
 };
 
-/* Hand one sampled access to user space; 0 if the ring buffer is full. */
-static __always_inline int emit_access(__u64 key, __u64 cgroup_id)
+/* Hand one sampled event (an access or an insert) to user space; 0 if
+ * the ring buffer is full. */
+static __always_inline int emit_record(__u64 key, __u64 cgroup_id, __u16 op)
 {
 	struct cp_record *r;
 
@@ -371,7 +373,7 @@ static __always_inline int emit_access(__u64 key, __u64 cgroup_id)
 	r->time_ns = bpf_ktime_get_ns();
 	r->cgroup_id = cgroup_id;
 	r->tid = (__u32)bpf_get_current_pid_tgid();
-	r->op = CP_OP_ACCESS;
+	r->op = op;
 	r->folio_order = 0;
 	/*
 	 * Waking the reader for every record would cost more than the
@@ -395,7 +397,7 @@ static __always_inline void sample_page(struct sample_ctx *s, __u64 index)
 		cp_hll_add(s->sketch->reg, hash, CP_HLL_BITS);
 	if (hash >= s->threshold)		/* cp_sampled(), hash reused */
 		return;
-	if (emit_access(key, s->cgroup_id))
+	if (emit_record(key, s->cgroup_id, CP_OP_ACCESS))
 		s->c->sampled++;
 	else
 		s->c->drops++;
@@ -460,31 +462,74 @@ int BPF_PROG(on_get_pages, struct address_space *mapping, unsigned long index,
 	return 0;
 }
 
-/* The counters of the watched cgroup that charges folio, else NULL. */
-static __always_inline struct cp_counters *folio_counters(struct folio *folio)
-{
-	struct cp_cpu *cpu = this_cpu_state();
+struct insert_ctx {
+	__u64 file_id;
+	__u64 first;
+	__u64 threshold;
+	__u64 cgroup_id;
+	struct cp_counters *c;
+};
 
-	return cpu ? watched(cpu, folio_memcg_css(folio)) : NULL;
+/* One inserted page under the cgroup's threshold (the same key hash the
+ * accesses are sampled by) goes to user space as an insert record, with
+ * the thread that brought it in: the agent learns from these how often
+ * the threads a tenant's throughput counts miss.  Counted apart from the
+ * access records (`sampled`, which paces the sampling, and `drops`). */
+static __always_inline void sample_insert(struct insert_ctx *s, __u64 index)
+{
+	__u64 key = s->file_id ^ index;
+
+	if (cp_hash64(key) >= s->threshold)
+		return;
+	if (emit_record(key, s->cgroup_id, CP_OP_INSERT))
+		s->c->sampled_inserts++;
+	else
+		s->c->insert_drops++;
+}
+
+static long sample_insert_cb(__u64 i, void *data)
+{
+	struct insert_ctx *s = data;
+
+	sample_insert(s, s->first + i);
+	return 0;
 }
 
 /* A folio of a watched cgroup entering (in) or leaving the page cache:
- * its pages and one event. */
+ * its pages and one event; an entering folio's sampled pages as records. */
 static __always_inline void count_folio(struct folio *folio, bool in)
 {
-	struct cp_counters *c = folio_counters(folio);
+	struct cp_cpu *cpu = this_cpu_state();
+	struct cp_counters *c;
+	struct insert_ctx s;
+	struct address_space *mapping;
 	__u64 pages;
 
+	if (!cpu)
+		return;
+	c = watched(cpu, folio_memcg_css(folio));
 	if (!c)
 		return;
 	pages = 1ULL << folio_order_of(folio);
-	if (in) {
-		c->inserts += pages;
-		c->insert_events++;
-	} else {
+	if (!in) {
 		c->removals += pages;
 		c->removal_events++;
+		return;
 	}
+	c->inserts += pages;
+	c->insert_events++;
+	mapping = folio->mapping;
+	if (!cpu->threshold || !mapping)
+		return;
+	s.file_id = file_id_of(cpu, mapping);
+	s.first = folio->index;
+	s.threshold = cpu->threshold;
+	s.cgroup_id = cpu->cgroup_id;
+	s.c = c;
+	if (pages == 1)
+		sample_insert(&s, s.first);
+	else
+		bpf_loop(pages, sample_insert_cb, &s, 0);
 }
 
 SEC("tp_btf/mm_filemap_add_to_page_cache")

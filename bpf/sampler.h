@@ -55,6 +55,8 @@ struct cp_counters {
 	__u64 access_events;	/* mm_filemap_get_pages calls */
 	__u64 insert_events;	/* folios added */
 	__u64 removal_events;	/* folios removed */
+	__u64 sampled_inserts;	/* insert records handed to the ring buffer */
+	__u64 insert_drops;	/* sampled inserts lost to a full ring buffer */
 };
 
 #define CP_NR_COUNTERS (sizeof(struct cp_counters) / sizeof(__u64))

@@ -225,3 +225,48 @@ def test_the_backend_counts_the_threads_the_rule_matches(tmp_path, monkeypatch, 
 def test_make_builder_counts_an_lru_only_tenant_in_miniature():
     b = make_builder(["lru"], rate=0.01, max_pages=1 << 16, counted=True)
     assert b.counted and b.mini_policies == ["lru"]
+
+
+# -- the observed miss ratio of the counted threads ---------------------------
+
+def records(*groups):
+    """Sampler records: (tid, op, how many) groups."""
+    from cachepilot.models.traces.records import RECORD_DTYPE
+    out = []
+    for tid, op, n in groups:
+        r = np.zeros(n, RECORD_DTYPE)
+        r["tid"], r["op"] = tid, op
+        r["key"] = np.arange(n)
+        out.append(r)
+    return np.concatenate(out)
+
+
+def test_counted_misses_over_the_counted_threads_reads():
+    from cachepilot.agent.curves import CountedMisses
+    tids = np.array([7, 8], np.uint32)
+    # every access sampled: 7 and 8 read 100 and missed 20; 9 read 50, missed 40
+    m = CountedMisses()
+    m.add(records((7, 0, 60), (8, 0, 40), (7, 1, 15), (8, 1, 5), (9, 0, 50), (9, 1, 40)),
+          tids, 1.0, 150)
+    assert m.miss_ratio() == pytest.approx(20 / 100)
+    # sampled at 1/2 over two ticks: the others' reads scale back to 100 of
+    # the cgroup's 400, so the counted threads read 300 and missed 2 x 30
+    m = CountedMisses()
+    m.add(records((7, 0, 50), (7, 1, 20), (9, 0, 30)), tids, 0.5, 250)
+    m.add(records((8, 0, 50), (8, 1, 10), (9, 0, 20), (9, 1, 20)), tids, 0.5, 150)
+    assert m.miss_ratio() == pytest.approx(60 / 300)
+    # never fewer reads than their own sample scaled back
+    m = CountedMisses()
+    m.add(records((7, 0, 10), (7, 1, 5), (9, 0, 10)), tids, 0.5, 20)
+    assert m.miss_ratio() == pytest.approx(10 / 20)
+
+
+def test_counted_misses_say_nothing_without_a_read_or_with_records_lost():
+    from cachepilot.agent.curves import CountedMisses
+    tids = np.array([7], np.uint32)
+    m = CountedMisses()
+    m.add(None, tids, 0.5, 100)
+    m.add(records((9, 0, 10), (9, 1, 10)), tids, 0.5, 100)
+    assert m.miss_ratio() is None             # only other threads read
+    m.add(records((7, 0, 10)), tids, 0.5, 100, insert_drops=3)
+    assert m.miss_ratio() is None             # an insert record of theirs may be gone

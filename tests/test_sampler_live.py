@@ -13,7 +13,8 @@ import pytest
 from cachepilot.agent.sampler import (Sampler, cp_hash64, page_key, threshold_for_rate,
                                       why_unavailable)
 from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, fio_randread, have,
-                                      make_file, scratch_cgroup, v1_memory_available)
+                                      make_file, remove_cgroup, scratch_cgroup,
+                                      v1_memory_available)
 
 pytestmark = pytest.mark.root
 
@@ -82,10 +83,12 @@ def test_sampled_keys_are_the_shared_page_keys_under_the_threshold(files):
     pages = st.st_size // 4096
     expected = {page_key(st, i) for i in range(pages)
                 if cp_hash64(page_key(st, i)) < threshold}
+    assert np.all(recs["cgroup_id"] == cgid)
+    assert set(np.unique(recs["op"]).tolist()) <= {0, 1}     # accesses, inserts
+    assert (recs["op"] == 1).sum() == c.sampled_inserts and c.insert_drops == 0
+    recs = recs[recs["op"] == 0]
     got = set(recs["key"].tolist())
     assert len(recs) == c.sampled and c.drops == 0
-    assert np.all(recs["cgroup_id"] == cgid)
-    assert np.all(recs["op"] == 0)
     # every sampled key is one of the file's pages under the threshold, and
     # 50 000 reads over 4096 pages touch (nearly) every one of them
     assert got <= expected | _other_keys(got, expected)
@@ -99,6 +102,112 @@ def _other_keys(got, expected):
     extra = got - expected
     assert len(extra) < 0.05 * len(got) + 20, len(extra)
     return extra
+
+
+_READER = r"""
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)     # no read-ahead: page by page
+print(os.getpid(), flush=True)
+sys.stdin.readline()                                  # in the cgroup now
+for i in range(int(sys.argv[2])):
+    os.pread(fd, 4096, i * 4096)
+"""
+
+
+def _read_in(cg, path, pages) -> int:
+    """Read the first `pages` pages of a file, one by one, from a process
+    in the cgroup; its pid (its only thread's id)."""
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", _READER, str(path), str(pages)],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    pid = int(p.stdout.readline())
+    (cg / "cgroup.procs").write_text(f"{pid}\n")
+    p.stdin.write("go\n")
+    p.stdin.close()
+    assert p.wait(timeout=60) == 0
+    p.stdout.close()
+    return pid
+
+
+def test_inserted_pages_are_sampled_with_the_thread_that_missed(files):
+    """The insert records say which thread brought which sampled page in:
+    a reader of a cold file has one for each sampled page it read; a
+    reader of the same pages, now cached, has none."""
+    _, mid = files
+    rate, pages = 0.25, 4096
+    threshold = threshold_for_rate(rate)
+    st = os.stat(mid)
+    want = {page_key(st, i) for i in range(pages) if cp_hash64(page_key(st, i)) < threshold}
+    drop_file_cache(mid)
+    with watched("cp_inserts", threshold) as (cg, sampler, cgid):
+        cold = _read_in(cg, mid, pages)
+        warm = _read_in(cg, mid, pages)
+        c = counters_of(sampler, cgid)
+        recs = sampler.drain()[cgid]
+    ins = recs[recs["op"] == 1]
+    acc = recs[recs["op"] == 0]
+    assert len(ins) == c.sampled_inserts and c.insert_drops == 0
+    # the cold reader missed every page it read; the warm one none
+    assert {k for k, t in zip(ins["key"].tolist(), ins["tid"].tolist()) if t == cold} == want
+    assert not np.any(ins["tid"] == warm)
+    # and both read them all: the same sampled keys, under the same hash
+    for tid in (cold, warm):
+        assert set(acc[acc["tid"] == tid]["key"].tolist()) == want
+    assert len(want) == pytest.approx(rate * pages, rel=0.2)
+
+
+def test_a_tenants_miss_ratio_is_its_counted_threads_where_it_names_them(files):
+    """A tenant whose `slo_threads` names one of its two readers: a cold
+    one, which misses every page it reads, and a warm one, which hits
+    every page.  Its report's miss ratio is the cold reader's (1), not the
+    cgroup's (about 1/2), as its curves count the cold reader's reads."""
+    import subprocess
+    import sys
+    from cachepilot.agent.backends.linux import LinuxBackend
+    from cachepilot.agent.config import config_from_dict
+
+    small, mid = files
+    pages = 4096
+    with scratch_cgroup("cp_counted") as parent:
+        kv = parent / "kv"
+        os.mkdir(kv)
+        cfg = config_from_dict({"roots": [str(parent)], "interval_s": 1,
+                                "policies": ["lru", "linux"], "sampling": {"rate": 0.25},
+                                "tenants": [{"name": "kv", "cgroup": "kv",
+                                             "slo_threads": {"cmdline": "* cp-cold-reader"}}]})
+        backend = LinuxBackend(cfg)
+        try:
+            assert backend.stats_only_reason is None
+            _read_in(kv, small, pages)          # small is cached, in kv
+            drop_file_cache(mid)
+            # the cold reader stays until the report: the rule must still
+            # find it then
+            cold = subprocess.Popen([sys.executable, "-c", _READER + "print(flush=True)\n"
+                                     "sys.stdin.readline()\n", str(mid), str(pages),
+                                     "cp-cold-reader"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            pid = int(cold.stdout.readline())
+            (kv / "cgroup.procs").write_text(f"{pid}\n")
+            backend.collect()                   # the rule finds the cold reader
+            assert backend.watched["kv"].counted_tids == [pid]
+            cold.stdin.write("go\n")
+            cold.stdin.flush()
+            cold.stdout.readline()              # it has read its pages
+            _read_in(kv, small, pages)          # hits, by a thread not counted
+            (r,) = backend.collect()
+            cold.stdin.close()
+            assert cold.wait(timeout=60) == 0
+            cold.stdout.close()
+            assert backend.watched["kv"].totals.insert_drops == 0
+            whole = r.inserts_per_s / r.accesses_per_s
+            assert whole == pytest.approx(0.5, abs=0.1), whole
+            assert r.miss_ratio == pytest.approx(1.0, abs=0.05), r.miss_ratio
+            assert all(c.meta.get("counted") for c in r.curves), [c.meta for c in r.curves]
+        finally:
+            backend.close()
+            remove_cgroup(kv)
 
 
 def test_two_cgroups_are_counted_and_sampled_apart(files):
@@ -116,7 +225,7 @@ def test_two_cgroups_are_counted_and_sampled_apart(files):
     ca, cb = snap[ida][1], snap[idb][1]
     assert abs(ca.accesses - ra["ios"]) <= 0.01 * ra["ios"]
     assert abs(cb.accesses - rb["ios"]) <= 0.01 * rb["ios"]
-    ka, kb = set(recs[ida]["key"].tolist()), set(recs[idb]["key"].tolist())
+    ka, kb = (set(r[r["op"] == 0]["key"].tolist()) for r in (recs[ida], recs[idb]))
     sa, sb = os.stat(small), os.stat(mid)
     assert page_key(sa, 0) in ka or len(ka & {page_key(sa, i) for i in range(4096)}) > 3000
     assert len(kb & {page_key(sb, i) for i in range(16384)}) > 10000
@@ -130,7 +239,8 @@ def test_ring_buffer_overflow_is_counted_never_fatal(files):
         fio_randread(cg, small, 20_000)
         sampler.resume()
         c = counters_of(sampler, cgid)
-        received = len(sampler.drain().get(cgid, []))
+        recs = sampler.drain().get(cgid, [])
+        received = int((recs["op"] == 0).sum()) if len(recs) else 0
         assert c.drops > 0
         # every access was sampled (rate 1): handed over or dropped, and
         # everything handed over arrived

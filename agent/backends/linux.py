@@ -19,14 +19,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from cachepilot.agent import cgroups, damon, hookcost, pods, threads
 from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
-from cachepilot.agent.curves import make_builder, shift_by_anon
+from cachepilot.agent.curves import CountedMisses, make_builder, shift_by_anon
 from cachepilot.agent.rates import Replay, RateTuner, warm
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
-                                      access_batch, why_unavailable)
+                                      access_batch, rate_for_threshold, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
@@ -93,6 +95,7 @@ class Watched:
     last_tick_ns: int | None = None      # monotonic ns of the last counters read
     tids: dict | None = None             # tid maps last written, from thread rules
     counted_tids: list | None = None     # the threads its curves count (slo_threads)
+    counted_misses: CountedMisses | None = None   # their misses this interval
     overflow_seen: int = 0               # the policy's overflow last reported
     last_cpu_us: int | None = None       # the cgroup's CPU time at the last report
     # (monotonic time, limit before) of the first limit write of the
@@ -453,6 +456,11 @@ class LinuxBackend:
             start = int(recs["time_ns"].min()) - 1 if recs is not None and len(recs) \
                 else now_ns - 1
         keys, tids, positions = access_batch(recs, start, now_ns, d.accesses)
+        if w.counted_tids:
+            if w.counted_misses is None:
+                w.counted_misses = CountedMisses()
+            w.counted_misses.add(recs, np.asarray(w.counted_tids, np.uint32),
+                                 rate_for_threshold(w.threshold), d.accesses, d.insert_drops)
         batch = (keys, tids, positions, d.accesses, sketch)
         if w.recent is not None:
             w.recent.add(batch)
@@ -630,6 +638,9 @@ class LinuxBackend:
         prev = w.last_stats or stats
         counted, w.interval = w.interval, None
         d = counted or Counters()
+        # the miss ratio of the threads its curves count, where they count some
+        own_misses, w.counted_misses = w.counted_misses, None
+        own_ratio = own_misses.miss_ratio() if own_misses is not None else None
         curves = []
         if w.builder is not None and self.sampler is not None:
             # the limit must also hold what is not page cache (anon + kernel)
@@ -670,7 +681,8 @@ class LinuxBackend:
             limit_bytes=stats.effective_limit_bytes,
             usage_file_bytes=stats.file_bytes, usage_anon_bytes=stats.anon_bytes,
             policy=w.policy, throughput=throughput,
-            miss_ratio=min(1.0, inserts / accesses) if accesses else 0.0,
+            miss_ratio=own_ratio if own_ratio is not None else
+            min(1.0, inserts / accesses) if accesses else 0.0,
             curves=curves, throughput_error=why_unknown, policy_capacity_pages=capacity,
             policy_overflow_pages=overflow, cpu_per_s=cpu_per_s)
 
