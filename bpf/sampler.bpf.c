@@ -462,20 +462,12 @@ int BPF_PROG(on_get_pages, struct address_space *mapping, unsigned long index,
 	return 0;
 }
 
-struct insert_ctx {
-	__u64 file_id;
-	__u64 first;
-	__u64 threshold;
-	__u64 cgroup_id;
-	struct cp_counters *c;
-};
-
 /* One inserted page under the cgroup's threshold (the same key hash the
  * accesses are sampled by) goes to user space as an insert record, with
  * the thread that brought it in: the agent learns from these how often
  * the threads a tenant's throughput counts miss.  Counted apart from the
  * access records (`sampled`, which paces the sampling, and `drops`). */
-static __always_inline void sample_insert(struct insert_ctx *s, __u64 index)
+static __always_inline void sample_insert(struct sample_ctx *s, __u64 index)
 {
 	__u64 key = s->file_id ^ index;
 
@@ -489,7 +481,7 @@ static __always_inline void sample_insert(struct insert_ctx *s, __u64 index)
 
 static long sample_insert_cb(__u64 i, void *data)
 {
-	struct insert_ctx *s = data;
+	struct sample_ctx *s = data;
 
 	sample_insert(s, s->first + i);
 	return 0;
@@ -501,7 +493,7 @@ static __always_inline void count_folio(struct folio *folio, bool in)
 {
 	struct cp_cpu *cpu = this_cpu_state();
 	struct cp_counters *c;
-	struct insert_ctx s;
+	struct sample_ctx s;
 	struct address_space *mapping;
 	__u64 pages;
 
@@ -526,6 +518,7 @@ static __always_inline void count_folio(struct folio *folio, bool in)
 	s.threshold = cpu->threshold;
 	s.cgroup_id = cpu->cgroup_id;
 	s.c = c;
+	s.sketch = NULL;	/* the sketch counts reads only */
 	if (pages == 1)
 		sample_insert(&s, s.first);
 	else
