@@ -28,14 +28,13 @@ from cachepilot.models.shards import rate_threshold as threshold_for_rate  # noq
 from cachepilot.models.shards import threshold_rate as rate_for_threshold  # noqa: F401
 from cachepilot.agent import binaries
 from cachepilot.models import hll
-from cachepilot.models.traces.records import RECORD_DTYPE
+# a record's op: a page read, a page the read brought in (models/record_format.md)
+from cachepilot.models.traces.records import OP_ACCESS, OP_INSERT, RECORD_DTYPE  # noqa: F401
 
 LOADER = binaries.bpf_dir() / "sampler"
 BTF = Path("/sys/kernel/btf/vmlinux")
 
 FRAME_RECORDS, FRAME_COUNTERS, FRAME_MESSAGE, FRAME_SKETCHES = 1, 2, 3, 4
-OP_ACCESS = 0           # a record's op for a page read (models/record_format.md)
-OP_INSERT = 1           # ... for a page the read brought into the page cache
 _FRAME = struct.Struct("<II")
 
 MASK64 = (1 << 64) - 1
