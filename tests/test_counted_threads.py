@@ -77,17 +77,28 @@ def test_a_mask_of_the_wrong_length_is_a_clear_error():
 
 # -- MiniSim and MRCBuilder ---------------------------------------------------
 
-@pytest.mark.parametrize("seed,rate,scan_fraction", [(1, 0.05, 0.5), (2, 0.1, 0.3),
-                                                    (3, 0.02, 0.7)])
+@pytest.mark.parametrize("seed,rate,scan_fraction,presampled",
+                         [(1, 0.05, 0.5, False), (2, 0.1, 0.3, False),
+                          (3, 0.02, 0.7, False), (4, 0.05, 0.5, True)])
 def test_counted_curves_follow_the_counted_accesses_exact_miss_ratios(seed, rate,
-                                                                     scan_fraction):
+                                                                     scan_fraction,
+                                                                     presampled):
+    """Fed the whole stream, or (as the agent feeds it) only the sampled
+    keys with the count of all accesses, in batches."""
     keys, tids = get_scan_stream(seed, scan_fraction=scan_fraction)
     sizes = np.array([500, 1000, 2000, 4000, 8000, 16000, 24000])
     gets = tids == gen.GET_TID
     b = MRCBuilder(POLICIES, sizes=sizes, rate=rate, counted=True)
     b.register_threads("get_scan", SCAN)
     b.count_threads([gen.GET_TID])
-    b.feed(keys, tids=tids)
+    if presampled:
+        from cachepilot.models.shards import sample_mask_index
+        for lo in range(0, len(keys), 50_000):
+            k, t = keys[lo:lo + 50_000], tids[lo:lo + 50_000]
+            idx = sample_mask_index(k, b.threshold)
+            b.feed(k[idx], total_accesses=len(k), tids=t[idx])
+    else:
+        b.feed(keys, tids=tids)
     curves = {c.policy: c for c in b.snapshot()}
     assert curves["lru"].method == "minisim"
     # where the miniatures hold at least the builder's least (32 pages)
