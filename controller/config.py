@@ -388,6 +388,8 @@ class TenantSpec(Strict):
     policy_threads: PolicyThreads | None = None
     # The threads whose operations the tenant's throughput counts (its GET
     # threads, not the scan beside them): its curves count their misses.
+    # A real node's agent matches the rule; the sim counts every access,
+    # as its tenants' throughput does.
     slo_threads: ThreadRule | None = None
     initial_policy: PolicyName = "linux"
     initial_limit_bytes: Bytes | None = None  # None: an equal share
