@@ -188,10 +188,13 @@ int main(int argc, char **argv)
 	uint64_t x, pages, n, t0, t1;
 	int fd;
 
-	if (argc != 4)
+	if (argc != 4 && argc != 5)
 		return 2;
 	fd = open(argv[1], O_RDONLY);
 	if (fd < 0)
+		return 1;
+	/* a fifth argument, "random": no read-ahead (reads meant to miss) */
+	if (argc == 5 && posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM))
 		return 1;
 	pages = lseek(fd, 0, SEEK_END) / 4096;
 	n = strtoull(argv[2], NULL, 0);

@@ -36,7 +36,9 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from bench_agent_overhead import first_quartile, ratio_interval  # noqa: E402
+# its reader loop (with "random": read-ahead off) and its ratio statistics
+from bench_agent_overhead import (build_pread_loop, first_quartile,  # noqa: E402
+                                  ratio_interval)
 from cachepilot.agent import damon  # noqa: E402
 from cachepilot.agent.sampler import Sampler, threshold_for_rate, why_unavailable  # noqa: E402
 from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, in_cgroup,  # noqa: E402
@@ -45,65 +47,11 @@ from cachepilot.agent.testbed import (SCRATCH, drop_file_cache, in_cgroup,  # no
 RESULTS = REPO / "experiments" / "results"
 CONDITIONS = {"none": None, "sampler": 0.01, "every": 1.0}
 
-# One reader: random 4 KiB preads, read-ahead off, its loop timed in its
-# own CPU time (ns per read on stdout).
-MISS_LOOP_C = r"""
-#include <fcntl.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-
-static uint64_t thread_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
-}
-
-int main(int argc, char **argv)
-{
-	static char buf[4096];
-	uint64_t x, pages, n, t0, t1;
-	int fd;
-
-	if (argc != 4)
-		return 2;
-	fd = open(argv[1], O_RDONLY);
-	if (fd < 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM))
-		return 1;
-	pages = lseek(fd, 0, SEEK_END) / 4096;
-	n = strtoull(argv[2], NULL, 0);
-	x = strtoull(argv[3], NULL, 0) | 1;
-	t0 = thread_ns();
-	for (uint64_t i = 0; i < n; i++) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		if (pread(fd, buf, sizeof(buf), (off_t)(x % pages) * 4096) != sizeof(buf))
-			return 1;
-	}
-	t1 = thread_ns();
-	printf("%.3f\n", (double)(t1 - t0) / n);
-	return 0;
-}
-"""
-
-
-def build_loop(workdir: Path) -> Path:
-    src, exe = workdir / "miss_loop.c", workdir / "miss_loop"
-    src.write_text(MISS_LOOP_C)
-    subprocess.run(["cc", "-O2", "-o", str(exe), str(src)], check=True)
-    return exe
-
-
 def one_run(exe, cg, path, reads, seed, rate):
     """CPU ns per read of one run, and (with the sampler) the miss ratio and
     insert records it counted."""
     drop_file_cache(path)
-    argv = in_cgroup(cg, [str(exe), str(path), str(reads), str(seed)])
+    argv = in_cgroup(cg, [str(exe), str(path), str(reads), str(seed), "random"])
 
     def run():
         res = subprocess.run(argv, capture_output=True, text=True)
@@ -161,7 +109,7 @@ def main(argv=None) -> int:
     with damon.paused(), scratch_cgroup("cp_inserts") as cg, \
             tempfile.TemporaryDirectory() as tmp:
         (cg / "memory.limit_in_bytes").write_text(str(args.limit_mb << 20))
-        exe = build_loop(Path(tmp))
+        exe = build_pread_loop(Path(tmp))
         conds = list(CONDITIONS)
         for rep in range(args.reps):
             k = rep % len(conds)
