@@ -13,6 +13,7 @@ import numpy as np
 from cachepilot.agent.sampler import (OP_ACCESS, OP_INSERT, rate_for_threshold,
                                       threshold_for_rate)
 from cachepilot.models.mrc import MRC
+from cachepilot.models.shards import counted_reads
 
 
 def size_grid(max_pages: int, points: int = 48, min_pages: int = 256) -> np.ndarray:
@@ -68,11 +69,9 @@ class CountedMisses:
     its sample says whose.  A sampled access record of a counted thread
     is one of its reads, and a sampled insert record one of its misses,
     both under the one key hash, so each scaled back by the rate they were
-    sampled at estimates its whole count.  As in the curves (MiniSim's
-    counted threads), the counted threads' reads are all of the cgroup's
-    less the other threads' scaled back, and never fewer than their own
-    sample scaled back: the observed ratio and the curves count alike, so
-    the controller's model, fitted on the one, reads the other right."""
+    sampled at estimates its whole count.  Their reads are counted as the
+    curves count them (models/shards.counted_reads), so the controller's
+    model, fitted on the observed ratio, reads the curves right."""
 
     def __init__(self):
         self.accesses = 0.0          # the cgroup's reads
@@ -103,5 +102,4 @@ class CountedMisses:
         of theirs sampled, insert records lost)."""
         if not self.samples or self.lost:
             return None
-        reads = max(self.counted, self.accesses - self.others)
-        return min(1.0, self.misses / reads)
+        return min(1.0, self.misses / counted_reads(self.accesses, self.counted, self.others))

@@ -356,8 +356,7 @@ class MRCBuilder:
                             self.minisim_rate,
                             {"accesses": float(acc[0]) if len(acc) else 0.0,
                              "estimator": self.minisim.estimator(policy),
-                             "counted": self.minisim.counting
-                             and self.minisim.estimator(policy) != "chain"})
+                             "counted": self.minisim.counts_threads(policy)})
             curve.meta["window_accesses"] = float(both.accesses)
             out.append(curve)
         return out

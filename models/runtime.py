@@ -368,6 +368,11 @@ class MiniSim:
         """True while the curves count some threads' accesses only."""
         return self._counted is not None
 
+    def counts_threads(self, policy: str) -> bool:
+        """Whether `policy`'s curve counts the named threads' accesses only
+        (MRU's chain model counts every access)."""
+        return self.counting and self.estimator(policy) != "chain"
+
     def _feed_caches(self, keys, tids, accesses):
         if accesses is not None:
             self.accesses += int(accesses)
@@ -413,17 +418,11 @@ class MiniSim:
         the full stream's accesses the curve counts (the counted threads'
         share of it while counting), meta["est_misses"] their misses."""
         scaled = self.accesses > 0
-        # the counted threads' accesses in the full stream: all of them less
-        # the other threads' scaled back from their sample.  As SHARDS_adj
-        # does for the total, this lays the sample's deviation (a few hot
-        # keys sampled or not) on the counted threads, whose point reads
-        # are the skewed ones, while the others (a scan: many keys, each
-        # read alike) scale back well; never fewer than the counted
-        # threads' own sample scaled back.
         counted_full = self.accesses
         if self.counting:
-            counted_full = max(self.counted_sampled / self.rate,
-                               self.accesses - (self.sampled - self.counted_sampled) / self.rate)
+            counted_full = shards.counted_reads(
+                self.accesses, self.counted_sampled / self.rate,
+                (self.sampled - self.counted_sampled) / self.rate)
         prefix = "counted_" if self.counting else ""
         out = []
         for p in self.policies:
@@ -449,7 +448,7 @@ class MiniSim:
                     "mini_sizes": self.mini_sizes.tolist(),
                     "est_misses": misses_full,
                     "est_accesses": float(est_accesses),
-                    "counted": self.counting and estimator != "chain",
+                    "counted": self.counts_threads(p),
                     "estimator": estimator}
             if scaled:
                 meta["accesses"] = int(self.accesses)

@@ -43,6 +43,19 @@ def threshold_rate(threshold: int) -> float:
     return 1.0 if threshold >= THRESHOLD_ALL else threshold / 2.0**64
 
 
+def counted_reads(total: float, counted_scaled: float, others_scaled: float) -> float:
+    """How many of a stream's `total` accesses some threads made, from a
+    sample split by thread, each part scaled back by its rate: all of
+    them less the other threads'.  As SHARDS_adj does for the total, this
+    lays the sample's deviation (a few hot keys sampled or not) on the
+    counted threads, whose point reads are the skewed ones, while the
+    others (a scan: many keys, each read alike) scale back well; never
+    fewer than the counted threads' own sample scaled back.  The curves
+    (runtime.MiniSim) and the agent's observed miss ratio
+    (agent/curves.CountedMisses) both count by it, so they agree."""
+    return max(counted_scaled, total - others_scaled)
+
+
 SALT_SEED = 20260401        # the studies' and tests' salts
 
 
