@@ -324,7 +324,9 @@ class PhaseSpec(Strict):
     kind: Literal["zipf", "uniform", "scan", "loop", "get-scan", "trace"]
     footprint: Bytes = Field(64 << 20, gt=0)  # working set, bytes
     skew: float = Field(1.0, ge=0)           # zipf, get-scan
-    scan_fraction: float = Field(0.1, ge=0, le=1)  # get-scan
+    # get-scan: the share of scan accesses; its threads are named `get`
+    # and `scan` for a tenant's `slo_threads`
+    scan_fraction: float = Field(0.1, ge=0, le=1)
     scan_length: Bytes = Field(16 << 20, gt=0)     # get-scan: bytes per scan
     trace: FilePath | None = None            # kind: trace
     trace_format: str | None = None

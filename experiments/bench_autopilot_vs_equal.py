@@ -42,9 +42,10 @@ def policy_sweep(cfg, result):
                    if p in available_policies()]
         for idx, start, end in spec.workload.phase_spans(result["intervals"]):
             n = min(200_000, (end - start + 1) * spec.workload.accesses_per_interval)
-            keys, tids = sim.phase_stream(idx).next(n)
+            keys, tids, counted = sim.replay(idx, n)
             size = hist[spec.name][end - 1]["limit_bytes"] // PAGE_SIZE
-            tput = {p: spec.workload.service.throughput(warm_miss_ratio(keys, tids, p, size))
+            tput = {p: spec.workload.service.throughput(
+                        warm_miss_ratio(keys, tids, p, size, counted))
                     for p in allowed}
             best = max(tput, key=tput.get)
             chosen = hist[spec.name][end - 1]["policy"]

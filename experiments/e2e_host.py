@@ -68,6 +68,10 @@ def sim_prediction(ts, budget: int, intervals: int, warmup: int,
             "tenants": [{"name": t.name, "node": "host", "floor_bytes": budget // 16,
                          "policies": ["linux"],
                          **({"slo": {"min_throughput": slos[t.name]}} if t.name in slos else {}),
+                         # the sim's get-scan threads are `get` and `scan`:
+                         # its throughput counts the GETs, as the real one does
+                         **({"slo_threads": {"comm": "get"}}
+                            if t.slo_threads and t.sim["kind"] == "get-scan" else {}),
                          "workload": {"accesses_per_interval": 20000,
                                       "phases": [t.sim], "service": service}} for t in ts]},
             "e2e_host-sim")

@@ -256,13 +256,26 @@ def full_mrc(keys, policy: str, sizes, tids=None) -> MRC:
                {"accesses": int(len(keys))})
 
 
-def warm_miss_ratio(keys, tids, policy: str, pages) -> float:
+def warm_miss_ratio(keys, tids, policy: str, pages, counted=None) -> float:
     """Miss ratio over the second half of the stream, the first half having
-    warmed the cache: the steady state a tenant settles into."""
+    warmed the cache: the steady state a tenant settles into.  `counted`
+    (one bool per key): the ratio over those accesses only (every access
+    still moves the cache; where it counts none of the second half, the
+    ratio over every access there)."""
     half = len(keys) // 2
     cache = Cache(policy, max(1, int(pages)))
     cache.access(keys[:half], None if tids is None else tids[:half])
-    return cache.access(keys[half:], None if tids is None else tids[half:]) / (len(keys) - half)
+    if counted is None:
+        return cache.access(keys[half:], None if tids is None else tids[half:]) / \
+            (len(keys) - half)
+    counted = np.asarray(counted, dtype=bool)
+    before = cache.stats
+    misses = cache.access(keys[half:], None if tids is None else tids[half:], counted[half:])
+    after = cache.stats
+    done = after["counted_accesses"] - before["counted_accesses"]
+    if not done:
+        return misses / (len(keys) - half)
+    return (after["counted_misses"] - before["counted_misses"]) / done
 
 
 class MiniSim:

@@ -52,13 +52,19 @@ def curve_sizes(memory_bytes: int, points: int = CURVE_POINTS) -> np.ndarray:
 
 
 class PhaseStream:
-    """The access stream of one workload phase: next(n) -> (keys, tids)."""
+    """The access stream of one workload phase: next(n) -> (keys, tids).
+
+    `threads` names the stream's threads, tid -> (comm, cmdline), so that a
+    tenant's thread rules (`slo_threads`) match in the sim as they do on a
+    host: a get-scan phase has a `get` and a `scan` thread; the other kinds
+    carry no thread ids, and a rule matches nothing there."""
 
     def __init__(self, phase, seed: int, key_base: int):
         from cachepilot.models import generators as gen
         self.phase = phase
         # policy -> the threads the application registers with it
         self.registered: dict[str, np.ndarray] = {}
+        self.threads: dict[int, tuple[str, str]] = {}
         pages = max(1, phase.footprint // PAGE_SIZE)
         self.key_base = key_base
         kind = phase.kind
@@ -77,6 +83,7 @@ class PhaseStream:
             # the key-value store tells get_scan its scan thread, as the
             # cache_ext paper's modified RocksDB does
             self.registered = {"get_scan": np.array([gen.SCAN_TID], np.uint32)}
+            self.threads = {gen.GET_TID: ("get", "kv get"), gen.SCAN_TID: ("scan", "kv scan")}
         elif kind == "trace":
             self.gen = gen.trace_stream(phase.trace, phase.trace_format)
         else:
@@ -88,6 +95,22 @@ class PhaseStream:
         # Phases of one tenant touch distinct pages (a new phase is new data).
         keys = np.asarray(keys, dtype=np.uint64) + np.uint64(self.key_base)
         return keys, tids
+
+    def counted_tids(self, rule) -> list[int]:
+        """The threads a tenant's `slo_threads` rule names here; empty (every
+        thread counts) without a rule or where it matches none."""
+        if rule is None:
+            return []
+        return sorted(t for t, (comm, cmdline) in self.threads.items()
+                      if rule.matches(comm, cmdline))
+
+    def counted(self, rule, tids) -> np.ndarray | None:
+        """Per access of a batch, whether the tenant's throughput counts it
+        (None: every access)."""
+        mine = self.counted_tids(rule)
+        if not mine or tids is None:
+            return None
+        return np.isin(np.asarray(tids), np.asarray(mine, dtype=np.uint32))
 
 
 class SimTenant:
@@ -115,7 +138,8 @@ class SimTenant:
         self.cache = Cache(self.policy, max(1, self.limit_bytes // PAGE_SIZE))
         self.sizes = curve_sizes(node_spec.memory_bytes)
         # A node that reports nothing (the static baseline) needs no curves.
-        self.builder = MRCBuilder(self.allowed, rate=curve_rate, sizes=self.sizes) \
+        self.builder = MRCBuilder(self.allowed, rate=curve_rate, sizes=self.sizes,
+                                  counted=spec.slo_threads is not None) \
             if curves else None
         self.interval = 0
         self.phase_index = -1
@@ -136,6 +160,18 @@ class SimTenant:
         return PhaseStream(self.workload.phases[idx], self.seed * 1009 + idx,
                            key_base=idx << 40)
 
+    def replay(self, idx: int, n: int):
+        """The first n accesses of phase idx again, for an offline oracle:
+        (keys, tids, counted), counted as step() counts them (None: all).
+        Drawn an interval's worth at a time, as step() draws them: the
+        generators' streams depend on the batch sizes asked of them."""
+        stream = self.phase_stream(idx)
+        per = self.workload.accesses_per_interval
+        parts = [stream.next(min(per, n - i)) for i in range(0, n, per)]
+        keys = np.concatenate([k for k, _ in parts])
+        tids = None if parts[0][1] is None else np.concatenate([t for _, t in parts])
+        return keys, tids, stream.counted(self.spec.slo_threads, tids)
+
     def step(self) -> TenantReport:
         idx = self.phase_at(self.interval)
         if idx != self.phase_index:
@@ -145,13 +181,22 @@ class SimTenant:
                 for policy in self.allowed:
                     self.builder.register_threads(
                         policy, self.stream.registered.get(policy, []))
+                if self.builder.counted:
+                    self.builder.count_threads(self.stream.counted_tids(self.spec.slo_threads))
         n = self.workload.accesses_per_interval
         keys, tids = self.stream.next(n)
         reg = self.stream.registered.get(self.policy)
+        counted = self.stream.counted(self.spec.slo_threads, tids)
+        st = self.cache.stats
+        before = (st["counted_accesses"], st["counted_misses"])
         misses = int(self.cache.access(
             keys, mark_registered(tids, reg) if reg is not None and tids is not None
-            else tids))
-        m = misses / max(1, len(keys))
+            else tids, counted))
+        # the throughput counts the operations of the threads slo_threads
+        # names (a store's GETs, not its scanner), as a host's agent does
+        st = self.cache.stats
+        done = st["counted_accesses"] - before[0]
+        m = (st["counted_misses"] - before[1]) / done if done else misses / max(1, len(keys))
         svc = self.workload.service
         throughput = svc.throughput(m)
         curves = []

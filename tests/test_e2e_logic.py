@@ -513,16 +513,24 @@ def test_e2e_hosts_sim_sets_kvs_slo_by_the_real_runs_rule_and_its_controller_ser
     from types import SimpleNamespace as NS
     kv = 40 * MiB
     ts = [NS(name="kv", sim={"kind": "get-scan", "footprint": kv, "skew": 0.0,
-                             "scan_fraction": 0.5, "scan_length": kv}),
-          NS(name="search", sim={"kind": "loop", "footprint": 40 * MiB}),
-          NS(name="zipf", sim={"kind": "zipf", "footprint": 64 * MiB, "skew": 1.1}),
-          NS(name="stream", sim={"kind": "scan", "footprint": 256 * MiB})]
+                             "scan_fraction": 0.5, "scan_length": kv},
+             slo_threads={"cmdline": "*--benchmarks=readrandom *"}),
+          NS(name="search", sim={"kind": "loop", "footprint": 40 * MiB}, slo_threads=None),
+          NS(name="zipf", sim={"kind": "zipf", "footprint": 64 * MiB, "skew": 1.1},
+             slo_threads=None),
+          NS(name="stream", sim={"kind": "scan", "footprint": 256 * MiB}, slo_threads=None)]
     ops, slo, met = e2e_host.sim_prediction(
         ts, 64 * MiB, 16, 4, {"t_hit_s": 2e-6, "t_miss_s": 8e-5, "concurrency": 1})
     assert set(ops) == {"default_equal", "limits_only"}
     assert slo == {"kv": pytest.approx(e2e_host.KV_SLO_GAIN * ops["default_equal"]["kv"])}
     assert ops["limits_only"]["kv"] > 1.1 * ops["default_equal"]["kv"]
     assert set(met) == {"kv"} and met["kv"] >= 0.5
+    # its throughput counts the GETs, as the real kv's does: with the rule
+    # left out it counts the scan's misses too, and reads lower
+    ts[0].slo_threads = None
+    every, _, _ = e2e_host.sim_prediction(
+        ts, 64 * MiB, 16, 4, {"t_hit_s": 2e-6, "t_miss_s": 8e-5, "concurrency": 1})
+    assert ops["default_equal"]["kv"] > 1.1 * every["default_equal"]["kv"]
 
 
 class _FakeCgroups:

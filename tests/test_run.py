@@ -43,7 +43,7 @@ def demo(tmp_path_factory):
 # -- offline ground truth ------------------------------------------------------------
 def phase_keys(cfg, tenant, idx, n):
     t = SimBackend(cfg, tenant.node, curves=False).tenants[tenant.name]
-    return t.phase_stream(idx).next(n)
+    return t.replay(idx, n)
 
 
 def allowed(cfg, spec):
@@ -55,7 +55,7 @@ def allowed(cfg, spec):
 def slo_need_pages(cfg, spec, idx, n):
     """Least size (pages, to 1/64 of the node) meeting the SLO in phase idx
     under the best allowed policy, within the floor/ceiling; None if none."""
-    keys, tids = phase_keys(cfg, spec, idx, n)
+    keys, tids, counted = phase_keys(cfg, spec, idx, n)
     memory = cfg.node(spec.node).memory_bytes // PAGE_SIZE
     lo_cap = spec.floor_bytes // PAGE_SIZE
     hi_cap = (spec.ceiling_bytes or cfg.node(spec.node).memory_bytes) // PAGE_SIZE
@@ -63,7 +63,7 @@ def slo_need_pages(cfg, spec, idx, n):
     best = None
     for policy in allowed(cfg, spec):
         ok = lambda p: spec.workload.service.throughput(  # noqa: E731
-            warm_miss_ratio(keys, tids, policy, p)) >= spec.slo.min_throughput
+            warm_miss_ratio(keys, tids, policy, p, counted)) >= spec.slo.min_throughput
         if not ok(grid[-1]):
             continue
         lo, hi = 0, len(grid) - 1          # binary search on the grid
@@ -164,9 +164,10 @@ def test_policy_matches_an_offline_sweep_and_follows_phase_changes(demo):
         hist = rows[spec.name]
         for idx, start, end in spec.workload.phase_spans(INTERVALS):
             n = min(200_000, (end - start + 1) * spec.workload.accesses_per_interval)
-            keys, tids = phase_keys(cfg, spec, idx, n)
+            keys, tids, counted = phase_keys(cfg, spec, idx, n)
             size = hist[end - 1]["limit_bytes"] // PAGE_SIZE
-            tput = {p: spec.workload.service.throughput(warm_miss_ratio(keys, tids, p, size))
+            tput = {p: spec.workload.service.throughput(
+                        warm_miss_ratio(keys, tids, p, size, counted))
                     for p in allowed(cfg, spec)}
             best = max(tput.values())
             good = {p for p, v in tput.items() if v * (1 + tol) >= best}

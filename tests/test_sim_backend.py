@@ -178,3 +178,78 @@ def test_get_scan_knows_the_scan_thread_of_a_get_scan_workload():
     curves = {c.policy: c for c in report.curves}
     at = 12 * MiB // 4096
     assert curves["get_scan"].at(at) < curves["lfu"].at(at) - 0.03
+
+
+# -- slo_threads: the throughput counts the threads the rule names ------------
+
+KV = [{"kind": "get-scan", "skew": 0.6, "footprint": "16MiB",
+       "scan_fraction": 0.5, "scan_length": "8MiB"}]
+
+
+def exact_by_interval(keys, tids, counted, pages, n):
+    """Per interval of n accesses, (counted threads' miss ratio, every
+    access's), from one full lru simulation of the replayed stream."""
+    from cachepilot.models.runtime import Cache
+    c, out = Cache("lru", pages), []
+    for i in range(0, len(keys), n):
+        st0 = c.stats
+        miss = c.access(keys[i:i + n], tids[i:i + n], counted[i:i + n])
+        st1 = c.stats
+        out.append(((st1["counted_misses"] - st0["counted_misses"])
+                    / (st1["counted_accesses"] - st0["counted_accesses"]), miss / n))
+    return out
+
+
+def test_sim_counts_the_named_threads_as_a_hosts_agent_does():
+    b = SimBackend(config([tenant("kv", KV, limit="10MiB", policies=["lru", "fifo"],
+                                  slo_threads={"comm": "get"})]), "n")
+    rows = run(b, 6)
+    t = b.tenants["kv"]
+    keys, tids, counted = t.replay(0, 6 * 8000)
+    assert counted is not None and 0.4 < counted.mean() < 0.6    # the GETs only
+    exact = exact_by_interval(keys, tids, counted, 10 * MiB // 4096, 8000)
+    for (r,), (get_m, all_m) in zip(rows, exact):
+        assert r.miss_ratio == pytest.approx(get_m, abs=1e-12)
+        assert r.throughput == pytest.approx(2 / (1e-6 + get_m * 1e-4))
+    # the scan misses far more than the GETs: counting them would be another figure
+    assert np.mean([a - g for g, a in exact[2:]]) > 0.1
+    # the curves count the GETs too: lru's at the limit reads the GET ratio
+    # of the interval it was built on, not every access's
+    curves = {c.policy: c for c in rows[-1][0].curves}
+    at = 10 * MiB // 4096
+    get_m, all_m = exact[-1]
+    assert abs(curves["lru"].at(at) - get_m) < abs(curves["lru"].at(at) - all_m) / 3
+
+
+@pytest.mark.parametrize("rule, kind", [({"comm": "nothing*"}, "get-scan"),
+                                        ({"comm": "get"}, "zipf")])
+def test_a_rule_that_names_no_thread_counts_every_access(rule, kind):
+    phases = KV if kind == "get-scan" else [{"kind": "zipf", "footprint": "16MiB"}]
+    b = SimBackend(config([tenant("kv", phases, limit="10MiB", slo_threads=rule)]), "n")
+    rows = run(b, 3)
+    keys, tids, counted = b.tenants["kv"].replay(0, 3 * 8000)
+    assert counted is None
+    from cachepilot.models.runtime import Cache
+    c = Cache("lru", 10 * MiB // 4096)
+    for i, (r,) in enumerate(rows):
+        k = slice(i * 8000, (i + 1) * 8000)
+        assert r.miss_ratio == c.access(keys[k], None if tids is None else tids[k]) / 8000
+
+
+def test_warm_miss_ratio_counts_the_marked_accesses():
+    from cachepilot.models.runtime import Cache, warm_miss_ratio
+    b = SimBackend(config([tenant("kv", KV, slo_threads={"comm": "get"})]), "n")
+    keys, tids, counted = b.tenants["kv"].replay(0, 40_000)
+    c = Cache("lru", 2048)
+    c.access(keys[:20_000], tids[:20_000])
+    st0 = c.stats
+    c.access(keys[20_000:], tids[20_000:], counted[20_000:])
+    st1 = c.stats
+    want = (st1["counted_misses"] - st0["counted_misses"]) / \
+        (st1["counted_accesses"] - st0["counted_accesses"])
+    assert warm_miss_ratio(keys, tids, "lru", 2048, counted) == pytest.approx(want)
+    assert warm_miss_ratio(keys, tids, "lru", 2048, counted) < \
+        warm_miss_ratio(keys, tids, "lru", 2048) - 0.05
+    # a mask that counts nothing falls back to every access
+    assert warm_miss_ratio(keys, tids, "lru", 2048, np.zeros(len(keys), bool)) == \
+        warm_miss_ratio(keys, tids, "lru", 2048)
