@@ -369,6 +369,32 @@ def print_sweep(trials, ts):
                 flush=True)
 
 
+def parse_static(text: str | None, share: int) -> dict:
+    """`--static kv=get_scan@2,search=mru@0.5`: {tenant: (policy, limit
+    bytes)}, each limit a factor of the equal share.  ValueError on a
+    tenant or policy not in ALLOWED or an entry not of that form."""
+    out = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, eq, rest = item.strip().partition("=")
+        policy, at, factor = rest.partition("@")
+        if not eq or not at or not policy:
+            raise ValueError(f"{item.strip()!r} is not TENANT=POLICY@FACTOR")
+        if name not in ALLOWED:
+            raise ValueError(f"no tenant {name!r} (have {', '.join(ALLOWED)})")
+        if policy not in ALLOWED[name]:
+            raise ValueError(f"{name} may run {', '.join(ALLOWED[name])}, not {policy!r}")
+        try:
+            f = float(factor)
+        except ValueError:
+            raise ValueError(f"{item.strip()!r}: the factor is not a number") from None
+        if not 0 < f <= 16:
+            raise ValueError(f"{item.strip()!r}: the factor must be in (0, 16]")
+        out[name] = (policy, int(f * share))
+    return out
+
+
 def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
     """`--only`: the named configurations alone, one after another, each
     tenant's mean ops/s and CPU per phase printed, every interval kept."""
@@ -378,6 +404,7 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
         print(f"e2e_vm: --only takes configurations of {', '.join(DIAGNOSABLE)}; "
               f"got {args.only!r}", file=sys.stderr)
         return 2
+    static = parse_static(args.static, budget // len(ts))
     runs, trials = {}, []
     for name in names:
         print(f"  {name}", flush=True)
@@ -392,6 +419,7 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
             print(f"    overhead: {json.dumps(runs[name])}", flush=True)
             continue
         runs[name] = run_config(name, ts, cg, budget, args.interval, args.intervals, work, {},
+                                static=static if name not in e2e_lib.CONTROLLED else None,
                                 phase_at=phase_at, control_interval=args.control_interval)
         s = runs[name]["series"]
         for t in ts:
@@ -400,6 +428,19 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
                               t.phase_pidfile is not None)
             print(f"    {t.name:<7} ops/s " + ", ".join(f"p{p} {v:.0f}" for p, v in ops.items())
                   + "; CPUs " + ", ".join(f"p{p} {v:.2f}" for p, v in cpu.items()), flush=True)
+            if "observed_miss_ratio" in s[t.name]:
+                # what the agent saw against what each policy's curve said
+                # at the limit, per phase
+                seen = phase_means({"ops_per_s": s[t.name]["observed_miss_ratio"]}, win,
+                                   t.phase_pidfile is not None)
+                for p, v in seen.items():
+                    said = {pol: phase_means({"ops_per_s": [c.get(pol, float("nan"))
+                                                            for c in s[t.name]["curves_at_limit"]]},
+                                             win, t.phase_pidfile is not None)[p]
+                            for pol in sorted({k for c in s[t.name]["curves_at_limit"]
+                                               for k in c})}
+                    print(f"            p{p} miss ratio observed {v:.3f}; curves "
+                          + ", ".join(f"{pol} {m:.3f}" for pol, m in said.items()), flush=True)
         host = s["_host"]
         print(f"    busy CPUs {mean(host['busy_cpus'][args.warmup:]):.2f}, agent "
               f"{mean(host['agent_cpus'][args.warmup:]):.2f}", flush=True)
@@ -442,10 +483,22 @@ def main(argv=None) -> int:
                          "default_equal, agent_sampling, limits_only, autopilot), "
                          "written to e2e_vm_diag.json: per interval each tenant's ops, "
                          "limit, policy and CPU, and the machine's busy CPUs")
+    ap.add_argument("--static", default=None, metavar="TENANT=POLICY@FACTOR,...",
+                    help="with --only: the uncontrolled runs (default_equal, "
+                         "agent_sampling) give these tenants this policy and limit (a "
+                         "factor of the equal share), as the sweep does; with "
+                         "agent_sampling, the agent's curves and observed miss ratio "
+                         "under it")
     ap.add_argument("--data", default="/tmp/data", help="data folder (the VM's data disk)")
     ap.add_argument("--out", default="/tmp/results", help="where the JSON and PNG go")
     args = ap.parse_args(argv)
     exit_on_sigterm()
+    if args.static and not args.only:
+        ap.error("--static is for the diagnostic runs of --only")
+    try:
+        parse_static(args.static, 1)
+    except ValueError as err:
+        ap.error(f"--static: {err}")
     if args.intervals < 2 * (args.warmup + 1) or args.intervals // 2 <= args.settle:
         ap.error("--intervals must leave measured intervals in both phases")
     t_start = time.monotonic()
