@@ -894,7 +894,8 @@ def plot(result, path: Path, title: str, phase_at: int | None = None):
     """Per tenant, over the intervals of every run of every configuration
     (a configuration's runs in one colour, its later rounds dashed):
     operations per second, limit and the policy that ran; the title of
-    each column gives the mean ratio to the equal split.  An ops/s axis
+    each column gives the mean ratio to the equal split (where the result
+    has `ratio`: a diagnostic run has none).  An ops/s axis
     whose values span more than LOG_SPAN is logarithmic, so that a round in
     which a tenant's data came to fit does not flatten the others."""
     import matplotlib
@@ -926,7 +927,7 @@ def plot(result, path: Path, title: str, phase_at: int | None = None):
             axes[0][j].set_yscale("log")
         axes[2][j].set_yticks(range(len(seen)), seen)
         ratios = "\n".join(f"{c} {result['ratio'][c][n]:.2f}" for c in configs
-                            if c != "default_equal")
+                            if c != "default_equal" and "ratio" in result)
         axes[0][j].set_title(f"{n}\n{ratios}", fontsize=8)
         axes[0][j].set_ylabel("ops/s")
         axes[1][j].set_ylabel("limit (MiB)")

@@ -450,7 +450,14 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
         {"runs": runs, "sweep": trials, "vm": {"budget_bytes": budget, "interval_s": args.interval,
                               "intervals": args.intervals, "wall_s": time.monotonic() - t_start}},
         indent=1))
-    print(f"wrote {out / 'e2e_vm_diag.json'} ({time.monotonic() - t_start:.0f} s)")
+    measured = {n: [r] for n, r in runs.items() if "series" in r}
+    if measured:
+        plot({"tenants": [{"name": t.name} for t in ts], "runs": measured},
+             out / "e2e_vm_diag.png", f"make e2e --only {args.only}"
+             + (f" --static {args.static}" if args.static else ""), phase_at)
+    print(f"wrote {out / 'e2e_vm_diag.json'}"
+          + (f" and {out / 'e2e_vm_diag.png'}" if measured else "")
+          + f" ({time.monotonic() - t_start:.0f} s)")
     return 0
 
 
@@ -481,7 +488,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, metavar="CONFIG,...",
                     help="a diagnostic run of these configurations alone (of "
                          "default_equal, agent_sampling, limits_only, autopilot), "
-                         "written to e2e_vm_diag.json: per interval each tenant's ops, "
+                         "written to e2e_vm_diag.json and .png: per interval each tenant's ops, "
                          "limit, policy and CPU, and the machine's busy CPUs")
     ap.add_argument("--static", default=None, metavar="TENANT=POLICY@FACTOR,...",
                     help="with --only: the uncontrolled runs (default_equal, "

@@ -646,3 +646,15 @@ def test_static_diagnostic_settings_parse_and_refuse_what_they_cannot_be():
     got = subprocess.run([sys.executable, str(Path(e2e_vm.__file__)), "--static", "kv=linux@1"],
                          capture_output=True, text=True, timeout=60)
     assert got.returncode == 2 and "--static is for the diagnostic runs of --only" in got.stderr
+
+
+def test_a_diagnostic_run_is_plotted_without_ratios(tmp_path):
+    """--only runs have no equal split to divide by: their plot has each
+    tenant's ops, limit and policy, and no ratio in the titles."""
+    series = {"ops_per_s": [100.0, 120.0, 130.0], "limit_bytes": [160 * MiB] * 3,
+              "policy": ["get_scan"] * 3}
+    result = {"tenants": [{"name": "kv"}, {"name": "zipf"}],
+              "runs": {"agent_sampling": [{"series": {"kv": series, "zipf": dict(
+                  series, policy=["none"] * 3)}}]}}
+    e2e_lib.plot(result, tmp_path / "diag.png", "make e2e --only agent_sampling", 2)
+    assert (tmp_path / "diag.png").stat().st_size > 10_000
