@@ -178,6 +178,18 @@ class Cache:
         keys = _keys(keys)
         return self._c.access(keys, _tids(tids, len(keys)), _counted(counted, len(keys)))
 
+    def miss_ratio(self, keys, tids=None, counted=None) -> float:
+        """Run a batch of accesses; returns the miss ratio of those
+        `counted` marks (every one without it, or where it marks none of
+        the batch): a tenant's ratio when its throughput counts some
+        threads' operations only.  Every access still moves the cache."""
+        st = self.stats
+        misses = self.access(keys, tids, counted)
+        done = self.stats["counted_accesses"] - st["counted_accesses"]
+        if counted is None or not done:
+            return misses / max(1, len(keys))
+        return (self.stats["counted_misses"] - st["counted_misses"]) / done
+
     @property
     def policy(self) -> str:
         return self._c.policy
@@ -265,17 +277,8 @@ def warm_miss_ratio(keys, tids, policy: str, pages, counted=None) -> float:
     half = len(keys) // 2
     cache = Cache(policy, max(1, int(pages)))
     cache.access(keys[:half], None if tids is None else tids[:half])
-    if counted is None:
-        return cache.access(keys[half:], None if tids is None else tids[half:]) / \
-            (len(keys) - half)
-    counted = np.asarray(counted, dtype=bool)
-    before = cache.stats
-    misses = cache.access(keys[half:], None if tids is None else tids[half:], counted[half:])
-    after = cache.stats
-    done = after["counted_accesses"] - before["counted_accesses"]
-    if not done:
-        return misses / (len(keys) - half)
-    return (after["counted_misses"] - before["counted_misses"]) / done
+    return cache.miss_ratio(keys[half:], None if tids is None else tids[half:],
+                            None if counted is None else np.asarray(counted, bool)[half:])
 
 
 class MiniSim:

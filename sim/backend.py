@@ -186,17 +186,11 @@ class SimTenant:
         n = self.workload.accesses_per_interval
         keys, tids = self.stream.next(n)
         reg = self.stream.registered.get(self.policy)
-        counted = self.stream.counted(self.spec.slo_threads, tids)
-        st = self.cache.stats
-        before = (st["counted_accesses"], st["counted_misses"])
-        misses = int(self.cache.access(
-            keys, mark_registered(tids, reg) if reg is not None and tids is not None
-            else tids, counted))
         # the throughput counts the operations of the threads slo_threads
         # names (a store's GETs, not its scanner), as a host's agent does
-        st = self.cache.stats
-        done = st["counted_accesses"] - before[0]
-        m = (st["counted_misses"] - before[1]) / done if done else misses / max(1, len(keys))
+        m = self.cache.miss_ratio(
+            keys, mark_registered(tids, reg) if reg is not None and tids is not None
+            else tids, self.stream.counted(self.spec.slo_threads, tids))
         svc = self.workload.service
         throughput = svc.throughput(m)
         curves = []
