@@ -369,10 +369,10 @@ def print_sweep(trials, ts):
                 flush=True)
 
 
-def parse_static(text: str | None, share: int) -> dict:
-    """`--static kv=get_scan@2,search=mru@0.5`: {tenant: (policy, limit
-    bytes)}, each limit a factor of the equal share.  ValueError on a
-    tenant or policy not in ALLOWED or an entry not of that form."""
+def parse_static(text: str | None) -> dict:
+    """`--static kv=get_scan@2,search=mru@0.5`: {tenant: (policy, factor
+    of the equal share)}.  ValueError on a tenant or policy not in
+    ALLOWED or an entry not of that form."""
     out = {}
     for item in (text or "").split(","):
         if not item.strip():
@@ -391,7 +391,7 @@ def parse_static(text: str | None, share: int) -> dict:
             raise ValueError(f"{item.strip()!r}: the factor is not a number") from None
         if not 0 < f <= 16:
             raise ValueError(f"{item.strip()!r}: the factor must be in (0, 16]")
-        out[name] = (policy, int(f * share))
+        out[name] = (policy, f)
     return out
 
 
@@ -404,7 +404,8 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
         print(f"e2e_vm: --only takes configurations of {', '.join(DIAGNOSABLE)}; "
               f"got {args.only!r}", file=sys.stderr)
         return 2
-    static = parse_static(args.static, budget // len(ts))
+    static = {n: (policy, int(f * (budget // len(ts))))
+              for n, (policy, f) in args.static_settings.items()}
     runs, trials = {}, []
     for name in names:
         print(f"  {name}", flush=True)
@@ -431,16 +432,15 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
             if "observed_miss_ratio" in s[t.name]:
                 # what the agent saw against what each policy's curve said
                 # at the limit, per phase
-                seen = phase_means({"ops_per_s": s[t.name]["observed_miss_ratio"]}, win,
-                                   t.phase_pidfile is not None)
+                phased = t.phase_pidfile is not None
+                curves = s[t.name]["curves_at_limit"]
+                seen = phase_means({"ops_per_s": s[t.name]["observed_miss_ratio"]}, win, phased)
+                said = {pol: phase_means({"ops_per_s": [c.get(pol, float("nan")) for c in curves]},
+                                         win, phased)
+                        for pol in sorted({k for c in curves for k in c})}
                 for p, v in seen.items():
-                    said = {pol: phase_means({"ops_per_s": [c.get(pol, float("nan"))
-                                                            for c in s[t.name]["curves_at_limit"]]},
-                                             win, t.phase_pidfile is not None)[p]
-                            for pol in sorted({k for c in s[t.name]["curves_at_limit"]
-                                               for k in c})}
                     print(f"            p{p} miss ratio observed {v:.3f}; curves "
-                          + ", ".join(f"{pol} {m:.3f}" for pol, m in said.items()), flush=True)
+                          + ", ".join(f"{pol} {m[p]:.3f}" for pol, m in said.items()), flush=True)
         host = s["_host"]
         print(f"    busy CPUs {mean(host['busy_cpus'][args.warmup:]):.2f}, agent "
               f"{mean(host['agent_cpus'][args.warmup:]):.2f}", flush=True)
@@ -503,7 +503,7 @@ def main(argv=None) -> int:
     if args.static and not args.only:
         ap.error("--static is for the diagnostic runs of --only")
     try:
-        parse_static(args.static, 1)
+        args.static_settings = parse_static(args.static)
     except ValueError as err:
         ap.error(f"--static: {err}")
     if args.intervals < 2 * (args.warmup + 1) or args.intervals // 2 <= args.settle:

@@ -633,15 +633,14 @@ def test_the_plot_draws_every_round_and_a_wide_span_on_a_log_axis(tmp_path, monk
 
 
 def test_static_diagnostic_settings_parse_and_refuse_what_they_cannot_be():
-    share = 80 * MiB
-    assert e2e_vm.parse_static("kv=get_scan@2, search=mru@0.5", share) == {
-        "kv": ("get_scan", 160 * MiB), "search": ("mru", 40 * MiB)}
-    assert e2e_vm.parse_static(None, share) == {} == e2e_vm.parse_static("", share)
+    assert e2e_vm.parse_static("kv=get_scan@2, search=mru@0.5") == {
+        "kv": ("get_scan", 2.0), "search": ("mru", 0.5)}
+    assert e2e_vm.parse_static(None) == {} == e2e_vm.parse_static("")
     for bad, why in [("kv=get_scan", "TENANT=POLICY@FACTOR"), ("db=linux@1", "no tenant"),
                      ("kv=mru@1", "may run"), ("kv=linux@x", "not a number"),
                      ("kv=linux@0", "(0, 16]"), ("kv@1", "TENANT=POLICY@FACTOR")]:
         with pytest.raises(ValueError, match=re.escape(why)):
-            e2e_vm.parse_static(bad, share)
+            e2e_vm.parse_static(bad)
     # the command line says so before any work starts
     got = subprocess.run([sys.executable, str(Path(e2e_vm.__file__)), "--static", "kv=linux@1"],
                          capture_output=True, text=True, timeout=60)
