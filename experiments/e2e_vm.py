@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_lib  # noqa: E402
-from e2e_lib import (ANON_MARGIN, MiB, Cgroups, drop_caches, exit_on_sigterm,  # noqa: E402
+from e2e_lib import (ANON_MARGIN, MiB, Cgroups, drop_caches, end_run, exit_on_sigterm,  # noqa: E402
                      finish_run, mean, measure_intervals, memory_hierarchy, plot, prepare,
                      run_config, set_static, start_run, tenants, warm_up)
 
@@ -237,6 +237,22 @@ def fill(run, ts, cg, interval, static, data, label):
             cg.set_io(t.name, data, *IO[t.name])
 
 
+def filled_run(name, ts, cg, budget, args, work, static, phase_at) -> dict:
+    """An uncontrolled run (`--only ... --static ... --fill`) that starts as
+    a sweep pass does: `static` attached to empty caches, which `fill`
+    fills at raised disk limits, then `args.intervals` measured.  Beside
+    the same run filled by the tenants' own reads from cold, it shows what
+    the sweep's way of starting does to a comparison of policies."""
+    run = start_run(name, ts, cg, budget, args.control_interval, work, {}, static)
+    try:
+        fill(run, ts, cg, args.interval, static, Path(args.data), f"{name} (fill)")
+        series = measure_intervals(run, ts, cg, args.interval, args.intervals, phase_at)
+    except BaseException:
+        end_run(run, ts, cg)
+        raise
+    return {"series": series, **finish_run(run, ts, cg)}
+
+
 def rotation(policies: list[str], j: int, half: int) -> str:
     """The policy of a tenant's `j`-th pass in sweep half `half`: the
     order starts one policy further in each half, so that a one-phase
@@ -419,9 +435,13 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
                                   args.overhead_reps, work, Path(args.data))
             print(f"    overhead: {json.dumps(runs[name])}", flush=True)
             continue
-        runs[name] = run_config(name, ts, cg, budget, args.interval, args.intervals, work, {},
-                                static=static if name not in e2e_lib.CONTROLLED else None,
-                                phase_at=phase_at, control_interval=args.control_interval)
+        fixed = static if name not in e2e_lib.CONTROLLED else None
+        if fixed and args.fill:
+            runs[name] = filled_run(name, ts, cg, budget, args, work, fixed, phase_at)
+        else:
+            runs[name] = run_config(name, ts, cg, budget, args.interval, args.intervals, work,
+                                    {}, static=fixed, phase_at=phase_at,
+                                    control_interval=args.control_interval)
         s = runs[name]["series"]
         for t in ts:
             ops = phase_means(s[t.name], win, t.phase_pidfile is not None)
@@ -454,7 +474,8 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
     if measured:
         plot({"tenants": [{"name": t.name} for t in ts], "runs": measured},
              out / "e2e_vm_diag.png", f"make e2e --only {args.only}"
-             + (f" --static {args.static}" if args.static else ""), phase_at)
+             + (f" --static {args.static}" if args.static else "")
+             + (" --fill" if args.fill else ""), phase_at)
     print(f"wrote {out / 'e2e_vm_diag.json'}"
           + (f" and {out / 'e2e_vm_diag.png'}" if measured else "")
           + f" ({time.monotonic() - t_start:.0f} s)")
@@ -496,12 +517,19 @@ def main(argv=None) -> int:
                          "factor of the equal share), as the sweep does; with "
                          "agent_sampling, the agent's curves and observed miss ratio "
                          "under it")
+    ap.add_argument("--fill", action="store_true",
+                    help="with --only and --static: start each uncontrolled run as a "
+                         "sweep pass starts, the caches filled at raised disk limits "
+                         "until none grows (instead of by the tenants' own reads "
+                         "from cold)")
     ap.add_argument("--data", default="/tmp/data", help="data folder (the VM's data disk)")
     ap.add_argument("--out", default="/tmp/results", help="where the JSON and PNG go")
     args = ap.parse_args(argv)
     exit_on_sigterm()
     if args.static and not args.only:
         ap.error("--static is for the diagnostic runs of --only")
+    if args.fill and not args.static:
+        ap.error("--fill is for the --static runs of --only")
     try:
         args.static_settings = parse_static(args.static)
     except ValueError as err:

@@ -2,6 +2,7 @@
 the best static choice within the budget, the measured windows per phase,
 and the two-phase tenant's shell.  The runs themselves need the cache_ext
 VM (make e2e)."""
+import argparse
 import os
 import re
 import signal
@@ -645,6 +646,38 @@ def test_static_diagnostic_settings_parse_and_refuse_what_they_cannot_be():
     got = subprocess.run([sys.executable, str(Path(e2e_vm.__file__)), "--static", "kv=linux@1"],
                          capture_output=True, text=True, timeout=60)
     assert got.returncode == 2 and "--static is for the diagnostic runs of --only" in got.stderr
+    got = subprocess.run([sys.executable, str(Path(e2e_vm.__file__)), "--only", "default_equal",
+                          "--fill"], capture_output=True, text=True, timeout=60)
+    assert got.returncode == 2 and "--fill is for the --static runs of --only" in got.stderr
+
+
+def test_a_filled_diagnostic_run_starts_as_a_sweep_pass_does(monkeypatch):
+    """--fill: the run's settings made, the caches filled by fill() before
+    the measured intervals; a failure while filling still ends the run."""
+    calls = []
+    monkeypatch.setattr(e2e_vm, "start_run", lambda name, ts, cg, budget, interval, work, slos,
+                        static: calls.append(("start", name, static)) or "run")
+    monkeypatch.setattr(e2e_vm, "fill", lambda run, ts, cg, interval, static, data, label:
+                        calls.append(("fill", run, static)))
+    monkeypatch.setattr(e2e_vm, "measure_intervals", lambda run, ts, cg, interval, n, phase_at:
+                        calls.append(("measure", n, phase_at)) or {"kv": {}})
+    monkeypatch.setattr(e2e_vm, "finish_run", lambda run, ts, cg: calls.append(("finish",)) or
+                        {"agent_cpu_fraction": None})
+    monkeypatch.setattr(e2e_vm, "end_run", lambda run, ts, cg: calls.append(("end",)))
+    args = argparse.Namespace(control_interval=10.0, interval=5.0, intervals=32, data="/d")
+    static = {"kv": ("get_scan", 160 * MiB)}
+    got = e2e_vm.filled_run("default_equal", [], None, 320 * MiB, args, Path("/w"), static, 16)
+    assert calls == [("start", "default_equal", static), ("fill", "run", static),
+                     ("measure", 32, 16), ("finish",)]
+    assert got == {"series": {"kv": {}}, "agent_cpu_fraction": None}
+
+    def broken(*a):
+        raise RuntimeError("scrape failed")
+    monkeypatch.setattr(e2e_vm, "fill", broken)
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        e2e_vm.filled_run("default_equal", [], None, 320 * MiB, args, Path("/w"), static, 16)
+    assert calls[-1] == ("end",)
 
 
 def test_a_diagnostic_run_is_plotted_without_ratios(tmp_path):
