@@ -147,14 +147,18 @@ def phase_means(series: dict, win: dict, phased: bool) -> dict:
     return {p: mean(ops[a:b]) for p, (a, b) in win.items()}
 
 
-def sweep(ts, cg, budget, interval, warm, meas, work, data) -> list[dict]:
+def sweep(ts, cg, budget, interval, warm, meas, work, data, factors=LIMIT_FACTORS,
+          rounds: int = 1) -> list[dict]:
     """The offline sweep: the tenants run once; each tenant's allowed
     policies are measured one after another, each over every limit.  A
     policy's pass starts from cold caches with the policy attached to
     the empty cache at the largest limit, filled at full disk speed until
     every tenant's page cache has stopped growing (`fill`), then steps
-    down through the limits, each warmed for `warm` intervals and measured
-    for `meas`.  With a two-phase tenant, the sweep runs once per phase.
+    down through the limits (`factors` of the equal share, largest first),
+    each warmed for `warm` intervals and measured for `meas`.  With a
+    two-phase tenant, the sweep runs once per phase, and each phase runs
+    the rotation of policies `rounds` times (more than once only in the
+    diagnostic runs, to see how far a comparison repeats within one boot).
 
     Why in passes: a policy swapped in place inherits a cache its
     predecessor filled, and at two shares (160 MiB, a few hundred misses
@@ -174,9 +178,9 @@ def sweep(ts, cg, budget, interval, warm, meas, work, data) -> list[dict]:
             if half:
                 for t in ts:
                     t.switch_phase()
-            for j in range(width):
+            for j in range(width * rounds):
                 policy = {t.name: rotation(t.policies, j, half) for t in ts}
-                for fi, f in enumerate(LIMIT_FACTORS):
+                for fi, f in enumerate(factors):
                     limits = {t.name: sweep_limit(f * share, cg.anon_bytes(t.name))
                               for t in ts}
                     static = {t.name: (policy[t.name], limits[t.name])
@@ -190,13 +194,13 @@ def sweep(ts, cg, budget, interval, warm, meas, work, data) -> list[dict]:
                     except RuntimeError as err:
                         # a setting that cannot be made is no candidate
                         print(f"    {label}: {err}", flush=True)
-                        trials.append({"phase": half, "factor": f, "error": str(err),
+                        trials.append({"phase": half, "pass": j, "factor": f, "error": str(err),
                                        "settings": {n: list(v) for n, v in static.items()},
                                        "ops": {n: float("nan") for n in static}})
                         continue
                     measure_intervals(run, ts, cg, interval, warm, label=label + " (warm)")
                     s = measure_intervals(run, ts, cg, interval, meas, label=label)
-                    trials.append({"phase": half, "factor": f,
+                    trials.append({"phase": half, "pass": j, "factor": f,
                                    "settings": {n: list(v) for n, v in static.items()},
                                    "ops": {n: mean(s[n]["ops_per_s"]) for n in static},
                                    "series": {n: s[n]["ops_per_s"] for n in static}})
@@ -385,6 +389,24 @@ def print_sweep(trials, ts):
                 flush=True)
 
 
+def parse_factors(text: str | None) -> tuple[float, ...]:
+    """`--sweep-factors 2,1`: the factors of the equal share a diagnostic
+    sweep measures, largest first (a pass fills at the first); LIMIT_FACTORS
+    where none are given.  ValueError on one that is not a number in
+    (0, 16] or a list not strictly decreasing."""
+    if text is None:
+        return LIMIT_FACTORS
+    try:
+        out = tuple(float(f) for f in text.split(","))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a list of numbers") from None
+    if not all(0 < f <= 16 for f in out):
+        raise ValueError(f"{text!r}: every factor must be in (0, 16]")
+    if list(out) != sorted(set(out), reverse=True):
+        raise ValueError(f"{text!r}: the factors must be distinct, largest first")
+    return out
+
+
 def parse_static(text: str | None) -> dict:
     """`--static kv=get_scan@2,search=mru@0.5`: {tenant: (policy, factor
     of the equal share)}.  ValueError on a tenant or policy not in
@@ -427,7 +449,8 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
         print(f"  {name}", flush=True)
         if name == "sweep":
             trials = sweep(ts, cg, budget, args.interval, args.sweep_warm,
-                           args.sweep_measure, work, Path(args.data))
+                           args.sweep_measure, work, Path(args.data),
+                           args.sweep_factor_list, args.sweep_rounds)
             print_sweep(trials, ts)
             continue
         if name == "overhead":
@@ -500,6 +523,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep-warm", type=int, default=4,
                     help="sweep: intervals after each limit is set before it is measured (4)")
     ap.add_argument("--sweep-measure", type=int, default=4, help="sweep: measured intervals (4)")
+    ap.add_argument("--sweep-factors", default=None, metavar="F,...",
+                    help="with --only sweep: sweep these factors of the equal share "
+                         f"only (default {','.join(f'{f:g}' for f in LIMIT_FACTORS)})")
+    ap.add_argument("--sweep-rounds", type=int, default=1,
+                    help="with --only sweep: run each phase's rotation of policies this "
+                         "many times (1)")
     ap.add_argument("--overhead-intervals", type=int, default=8,
                     help="overhead: measured intervals of each readrandom run, the first "
                          f"{OVERHEAD_SKIP} left out (8)")
@@ -508,7 +537,7 @@ def main(argv=None) -> int:
                          "in turn (3)")
     ap.add_argument("--only", default=None, metavar="CONFIG,...",
                     help="a diagnostic run of these configurations alone (of "
-                         "default_equal, agent_sampling, limits_only, autopilot), "
+                         f"{', '.join(DIAGNOSABLE)}), "
                          "written to e2e_vm_diag.json and .png: per interval each tenant's ops, "
                          "limit, policy and CPU, and the machine's busy CPUs")
     ap.add_argument("--static", default=None, metavar="TENANT=POLICY@FACTOR,...",
@@ -530,6 +559,14 @@ def main(argv=None) -> int:
         ap.error("--static is for the diagnostic runs of --only")
     if args.fill and not args.static:
         ap.error("--fill is for the --static runs of --only")
+    if (args.sweep_factors is not None or args.sweep_rounds != 1) and not args.only:
+        ap.error("--sweep-factors and --sweep-rounds are for the diagnostic runs of --only")
+    try:
+        args.sweep_factor_list = parse_factors(args.sweep_factors)
+    except ValueError as err:
+        ap.error(f"--sweep-factors: {err}")
+    if not 1 <= args.sweep_rounds <= 8:
+        ap.error("--sweep-rounds must be from 1 to 8")
     try:
         args.static_settings = parse_static(args.static)
     except ValueError as err:

@@ -119,6 +119,67 @@ def test_the_sweeps_passes_start_with_another_policy_in_each_half():
         ["linux", "mru", "linux"]
 
 
+def test_a_diagnostic_sweep_repeats_its_rotation_at_the_factors_asked(monkeypatch):
+    """sweep(factors=, rounds=): each phase runs the rotation `rounds`
+    times, every pass filling at the first factor asked and measuring
+    only those; each trial names its pass."""
+    events = []
+
+    class CG:
+        def anon_bytes(self, name):
+            return 0
+
+        def set_io(self, *a):
+            pass
+
+    class Tenant(T):
+        def switch_phase(self):
+            events.append(("phase",))
+    monkeypatch.setattr(e2e_vm, "start_run", lambda *a: "run")
+    monkeypatch.setattr(e2e_vm, "finish_run", lambda *a: {})
+    monkeypatch.setattr(e2e_vm, "fill", lambda run, ts, cg, i, static, data, label:
+                        events.append(("fill", static["kv"])))
+    monkeypatch.setattr(e2e_vm, "set_static", lambda ts, cg, static:
+                        events.append(("set", static["kv"])))
+    monkeypatch.setattr(e2e_vm, "measure_intervals", lambda run, ts, cg, i, n, label="":
+                        {"kv": {"ops_per_s": [float(n)] * n}})
+    ts = [Tenant("kv", ["linux", "get_scan", "s3fifo"], phased=True)]
+    trials = e2e_vm.sweep(ts, CG(), 80 * MiB, 5.0, 1, 2, Path("/w"), Path("/d"),
+                          factors=(2.0,), rounds=2)
+    assert [e[0] for e in events].count("phase") == 1
+    fills = [e[1][0] for e in events if e[0] == "fill"]
+    # six passes a phase (the rotation twice), each filling at two shares
+    assert fills == ["linux", "get_scan", "s3fifo"] * 2 + ["get_scan", "s3fifo", "linux"] * 2
+    assert all(e[1][1] == 160 * MiB for e in events if e[0] == "fill")
+    assert not [e for e in events if e[0] == "set"]
+    assert [(t["phase"], t["pass"], t["factor"]) for t in trials] == \
+        [(h, j, 2.0) for h in (0, 1) for j in range(6)]
+    # pooled, each policy's two passes in a phase make one setting of the table
+    table = e2e_vm.sweep_table(trials, ts)
+    assert sorted(table["kv"][0]) == [("get_scan", 2.0), ("linux", 2.0), ("s3fifo", 2.0)]
+
+    # the default: every factor once, filling at the first, stepping down after
+    events.clear()
+    e2e_vm.sweep([Tenant("kv", ["linux"])], CG(), 320 * MiB, 5.0, 1, 1, Path("/w"), Path("/d"))
+    assert [e[0] for e in events] == ["fill"] + ["set"] * (len(e2e_vm.LIMIT_FACTORS) - 1)
+
+
+def test_diagnostic_sweep_factors_parse_and_refuse_what_they_cannot_be():
+    assert e2e_vm.parse_factors(None) == e2e_vm.LIMIT_FACTORS
+    assert e2e_vm.parse_factors("2,0.5") == (2.0, 0.5)
+    for bad, why in [("2,x", "not a list of numbers"), ("0,1", "(0, 16]"),
+                     ("1,2", "largest first"), ("2,2", "distinct"), ("", "not a list")]:
+        with pytest.raises(ValueError, match=re.escape(why)):
+            e2e_vm.parse_factors(bad)
+    script = str(Path(e2e_vm.__file__))
+    for argv, why in [(["--sweep-rounds", "2"], "are for the diagnostic runs of --only"),
+                      (["--only", "sweep", "--sweep-rounds", "0"], "from 1 to 8"),
+                      (["--only", "sweep", "--sweep-factors", "1,2"], "largest first")]:
+        got = subprocess.run([sys.executable, script, *argv], capture_output=True, text=True,
+                             timeout=60)
+        assert got.returncode == 2 and why in got.stderr, got.stderr
+
+
 def test_a_pass_fills_with_the_disk_limits_lifted_and_sets_them_back(monkeypatch):
     """fill(): policies back to the kernel's, caches dropped, the pass's
     settings made, io.max raised until every cache stops growing, then set
