@@ -15,11 +15,20 @@ only make a round slower), and the difference in
 its own CPU time per read is the policy's cost per hit in nanoseconds.
 The agent puts it on each curve it reports (meta `hook_ns_per_access`);
 the controller weighs it against the tenant's own CPU per access
-(controller/engine/round.py, choose_policies).  Misses cost a policy more
-(insertion, eviction; experiments/bench_policy_reclaim.py measures a read
-that misses under each policy against the kernel's own), but a tenant
-that misses often waits on its disk, where that CPU does not show; one
-bound by its CPU while it misses is not weighed for it yet.
+(controller/engine/round.py, choose_policies).
+
+A read that misses costs a policy more: its insertion hook, and once the
+cache is full its eviction, both in the reading thread before the read
+returns (experiments/bench_policy_reclaim.py measures a missed read under
+each policy against the kernel's own).  So the agent measures that too,
+the same way: a child in the scratch cgroup, held to what it uses besides
+page cache plus MISS_ROOM_PAGES, reads pages of a larger file that it has
+never read (every read a miss, and after the first MISS_ROOM_PAGES every
+miss an eviction; read-ahead off), and the difference in its CPU time per
+read is the policy's cost per miss (meta `hook_ns_per_miss`).  The
+controller adds it to every miss of the tenant's model, where it counts
+for little against a disk's milliseconds and decides against a fast
+disk's microseconds.
 
 The file lives in `cache_ext.calibrate_dir`, which must be on a disk file
 system (tmpfs pages are shared memory, which cache_ext does not track).
@@ -31,12 +40,14 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cachepilot.agent.cache_ext import PolicyActuator, PolicyError
+from cachepilot.agent import cgroups
 from cachepilot.agent.cgroups import cgroup_id
 
 log = logging.getLogger("cachepilot.agent")
@@ -45,6 +56,15 @@ SCRATCH = "cachepilot-calibrate"
 FILE_PAGES = 256            # 1 MiB: cached whole in any cgroup
 READS = 2000                # timed reads per measurement
 ROUNDS = 5                  # best of: other work on the machine only adds
+# the misses: a file read once, page by page, in a cgroup with room for
+# MISS_ROOM_PAGES of it; the first MISS_WARM reads fill the room (and run
+# the policy's fresh code), the next MISS_READS are timed, every one a miss
+# that evicts.  Fewer rounds: each read waits on the disk.
+MISS_ROOM_PAGES = 512
+MISS_WARM = MISS_ROOM_PAGES + 256
+MISS_READS = 1000
+MISS_FILE_PAGES = 2048      # 8 MiB: more pages than the reads, so none is read twice
+MISS_ROUNDS = 3
 
 # The child: moved into the scratch cgroup before it runs (preexec), it
 # drops the file from the page cache, reads it once (so its pages are
@@ -74,6 +94,31 @@ print((t1 - t0) / reads)
 """
 
 
+# The miss child: read-ahead off and the file dropped from the cache, it
+# says it is ready (its own memory in place) and waits while the agent sets
+# the scratch cgroup's limit to what it uses besides page cache plus the
+# room; then reads each page at most once, in a stride coprime with the
+# page count, and times the reads after the warm ones.
+_MISS_CHILD = r"""
+import os, sys, time
+path, warm, reads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+fd = os.open(path, os.O_RDONLY)
+pages = os.fstat(fd).st_size // 4096
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+offsets = [((i * 97) % pages) * 4096 for i in range(warm + reads)]
+print("ready", flush=True)
+sys.stdin.readline()
+for off in offsets[:warm]:
+    os.pread(fd, 4096, off)
+t0 = time.thread_time_ns()
+for off in offsets[warm:]:
+    os.pread(fd, 4096, off)
+t1 = time.thread_time_ns()
+print((t1 - t0) / reads, flush=True)
+"""
+
+
 class CalibrationError(Exception):
     """The measurement could not be made; the message says why."""
 
@@ -85,6 +130,9 @@ class HookCosts:
     ns_per_access: dict[str, float] = field(default_factory=dict)
     baseline_ns: float = 0.0            # a cached read under no policy
     failed: dict[str, str] = field(default_factory=dict)
+    ns_per_miss: dict[str, float] = field(default_factory=dict)
+    miss_baseline_ns: float = 0.0       # a read that misses under no policy
+    miss_failed: dict[str, str] = field(default_factory=dict)
 
 
 def _enter(procs: Path):
@@ -111,26 +159,74 @@ def _read_cost(path: Path, procs: Path, reads: int) -> float:
         raise CalibrationError(f"the read loop printed {out.stdout.strip()!r}") from None
 
 
+def _miss_cost(path: Path, scratch: Path, warm: int, reads: int, room_pages: int,
+               timeout: float = 120.0) -> float:
+    """One child's CPU nanoseconds per read that misses (and, past the
+    room, evicts) in the scratch cgroup, held to what it uses besides page
+    cache plus `room_pages` while it reads; the limit is lifted after."""
+    try:
+        child = subprocess.Popen([sys.executable, "-c", _MISS_CHILD, str(path), str(warm),
+                                  str(reads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=_enter(scratch / "cgroup.procs"))
+    except OSError as err:
+        raise CalibrationError(f"the miss loop did not run: {err}") from None
+    try:
+        ready, _, _ = select.select([child.stdout], [], [], timeout)
+        if not ready or child.stdout.readline().strip() != "ready":
+            child.kill()
+            _, err = child.communicate()
+            lines = err.strip().splitlines() or ["it did not say it was ready"]
+            raise CalibrationError(f"the miss loop did not start: {lines[-1]}")
+        try:
+            held = cgroups.read_stats(scratch).nonfile_bytes + room_pages * 4096
+            cgroups.write_limit(scratch, held)
+        except cgroups.CgroupError as err:
+            raise CalibrationError(f"the scratch cgroup cannot be held to its room: "
+                                   f"{err}") from None
+        out, err = child.communicate("go\n", timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"the miss loop took over {timeout:.0f} s") from None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        try:
+            cgroups.write_limit(scratch, 0)
+        except cgroups.CgroupError:
+            pass
+    if child.returncode != 0:
+        lines = err.strip().splitlines() or [f"exit status {child.returncode}"]
+        raise CalibrationError(f"the miss loop failed: {lines[-1]}")
+    try:
+        return float(out.strip())
+    except ValueError:
+        raise CalibrationError(f"the miss loop printed {out.strip()!r}") from None
+
+
 def measure(actuator: PolicyActuator, root: str | os.PathLike, policies: list[str],
-            folder: str | os.PathLike, reads: int = READS,
-            rounds: int = ROUNDS) -> HookCosts:
-    """Each policy's CPU cost per cached read above the kernel's own, on
-    this node.  Makes (and removes) the cgroup <root>/cachepilot-calibrate
-    and the file <folder>/cachepilot-calibrate.dat.  Raises
-    CalibrationError when nothing can be measured at all."""
+            folder: str | os.PathLike, reads: int = READS, rounds: int = ROUNDS,
+            miss_reads: int = MISS_READS, miss_rounds: int = MISS_ROUNDS) -> HookCosts:
+    """Each policy's CPU cost per cached read, and per read that misses,
+    above the kernel's own, on this node.  Makes (and removes) the cgroup
+    <root>/cachepilot-calibrate and the files <folder>/cachepilot-calibrate
+    {.dat,-miss.dat}.  Raises CalibrationError when nothing can be measured
+    at all; a miss loop that fails leaves the misses without figures (the
+    reason in `miss_failed`), the hits' figures standing."""
     folder = Path(folder)
     scratch = Path(root) / SCRATCH
-    data = folder / f"{SCRATCH}.dat"
+    data, miss_data = folder / f"{SCRATCH}.dat", folder / f"{SCRATCH}-miss.dat"
     todo = [p for p in dict.fromkeys(policies) if p != actuator.default]
     costs = HookCosts()
     if not todo:
         return costs
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with open(data, "wb") as fh:
-            fh.write(os.urandom(FILE_PAGES * 4096))
-            fh.flush()
-            os.fsync(fh.fileno())
+        for path, pages in ((data, FILE_PAGES), (miss_data, MISS_FILE_PAGES)):
+            with open(path, "wb") as fh:
+                fh.write(os.urandom(pages * 4096))
+                fh.flush()
+                os.fsync(fh.fileno())
     except OSError as err:
         raise CalibrationError(f"cannot write {data}: {err}") from None
     cgid = None
@@ -141,31 +237,54 @@ def measure(actuator: PolicyActuator, root: str | os.PathLike, policies: list[st
             raise CalibrationError(f"cannot make the cgroup {scratch}: {err}") from None
         procs = scratch / "cgroup.procs"
         cgid = cgroup_id(scratch)
-        best = {p: float("inf") for p in [actuator.default] + todo}
-        for _ in range(rounds):
-            for p in [actuator.default] + todo:
-                if p in costs.failed:
-                    continue
-                try:
-                    actuator.apply(str(scratch), p, cgid)
-                except PolicyError as err:
-                    costs.failed[p] = str(err)
-                    continue
-                best[p] = min(best[p], _read_cost(data, procs, reads))
-        try:
-            actuator.apply(str(scratch), actuator.default, cgid)
-        except PolicyError as err:
-            log.warning("calibration: the scratch cgroup's policy stays: %s", err)
+        order = [actuator.default] + todo
+
+        def best_of(n, cost, failed):
+            # each policy in turn, n times, the least of each kept; a policy
+            # the kernel refuses (or whose loop fails) is left out after
+            best = {p: float("inf") for p in order}
+            for _ in range(n):
+                for p in order:
+                    if p in costs.failed or p in failed:
+                        continue
+                    try:
+                        actuator.apply(str(scratch), p, cgid)
+                        best[p] = min(best[p], cost())
+                    except (PolicyError, CalibrationError) as err:
+                        failed[p] = str(err)
+            return best
+
+        best = best_of(rounds, lambda: _read_cost(data, procs, reads), costs.failed)
+        if actuator.default in costs.failed:
+            raise CalibrationError(f"no read under the kernel's own policy: "
+                                   f"{costs.failed[actuator.default]}")
         costs.baseline_ns = best[actuator.default]
         for p in todo:
             if p not in costs.failed:
                 costs.ns_per_access[p] = max(0.0, best[p] - costs.baseline_ns)
+        if miss_rounds > 0:
+            best = best_of(miss_rounds, lambda: _miss_cost(
+                miss_data, scratch, MISS_WARM, miss_reads, MISS_ROOM_PAGES), costs.miss_failed)
+            if actuator.default in costs.miss_failed:
+                why = costs.miss_failed.pop(actuator.default)
+                for p in todo:
+                    costs.miss_failed.setdefault(p, f"no miss under the kernel's own: {why}")
+            else:
+                costs.miss_baseline_ns = best[actuator.default]
+                for p in todo:
+                    if p not in costs.failed and p not in costs.miss_failed:
+                        costs.ns_per_miss[p] = max(0.0, best[p] - costs.miss_baseline_ns)
+        try:
+            actuator.apply(str(scratch), actuator.default, cgid)
+        except PolicyError as err:
+            log.warning("calibration: the scratch cgroup's policy stays: %s", err)
         return costs
     finally:
-        try:
-            data.unlink()
-        except OSError:
-            pass
+        for path in (data, miss_data):
+            try:
+                path.unlink()
+            except OSError:
+                pass
         try:
             scratch.rmdir()
             if cgid is not None:

@@ -7,6 +7,7 @@ reported and not measured, and nothing is left behind.  The costs
 themselves, on the cache_ext kernel, are measured in make kernel-test
 (tests/test_cache_ext_live.py)."""
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,19 @@ def test_every_policy_is_read_under_in_the_scratch_cgroup_and_nothing_is_left(tm
     try:
         act = StandIn()
         costs = hookcost.measure(act, root, ["linux", "s3fifo", "bad", "lfu"], tmp_path,
-                                 reads=500, rounds=2)
+                                 reads=500, rounds=2, miss_reads=300, miss_rounds=1)
         assert set(costs.ns_per_access) == {"s3fifo", "lfu"}
         assert all(v >= 0 for v in costs.ns_per_access.values())
         assert costs.baseline_ns > 0
         assert "refused" in costs.failed["bad"]
-        # two rounds of: none, s3fifo, lfu; then back to none
-        assert act.calls == ["linux", "s3fifo", "lfu"] * 2 + ["linux"]
+        # and per read that misses: each a first read of a page from the
+        # disk, which costs the reader more than a cached read does
+        assert set(costs.ns_per_miss) == {"s3fifo", "lfu"} and not costs.miss_failed
+        assert all(v >= 0 for v in costs.ns_per_miss.values())
+        assert costs.miss_baseline_ns > 1.5 * costs.baseline_ns
+        # two rounds of: none, s3fifo, lfu; one more for the misses; then
+        # back to none
+        assert act.calls == ["linux", "s3fifo", "lfu"] * 3 + ["linux"]
         # after the first read loop the file's 1 MiB is charged to the
         # scratch cgroup
         assert max(act.charged[1:]) >= hookcost.FILE_PAGES * 4096
@@ -67,6 +74,62 @@ def test_every_policy_is_read_under_in_the_scratch_cgroup_and_nothing_is_left(tm
         assert len(act.forgotten) == 1
     finally:
         root.rmdir()
+
+
+def test_the_miss_loop_runs_held_to_its_room_and_the_limit_is_lifted_after(tmp_path,
+                                                                           monkeypatch):
+    """While the miss loop reads, the scratch cgroup's limit is what the
+    child uses besides page cache plus the room, so its reads evict; the
+    page cache it holds then stays within the room; after, no limit."""
+    root = memory_root()
+    seen = []
+    real = hookcost.cgroups.write_limit
+
+    def spy(path, limit, knob="max"):
+        got = real(path, limit, knob)
+        seen.append((limit, got, cgroups.read_stats(path).nonfile_bytes))
+        return got
+    monkeypatch.setattr(hookcost.cgroups, "write_limit", spy)
+    try:
+        costs = hookcost.measure(StandIn(), root, ["linux", "s3fifo"], tmp_path, reads=100,
+                                 rounds=1, miss_reads=300, miss_rounds=1)
+        assert set(costs.ns_per_miss) == {"s3fifo"}
+        # per miss loop: held, then lifted (0: no limit)
+        assert [lim > 0 for lim, _, _ in seen] == [True, False, True, False]
+        for lim, got, nonfile in seen[::2]:
+            room = hookcost.MISS_ROOM_PAGES * 4096
+            assert got >= lim - 4096 and got - nonfile <= room + (1 << 20)
+    finally:
+        root.rmdir()
+
+
+def test_a_miss_loop_that_fails_leaves_the_misses_without_figures(tmp_path, monkeypatch):
+    """The hits' figures stand; every policy's miss figure is missing, and
+    says why; nothing is left behind."""
+    root = memory_root()
+    monkeypatch.setattr(hookcost, "_MISS_CHILD", "import sys; sys.exit('no disk here')")
+    try:
+        costs = hookcost.measure(StandIn(), root, ["linux", "s3fifo", "lfu"], tmp_path,
+                                 reads=100, rounds=1, miss_reads=100, miss_rounds=2)
+        assert set(costs.ns_per_access) == {"s3fifo", "lfu"}
+        assert costs.ns_per_miss == {}
+        assert set(costs.miss_failed) == {"s3fifo", "lfu"}
+        assert all("no disk here" in why for why in costs.miss_failed.values())
+        assert not (root / hookcost.SCRATCH).exists() and not list(tmp_path.iterdir())
+        # a child that never says it is ready is stopped, not waited on forever
+        monkeypatch.setattr(hookcost, "_MISS_CHILD", "import time; time.sleep(60)")
+        t0 = time.monotonic()
+        with pytest.raises(hookcost.CalibrationError, match="did not start"):
+            hookcost._miss_cost(tmp_path / "x", root, 1, 1, 1, timeout=1.0)
+        assert time.monotonic() - t0 < 30
+    finally:
+        root.rmdir()
+
+
+def test_the_miss_loop_reads_every_page_at_most_once():
+    pages, n = hookcost.MISS_FILE_PAGES, hookcost.MISS_WARM + hookcost.MISS_READS
+    assert n <= pages and len({(i * 97) % pages for i in range(n)}) == n
+    assert hookcost.MISS_WARM > hookcost.MISS_ROOM_PAGES
 
 
 def test_a_folder_that_cannot_hold_the_file_is_a_clear_error(tmp_path):

@@ -175,7 +175,8 @@ class LinuxBackend:
                             self.no_actuation_reason)
             else:
                 self.actuator = act
-        self.hook_ns: dict[str, float] = {}
+        self.hook_ns: dict[str, float] = {}     # per policy: ns a cached read
+        self.miss_ns: dict[str, float] = {}     # ... and a read that misses
         self._calibrate()
         self._refresh()
         self._adopt()
@@ -192,13 +193,19 @@ class LinuxBackend:
             log.warning("policy hook costs not measured (policies are scored on their "
                         "curves alone): %s", err)
             return
-        self.hook_ns = dict(costs.ns_per_access)
-        self.hook_ns[self.default_policy] = 0.0
-        for p, why in costs.failed.items():
-            log.warning("policy %s: hook cost not measured: %s", p, why)
-        log.info("policy hook costs per cached read (a read alone: %.0f ns): %s",
-                 costs.baseline_ns, ", ".join(f"{p} +{v:.0f} ns" for p, v in
-                                              sorted(costs.ns_per_access.items())) or "none")
+        for per, alone, base, figures, failed, into in (
+                ("cached read", "a read", costs.baseline_ns, costs.ns_per_access,
+                 costs.failed, self.hook_ns),
+                ("read that misses", "a miss", costs.miss_baseline_ns, costs.ns_per_miss,
+                 costs.miss_failed, self.miss_ns)):
+            if figures:
+                into.update(figures)
+                into[self.default_policy] = 0.0
+            for p, why in failed.items():
+                log.warning("policy %s: hook cost per %s not measured: %s", p, per, why)
+            log.info("policy hook costs per %s (%s alone: %.0f ns): %s", per, alone, base,
+                     ", ".join(f"{p} +{v:.0f} ns" for p, v in sorted(figures.items()))
+                     or "none")
 
     def _adopt(self):
         if self.actuator is not None:
@@ -649,6 +656,8 @@ class LinuxBackend:
             for c in curves:
                 if c.policy in self.hook_ns:
                     c.meta["hook_ns_per_access"] = self.hook_ns[c.policy]
+                if c.policy in self.miss_ns:
+                    c.meta["hook_ns_per_miss"] = self.miss_ns[c.policy]
             # the builder's counts age by control interval (sliding window),
             # a window closing once it holds enough samples
             s = self.cfg.sampling

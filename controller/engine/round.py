@@ -60,6 +60,7 @@ class Round:
     run_row: np.ndarray = None       # bank row of the running policy, or -1
     row_hook_ns: np.ndarray = None   # per bank row: the policy's hook cost per
                                      # cached access on the node (NaN: unknown)
+    row_miss_ns: np.ndarray = None   # ... and per read that misses
     # size_bounds
     limit_now: np.ndarray = None     # the limit in force (0: none)
     equal: np.ndarray = None         # an equal share of the node
@@ -279,15 +280,18 @@ def bank_curves(R: Round, ctl) -> None:
     R.row_tenant = np.asarray(row_tenant, dtype=np.int64)
     R.row_hook_ns = np.fromiter((_hook_ns(c) for c in curves), dtype=np.float64,
                                 count=len(curves))
+    R.row_miss_ns = np.fromiter((_hook_ns(c, "hook_ns_per_miss") for c in curves),
+                                dtype=np.float64, count=len(curves))
 
 
 MAX_HOOK_NS = 1e6       # a millisecond of hooks per cached access is no figure
 
 
-def _hook_ns(curve) -> float:
-    """The curve's `hook_ns_per_access` (agent/hookcost.py), or NaN where
-    it has none or one no node could have measured."""
-    v = curve.meta.get("hook_ns_per_access") if curve.meta else None
+def _hook_ns(curve, key: str = "hook_ns_per_access") -> float:
+    """The curve's `hook_ns_per_access` (or `key`: `hook_ns_per_miss`;
+    agent/hookcost.py), or NaN where it has none or one no node could have
+    measured."""
+    v = curve.meta.get(key) if curve.meta else None
     try:
         v = float(v)
     except (TypeError, ValueError):
@@ -320,6 +324,35 @@ def hook_factors(R: Round) -> np.ndarray:
     extra = R.row_hook_ns - run[t]
     f = 1.0 + extra / cpu_ns_per_access[t]
     return np.where(np.isfinite(f), np.clip(f, MIN_HOOK_FACTOR, MAX_HOOK_FACTOR), 1.0)
+
+
+def miss_costs(R: Round) -> np.ndarray:
+    """Per bank row, the seconds per operation the policy's miss path adds
+    to the model's b (time per operation at m = 1) against the policy
+    running now.
+
+    A read that misses runs the policy's insertion and, once the cache is
+    full, its eviction, in the reading thread, before the read returns; a
+    policy whose miss path costs d nanoseconds more than the running one's
+    adds d to every miss, whether the tenant then waits on its disk or
+    not.  An operation makes accesses_per_s / throughput page accesses, so
+    at m = 1 it misses that many times.  Where d dwarfs nothing (misses
+    that wait milliseconds on a disk), the term barely moves b; where
+    misses are fast (a fast disk, a cache of a cache), it can decide.  0
+    where either cost, the running policy or the tenant's rates are
+    unknown; never below half of b (a running policy's miss path cannot
+    have been more than the misses' whole cost)."""
+    d = np.zeros(R.bank.n if R.bank is not None else 0)
+    if not len(d):
+        return d
+    acc = R.column(lambda s, r: r.accesses_per_s)
+    thr = R.column(lambda s, r: r.throughput if r.throughput is not None else math.nan)
+    per_op = np.where((acc > 0) & (thr > 0), acc / np.where(thr > 0, thr, 1.0), np.nan)
+    run = np.where(R.run_row >= 0, R.row_miss_ns[np.maximum(R.run_row, 0)], np.nan)
+    t = R.row_tenant
+    d = (R.row_miss_ns - run[t]) * 1e-9 * per_op[t]
+    d = np.where(np.isfinite(d), d, 0.0)
+    return np.maximum(d, -0.5 * np.maximum(R.b[t], 0.0))
 
 
 def size_bounds(R: Round, ctl) -> None:
@@ -376,7 +409,7 @@ def choose_policies(R: Round, ctl) -> None:
         has = np.isfinite(served)
         c = np.where(has, served, 1.0)
         a_h = R.a[R.row_tenant] * np.where(has, 1.0, hook_factors(R)) / c
-        b_r = R.b[R.row_tenant] / c
+        b_r = (R.b[R.row_tenant] + np.where(has, 0.0, miss_costs(R))) / c
         R.score = model.throughput(a_h, b_r, m + _doubt(R, ctl))
         R.need_low, R.need_high = _policy_needs(R, a_h, off, b_r)
     else:

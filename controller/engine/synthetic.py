@@ -40,22 +40,28 @@ class SynthTenant:
     # path is CPU: t_hit is CPU time, a miss waits on the disk); where set,
     # the curves carry them as an agent's would and reports the CPU used
     hook_s: dict[str, float] = field(default_factory=dict)
+    # per policy, the CPU seconds its miss path (insertion, eviction) adds
+    # to every miss, in the reading thread; the curves carry them likewise
+    miss_hook_s: dict[str, float] = field(default_factory=dict)
     pages_per_op: float = 1.0       # page reads an operation makes (a 64 KiB read: 16)
 
     def throughput(self, miss_ratio: float, policy: str | None = None) -> float:
         hook = self.hook_s.get(policy, 0.0) if policy else 0.0
-        return self.concurrency / (self.t_hit + hook + miss_ratio * self.t_miss)
+        miss = self.miss_hook_s.get(policy, 0.0) if policy else 0.0
+        return self.concurrency / (self.t_hit + hook + miss_ratio * (self.t_miss + miss))
 
     def report(self, limit_bytes: int, policy: str, interval_s: float = 1.0) -> TenantReport:
         m = float(self.curves[policy].at(limit_bytes / PAGE_SIZE))
         thr = self.throughput(m, policy)
         curves = list(self.curves.values())
         cpu = 0.0
-        if self.hook_s:
+        if self.hook_s or self.miss_hook_s:
             curves = [MRC(c.sizes, c.miss_ratio, c.policy, c.method, c.rate,
-                          dict(c.meta, hook_ns_per_access=self.hook_s.get(c.policy, 0.0) * 1e9))
+                          dict(c.meta, hook_ns_per_access=self.hook_s.get(c.policy, 0.0) * 1e9,
+                               hook_ns_per_miss=self.miss_hook_s.get(c.policy, 0.0) * 1e9))
                       for c in curves]
-            cpu = thr * (self.t_hit + self.hook_s.get(policy, 0.0))
+            cpu = thr * (self.t_hit + self.hook_s.get(policy, 0.0)
+                         + m * self.miss_hook_s.get(policy, 0.0))
         return TenantReport(
             tenant=self.name, cgroup=self.name, interval_s=interval_s,
             accesses_per_s=thr * self.pages_per_op, inserts_per_s=thr * self.pages_per_op * m,
