@@ -493,16 +493,76 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
         {"runs": runs, "sweep": trials, "vm": {"budget_bytes": budget, "interval_s": args.interval,
                               "intervals": args.intervals, "wall_s": time.monotonic() - t_start}},
         indent=1))
+    title = " ".join(["make e2e", *(argv_of(args) or [])])
+    pngs = []
     measured = {n: [r] for n, r in runs.items() if "series" in r}
     if measured:
         plot({"tenants": [{"name": t.name} for t in ts], "runs": measured},
-             out / "e2e_vm_diag.png", f"make e2e --only {args.only}"
-             + (f" --static {args.static}" if args.static else "")
-             + (" --fill" if args.fill else ""), phase_at)
-    print(f"wrote {out / 'e2e_vm_diag.json'}"
-          + (f" and {out / 'e2e_vm_diag.png'}" if measured else "")
+             out / "e2e_vm_diag.png", title, phase_at)
+        pngs.append(out / "e2e_vm_diag.png")
+    if any("series" in tr for tr in trials):
+        plot_sweep(trials, [t.name for t in ts], out / "e2e_vm_diag_sweep.png", title)
+        pngs.append(out / "e2e_vm_diag_sweep.png")
+    print(f"wrote {out / 'e2e_vm_diag.json'}" + "".join(f" and {p}" for p in pngs)
           + f" ({time.monotonic() - t_start:.0f} s)")
     return 0
+
+
+def argv_of(args) -> list[str]:
+    """The diagnostic options a run was given, as on its command line."""
+    out = ["--only", args.only]
+    for flag, value in (("--static", args.static), ("--sweep-factors", args.sweep_factors)):
+        if value:
+            out += [flag, value]
+    if args.sweep_rounds != 1:
+        out += ["--sweep-rounds", str(args.sweep_rounds)]
+    if args.fill:
+        out.append("--fill")
+    if "sweep" in args.only.split(","):
+        out += ["--sweep-warm", str(args.sweep_warm), "--sweep-measure", str(args.sweep_measure)]
+    return out
+
+
+def plot_sweep(trials, names: list[str], path: Path, title: str):
+    """A diagnostic sweep, pass by pass: per tenant, each pass's mean ops/s
+    at each factor (with its standard error over the measured intervals),
+    coloured by the tenant's policy in that pass, in the order the passes
+    ran; a dotted line where the phase changed.  Beside the pooled table,
+    it shows how far passes of one setting stray from each other."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.6), squeeze=False)
+    order = sorted({(tr["phase"], tr.get("pass", 0)) for tr in trials})
+    x_of = {k: i for i, k in enumerate(order)}
+    factors = sorted({tr["factor"] for tr in trials}, reverse=True)
+    markers = dict(zip(factors, "osD^v<>"))
+    for ax, n in zip(axes[0], names):
+        colours: dict[str, str] = {}
+        labelled: set[str] = set()
+        for tr in trials:
+            v = [x for x in tr.get("series", {}).get(n, []) if x == x]
+            if not v:
+                continue
+            pol = tr["settings"][n][0]
+            c = colours.setdefault(pol, f"C{len(colours)}")
+            se = stdev(v) / math.sqrt(len(v)) if len(v) > 1 else 0.0
+            ax.errorbar(x_of[(tr["phase"], tr.get("pass", 0))], mean(v), yerr=se, color=c,
+                        marker=markers[tr["factor"]], linestyle="none",
+                        label=None if pol in labelled else pol)
+            labelled.add(pol)
+        switch = [i for i, (ph, _) in enumerate(order) if ph == 1]
+        if switch:
+            ax.axvline(switch[0] - 0.5, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(n, fontsize=9)
+        ax.set_xlabel("pass (in the order run)")
+        ax.set_ylabel("ops/s")
+        ax.legend(fontsize=7)
+    fig.suptitle(title + (f"  (markers: factors {', '.join(f'{f:g}' for f in factors)})"
+                          if len(factors) > 1 else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:

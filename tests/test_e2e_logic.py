@@ -751,3 +751,29 @@ def test_a_diagnostic_run_is_plotted_without_ratios(tmp_path):
                   series, policy=["none"] * 3)}}]}}
     e2e_lib.plot(result, tmp_path / "diag.png", "make e2e --only agent_sampling", 2)
     assert (tmp_path / "diag.png").stat().st_size > 10_000
+
+
+def test_a_diagnostic_sweep_is_plotted_pass_by_pass(tmp_path, monkeypatch):
+    """One point per pass and factor, each policy once in the legend, and
+    the options the run was given in the title."""
+    trials = [{"phase": h, "pass": j, "factor": f,
+               "settings": {"kv": [pol, 0]}, "series": {"kv": [600.0 + j, 610.0, 620.0]}}
+              for h in (0, 1) for j, pol in enumerate(["linux", "get_scan", "linux"])
+              for f in (2.0, 1.0)]
+    trials.append({"phase": 0, "pass": 0, "factor": 0.5, "error": "no room",
+                   "settings": {"kv": ["linux", 0]}, "ops": {"kv": float("nan")}})
+    args = argparse.Namespace(only="sweep", static=None, sweep_factors="2,1", sweep_rounds=2,
+                              fill=False, sweep_warm=4, sweep_measure=8)
+    title = " ".join(["make e2e", *e2e_vm.argv_of(args)])
+    assert title == ("make e2e --only sweep --sweep-factors 2,1 --sweep-rounds 2 "
+                     "--sweep-warm 4 --sweep-measure 8")
+    import matplotlib.pyplot as plt
+    shown = []
+    real = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: shown.append(fig) or real(fig))
+    e2e_vm.plot_sweep(trials, ["kv"], tmp_path / "s.png", title)
+    ax = shown[0].axes[0]
+    assert len(ax.containers) == 12                      # 6 passes x 2 factors
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["linux", "get_scan"]
+    assert title in shown[0].texts[0].get_text()
+    assert (tmp_path / "s.png").stat().st_size > 10_000
