@@ -389,6 +389,30 @@ def test_sweep_error_and_the_policies_the_sweep_cannot_tell_apart():
     assert err["a"][0][("linux", 1.0)] == pytest.approx(1 / 3 ** 0.5)
     assert err["a"][0][("mru", 1.0)] == pytest.approx(
         e2e_vm.stdev([10, 11, 12, 11, 11]) / 5 ** 0.5)
+    # passes that stray from each other more than their intervals: the
+    # tenant's pooled spread between passes is every setting's error
+    trials = [dict(trial(h, f, {"a": p}, {"a": x}), series={"a": [x - 0.1, x, x + 0.1]})
+              for h, f, p, x in [(0, 1.0, "linux", 700), (1, 1.0, "linux", 760),
+                                 (0, 1.0, "mru", 680), (1, 1.0, "mru", 700),
+                                 (0, 0.5, "mru", 300)]]
+    err = e2e_vm.sweep_error(trials, ts)["a"][0]
+    rel = ((30 / 730) ** 2 * 2 + (10 / 690) ** 2 * 2) / 2
+    assert err[("linux", 1.0)] == pytest.approx(730 * (rel / 2) ** 0.5)
+    assert err[("mru", 1.0)] == pytest.approx(690 * (rel / 2) ** 0.5)
+    assert err[("mru", 0.5)] == pytest.approx(300 * rel ** 0.5)     # one pass
+    # which makes linux's 6 % lead a tie, as the intervals alone would not;
+    # a 12 % lead stays a lead
+    errs = {k: err[(k, 1.0)] for k in ("linux", "mru")}
+    assert e2e_vm.best_policies({"linux": 730, "mru": 690}, errs) == ["linux", "mru"]
+    assert e2e_vm.best_policies({"linux": 730, "mru": 690}, {"linux": 0.06, "mru": 0.06}) \
+        == ["linux"]
+    assert e2e_vm.best_policies({"linux": 730, "mru": 650}, errs) == ["linux"]
+    # a two-phase tenant measured once a phase: its intervals' spread only
+    tp = [T("b", ["linux"], phased=True)]
+    err = e2e_vm.sweep_error([dict(trial(h, 1.0, {"b": "linux"}, {"b": x}),
+                                   series={"b": [x - 1, x + 1]})
+                              for h, x in [(0, 100), (1, 200)]], tp)["b"]
+    assert err[0][("linux", 1.0)] == pytest.approx(1.0) == err[1][("linux", 1.0)]
     # within two standard errors of the difference: both count as best
     assert e2e_vm.best_policies({"linux": 10, "mru": 11},
                                 {"linux": 0.5, "mru": 0.5}) == ["linux", "mru"]
