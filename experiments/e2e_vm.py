@@ -314,9 +314,8 @@ def sweep_error(trials, ts) -> dict:
     The larger of two: the spread of the measured intervals of the
     setting, and the spread between passes.  A pass fills its caches anew,
     and the passes of one setting stray from each other by more than their
-    intervals' spread says (a repeated sweep in one boot: kv under linux at
-    two shares read 677 to 753 GETs/s in four passes, each +-10-20), so
-    the intervals alone make a lead of a few per cent look sure.  The
+    intervals' spread says (README: a sweep repeated in one boot), so the
+    intervals alone make a lead of a few per cent look sure.  The
     passes' spread is a tenant's relative variance between the pass means
     of its settings measured more than once, pooled over them (one or two
     passes a setting give too few to stand alone), scaled to each
@@ -522,7 +521,7 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
         {"runs": runs, "sweep": trials, "vm": {"budget_bytes": budget, "interval_s": args.interval,
                               "intervals": args.intervals, "wall_s": time.monotonic() - t_start}},
         indent=1))
-    title = " ".join(["make e2e", *(argv_of(args) or [])])
+    title = " ".join(["make e2e", *argv_of(args)])
     pngs = []
     measured = {n: [r] for n, r in runs.items() if "series" in r}
     if measured:

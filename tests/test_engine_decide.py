@@ -731,6 +731,15 @@ def test_miss_costs_read_the_costs_against_the_running_policy_per_operation():
     np.testing.assert_allclose(rnd("linux", {"linux": 0.0, "s3fifo": 5000.0}, thr=0.0),
                                [0.0, 0.0])
     np.testing.assert_allclose(rnd("mru", {"linux": 0.0, "s3fifo": 5000.0}), [0.0, 0.0])
+    # the synthetic tenant charges it per page that misses, as the agent
+    # measures it: an operation of 16 pages at m = 1 pays it 16 times
+    t = SynthTenant("t", {"s3fifo": power_curve("s3fifo", 100, 0.8, 0.01, 1000)},
+                    t_hit=1e-5, t_miss=1e-3, pages_per_op=16.0,
+                    miss_hook_s={"s3fifo": 2e-6})
+    assert t.throughput(0.5, "s3fifo") == pytest.approx(1 / (1e-5 + 0.5 * (1e-3 + 32e-6)))
+    rep = t.report(50 * 4096, "s3fifo")
+    assert rep.curves[0].meta["hook_ns_per_miss"] == pytest.approx(2000.0)
+    assert rep.accesses_per_s / rep.throughput == pytest.approx(16.0)
 
 
 def test_hook_factors_read_the_costs_against_the_running_policy_and_ignore_bad_figures():

@@ -41,14 +41,16 @@ class SynthTenant:
     # the curves carry them as an agent's would and reports the CPU used
     hook_s: dict[str, float] = field(default_factory=dict)
     # per policy, the CPU seconds its miss path (insertion, eviction) adds
-    # to every miss, in the reading thread; the curves carry them likewise
+    # to every page read that misses, in the reading thread (an operation
+    # at m = 1 misses pages_per_op of them); the curves carry them likewise
     miss_hook_s: dict[str, float] = field(default_factory=dict)
     pages_per_op: float = 1.0       # page reads an operation makes (a 64 KiB read: 16)
 
     def throughput(self, miss_ratio: float, policy: str | None = None) -> float:
         hook = self.hook_s.get(policy, 0.0) if policy else 0.0
         miss = self.miss_hook_s.get(policy, 0.0) if policy else 0.0
-        return self.concurrency / (self.t_hit + hook + miss_ratio * (self.t_miss + miss))
+        return self.concurrency / (self.t_hit + hook
+                                   + miss_ratio * (self.t_miss + self.pages_per_op * miss))
 
     def report(self, limit_bytes: int, policy: str, interval_s: float = 1.0) -> TenantReport:
         m = float(self.curves[policy].at(limit_bytes / PAGE_SIZE))
@@ -61,7 +63,7 @@ class SynthTenant:
                                hook_ns_per_miss=self.miss_hook_s.get(c.policy, 0.0) * 1e9))
                       for c in curves]
             cpu = thr * (self.t_hit + self.hook_s.get(policy, 0.0)
-                         + m * self.miss_hook_s.get(policy, 0.0))
+                         + m * self.pages_per_op * self.miss_hook_s.get(policy, 0.0))
         return TenantReport(
             tenant=self.name, cgroup=self.name, interval_s=interval_s,
             accesses_per_s=thr * self.pages_per_op, inserts_per_s=thr * self.pages_per_op * m,
