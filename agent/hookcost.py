@@ -142,6 +142,18 @@ def _enter(procs: Path):
     return run
 
 
+def _child_result(loop: str, returncode: int, stdout: str, stderr: str) -> float:
+    """What a measuring child printed, its CPU nanoseconds per read; a
+    CalibrationError naming the `loop` where it failed or printed no number."""
+    if returncode != 0:
+        lines = stderr.strip().splitlines() or [f"exit status {returncode}"]
+        raise CalibrationError(f"the {loop} failed: {lines[-1]}")
+    try:
+        return float(stdout.strip())
+    except ValueError:
+        raise CalibrationError(f"the {loop} printed {stdout.strip()!r}") from None
+
+
 def _read_cost(path: Path, procs: Path, reads: int) -> float:
     """One child's CPU nanoseconds per cached read in the scratch cgroup."""
     try:
@@ -150,13 +162,7 @@ def _read_cost(path: Path, procs: Path, reads: int) -> float:
                              preexec_fn=_enter(procs))
     except (OSError, subprocess.SubprocessError) as err:
         raise CalibrationError(f"the read loop did not run: {err}") from None
-    if out.returncode != 0:
-        lines = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
-        raise CalibrationError(f"the read loop failed: {lines[-1]}")
-    try:
-        return float(out.stdout.strip())
-    except ValueError:
-        raise CalibrationError(f"the read loop printed {out.stdout.strip()!r}") from None
+    return _child_result("read loop", out.returncode, out.stdout, out.stderr)
 
 
 def _miss_cost(path: Path, scratch: Path, warm: int, reads: int, room_pages: int,
@@ -195,13 +201,7 @@ def _miss_cost(path: Path, scratch: Path, warm: int, reads: int, room_pages: int
             cgroups.write_limit(scratch, 0)
         except cgroups.CgroupError:
             pass
-    if child.returncode != 0:
-        lines = err.strip().splitlines() or [f"exit status {child.returncode}"]
-        raise CalibrationError(f"the miss loop failed: {lines[-1]}")
-    try:
-        return float(out.strip())
-    except ValueError:
-        raise CalibrationError(f"the miss loop printed {out.strip()!r}") from None
+    return _child_result("miss loop", child.returncode, out, err)
 
 
 def measure(actuator: PolicyActuator, root: str | os.PathLike, policies: list[str],
@@ -220,15 +220,16 @@ def measure(actuator: PolicyActuator, root: str | os.PathLike, policies: list[st
     costs = HookCosts()
     if not todo:
         return costs
+    target = folder             # what could not be written, named in the error
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        for path, pages in ((data, FILE_PAGES), (miss_data, MISS_FILE_PAGES)):
-            with open(path, "wb") as fh:
+        for target, pages in ((data, FILE_PAGES), (miss_data, MISS_FILE_PAGES)):
+            with open(target, "wb") as fh:
                 fh.write(os.urandom(pages * 4096))
                 fh.flush()
                 os.fsync(fh.fileno())
     except OSError as err:
-        raise CalibrationError(f"cannot write {data}: {err}") from None
+        raise CalibrationError(f"cannot write {target}: {err}") from None
     cgid = None
     try:
         try:

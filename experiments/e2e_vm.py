@@ -336,11 +336,13 @@ def sweep_error(trials, ts) -> dict:
                 passes.setdefault(t.name, {}).setdefault((phase, key), []).append(ops)
     rel_var = {}
     for name, by in passes.items():
-        ss = sum(sum((x - mean(v)) ** 2 for x in v) / mean(v) ** 2
-                 for v in by.values() if len(v) > 1 and mean(v) > 0)
-        dof = sum(len(v) - 1 for v in by.values() if len(v) > 1 and mean(v) > 0)
+        # per setting measured more than once: its squared deviations
+        # relative to its mean, and its degrees of freedom
+        dev = [(sum((x - mu) ** 2 for x in v) / mu ** 2, len(v) - 1)
+               for v in by.values() if len(v) > 1 and (mu := mean(v)) > 0]
+        dof = sum(d for _, d in dev)
         if dof:
-            rel_var[name] = ss / dof
+            rel_var[name] = sum(ss for ss, _ in dev) / dof
 
     def err(name, phase, key, v):
         within = stdev(v) / math.sqrt(len(v)) if len(v) > 1 else float("inf")

@@ -183,12 +183,13 @@ class Cache:
         `counted` marks (every one without it, or where it marks none of
         the batch): a tenant's ratio when its throughput counts some
         threads' operations only.  Every access still moves the cache."""
-        st = self.stats
+        before = self.stats
         misses = self.access(keys, tids, counted)
-        done = self.stats["counted_accesses"] - st["counted_accesses"]
+        after = self.stats
+        done = after["counted_accesses"] - before["counted_accesses"]
         if counted is None or not done:
             return misses / max(1, len(keys))
-        return (self.stats["counted_misses"] - st["counted_misses"]) / done
+        return (after["counted_misses"] - before["counted_misses"]) / done
 
     @property
     def policy(self) -> str:

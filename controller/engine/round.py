@@ -317,12 +317,9 @@ def hook_factors(R: Round) -> np.ndarray:
         return k
     cpu = R.column(lambda s, r: r.cpu_per_s)
     acc = R.column(lambda s, r: r.accesses_per_s)
-    run = np.where(R.run_row >= 0, R.row_hook_ns[np.maximum(R.run_row, 0)], np.nan)
     cpu_ns_per_access = np.where((cpu > 0) & (acc > 0),
                                  cpu * 1e9 / np.where(acc > 0, acc, 1.0), np.nan)
-    t = R.row_tenant
-    extra = R.row_hook_ns - run[t]
-    f = 1.0 + extra / cpu_ns_per_access[t]
+    f = 1.0 + _over_running(R, R.row_hook_ns) / cpu_ns_per_access[R.row_tenant]
     return np.where(np.isfinite(f), np.clip(f, MIN_HOOK_FACTOR, MAX_HOOK_FACTOR), 1.0)
 
 
@@ -348,11 +345,18 @@ def miss_costs(R: Round) -> np.ndarray:
     acc = R.column(lambda s, r: r.accesses_per_s)
     thr = R.column(lambda s, r: r.throughput if r.throughput is not None else math.nan)
     per_op = np.where((acc > 0) & (thr > 0), acc / np.where(thr > 0, thr, 1.0), np.nan)
-    run = np.where(R.run_row >= 0, R.row_miss_ns[np.maximum(R.run_row, 0)], np.nan)
     t = R.row_tenant
-    d = (R.row_miss_ns - run[t]) * 1e-9 * per_op[t]
+    d = _over_running(R, R.row_miss_ns) * 1e-9 * per_op[t]
     d = np.where(np.isfinite(d), d, 0.0)
     return np.maximum(d, -0.5 * np.maximum(R.b[t], 0.0))
+
+
+def _over_running(R: Round, row_ns: np.ndarray) -> np.ndarray:
+    """Per bank row, its policy's figure (`row_ns`) less the figure of the
+    policy its tenant runs now; NaN where either is unknown or the running
+    policy has no bank row."""
+    run = np.where(R.run_row >= 0, row_ns[np.maximum(R.run_row, 0)], np.nan)
+    return row_ns - run[R.row_tenant]
 
 
 def size_bounds(R: Round, ctl) -> None:
