@@ -968,6 +968,72 @@ def test_a_tenant_whose_operations_change_starts_its_model_again():
     assert stale < 0.5, stale
 
 
+@pytest.mark.parametrize("slo", [False, True])
+def test_a_new_phase_keeps_its_memory_until_its_curve_catches_up(slo):
+    # make e2e's search: its passes turned into lookups, and for some rounds
+    # the agent's curves, resting on the passes' samples, read the lookups
+    # as missing three times what they did.  Sized on them, the lookups
+    # were cut to a fifth of their file.  Held, they keep their memory
+    # until the curve reads what they miss -- but never ahead of an SLO:
+    # with `slo`, the other tenant's SLO needs more memory from the change on.
+    from cachepilot.controller.engine import round as rnd
+    passes = power_curve("linux", 0.3 * PAGES, 1.5, 0.02, PAGES)
+    lookups = power_curve("linux", 0.3 * PAGES, 1.2, 0.01, PAGES)
+    stale = MRC(passes.sizes, np.full(len(passes.sizes), 0.9), "linux", "synthetic", 1.0)
+    o_before = tenant("o", 2.0, 0.6)
+    o_after = tenant("o", 2.0, 0.6, t_miss=2.2e-4)
+    target = o_before.throughput(float(o_before.curves["linux"].at(0.7 * PAGES)))
+
+    def run(hold_rounds, lag=4):
+        s = SynthTenant("s", {"linux": passes}, t_hit=3.2e-5, t_miss=1.6e-3, pages_per_op=16)
+        specs = [{"name": "o", "node": "n1"}, {"name": "s", "node": "n1"}]
+        if slo:
+            specs[0]["slo"] = {"min_throughput": target}
+        loop = Loop(make(specs, max_step_fraction=0.5, hysteresis=0.0),
+                    {"s": s, "o": o_before}, limits={"s": GiB // 2, "o": GiB // 2})
+        old = rnd.PHASE_HOLD_ROUNDS
+        rnd.PHASE_HOLD_ROUNDS = hold_rounds
+        try:
+            for _ in range(8):
+                loop.step()
+            at_change = loop.limit["s"]
+            loop.synth["s"] = SynthTenant("s", {"linux": lookups}, t_hit=2e-6, t_miss=1e-4,
+                                          shown={"linux": stale})
+            if slo:
+                loop.synth["o"] = o_after
+            during, met = [], []
+            for _ in range(lag):
+                loop.step()
+                during.append(loop.limit["s"])
+                met.append(loop.true_throughput("o") >= 0.99 * target)
+            loop.synth["s"].shown = None
+            loop.step()
+            released = loop.state.tenants["s"].phase_since is None
+        finally:
+            rnd.PHASE_HOLD_ROUNDS = old
+        return at_change, during, met, released, loop
+
+    at_change, during, met, released, loop = run(rnd.PHASE_HOLD_ROUNDS)
+    assert any(e.kind == "phase" and e.tenant == "s" for d in loop.decisions for e in d.log)
+    assert released
+    if slo:
+        # the SLO's new need comes first: s gives up what it needs, hold or
+        # not, and no more
+        assert all(met), met
+        assert min(during) < at_change
+        unheld = run(0)[1]
+        assert min(during) > 2 * min(unheld), (during, unheld)
+    else:
+        assert min(during) >= at_change, (at_change, during)
+        cut_at, cut_during, _, _, _ = run(0)
+        assert min(cut_during) < 0.8 * cut_at, (cut_at, cut_during)
+        # a curve that never catches up holds the tenant PHASE_HOLD_ROUNDS at most
+        n = rnd.PHASE_HOLD_ROUNDS
+        _, long_during, _, _, _ = run(n, lag=n + 3)
+        assert min(long_during[:n - 1]) >= at_change, long_during
+        assert long_during[-1] < 0.8 * at_change, long_during
+
+
 def test_a_loop_that_fits_keeps_the_kernels_policy_though_its_cliff_is_near():
     # make e2e's search: a 100 MiB file read over and over, with room to
     # spare.  Its curves are sampled at 1/128, so their sizes are known to

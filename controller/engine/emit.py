@@ -124,6 +124,14 @@ def _reason(R: Round, col: _Columns, i: int) -> str:
                        f"count {col.shortfall_weight:g}x")
         else:
             why.append(f"SLO {col.slo[i]:g}/s not met")
+    hold = R.phase_hold[i] if R.phase_hold else None
+    if hold is not None and col.has_curve[i]:
+        curve_m, seen_m = hold
+        held = "cut only for SLOs" if new < cur else "not cut"
+        why.append(f"its phase just changed: {held} until its curve reads what it misses"
+                   if math.isnan(curve_m) else
+                   f"its phase changed and its curve does not yet read what it misses "
+                   f"({curve_m:.2f} against {seen_m:.2f}): {held}")
     if col.has_curve[i] and tgt > col.x_lo[i] + 0.5:
         why.append(f"+{col.extra_mib[i]} MiB for throughput")
     if R.shrink_held is not None and R.shrink_held[i]:

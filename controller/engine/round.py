@@ -43,6 +43,9 @@ class Round:
     tstates: list[TenantState] = field(default_factory=list)
     recommend: list[bool] = field(default_factory=list)  # per row: directives are advice
     held: list[str] = field(default_factory=list)        # per row: why it is held, or ""
+    # allocate_memory: per row, (curve, observed) miss ratios of a tenant
+    # whose new phase's curve has not caught up with it yet, else None
+    phase_hold: list = field(default_factory=list)
     # fit_models: the throughput model's seconds per op at m = 0, and per unit m
     a: np.ndarray = None
     b: np.ndarray = None
@@ -214,6 +217,7 @@ def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
             if ref is not None:
                 obs.forget(st.slot)
                 R.phase_changed.append((i, ref, x))
+                st.phase_since = st.rounds
             st.ops_per_access = x
         else:
             st.ops_per_access = math.exp((1 - PHASE_SMOOTHING) * math.log(ref)
@@ -764,6 +768,12 @@ def allocate_memory(R: Round, ctl) -> None:
     for ni in np.flatnonzero(over).tolist():
         R.notes.append(f"node {R.nodes[ni]!r}: floors and anonymous memory (+ margin) add "
                        f"up to more than the node; limits stay at those safety bounds")
+    R.phase_hold = _hold_new_phase(R)
+    for i in [i for i, h in enumerate(R.phase_hold) if h is not None and has_curve[i]]:
+        # not cut, with what the SLOs left on its node
+        ni = node_of[i]
+        free = R.mem_pages[ni] - fixed_use[ni] - R.x_lo[node_of == ni].sum()
+        R.x_lo[i] += max(0.0, min(min(R.limit_now[i], R.ub[i]) - R.x_lo[i], free))
     cr = np.flatnonzero(has_curve)
     if not len(cr):
         return
@@ -792,6 +802,50 @@ def allocate_memory(R: Round, ctl) -> None:
         R.target[cr], _ = allocate.keep_unless_better(
             node_of[cr], budget, R.x_lo[cr], R.ub[cr], incumbent[cr], R.target[cr],
             pxs, pys, a_w, b_w, ctl.reallocation_gain)
+
+
+PHASE_HOLD_ROUNDS = 8   # the most rounds a new phase's limit is held
+PHASE_CAUGHT_UP = 0.1   # |observed - curve| miss ratio at which its curve has caught up
+
+
+def _hold_new_phase(R: Round) -> list:
+    """Per row, (curve, observed) miss ratio where the tenant's limit is held
+    this round, else None.  A tenant whose phase changed (_follow_phases)
+    is not cut until its running policy's curve reads the miss ratio it
+    observes, at the memory it holds, within PHASE_CAUGHT_UP -- or for
+    PHASE_HOLD_ROUNDS rounds at most.  The agent's curves of a new phase
+    rest on the old phase's samples for a window or two, and a slow
+    tenant's window closes only once it holds enough samples, several
+    intervals: make e2e's search, its passes turned into lookups, was read
+    by its curves as missing three times what it missed, modelled at a
+    fifth of what it served, and cut to a fifth of its file in two rounds
+    -- a size where the best policy is another.  Sized on the stale curve
+    it is starved; held, it keeps what it had until the curve is its own.
+    SLOs come first: the hold takes only what they leave."""
+    out = [None] * R.n
+    for i, (_, _, r) in enumerate(R.rows):
+        st = R.tstates[i]
+        since = st.phase_since
+        if since is None:
+            continue
+        if st.rounds - since >= PHASE_HOLD_ROUNDS:
+            if R.learn:
+                st.phase_since = None
+            continue
+        curve = next((c for c in r.curves if c.policy == r.policy), None)
+        if st.rounds > since and curve is not None and 0.0 <= r.miss_ratio <= 1.0 \
+                and r.accesses_per_s > 0:
+            # the round that saw the change straddles both phases: not evidence
+            held = watchdog.held_pages(r, curve, R.current[i])
+            predicted = float(curve.at(held))
+            if abs(predicted - r.miss_ratio) <= PHASE_CAUGHT_UP:
+                if R.learn:
+                    st.phase_since = None
+                continue
+            out[i] = (predicted, float(r.miss_ratio))
+        else:
+            out[i] = (math.nan, float(r.miss_ratio))
+    return out
 
 
 def step_limits(R: Round, ctl) -> None:

@@ -24,7 +24,8 @@ _PLAIN = ("node", "policy", "target_bytes", "limit_bytes", "streak", "streak_pol
           "streak_misses", "rounds", "held_until", "slo_feasible", "slo_disagree",
           "slo_need_pages", "slo_history", "spread", "recent_targets", "pred_m",
           "pred_policy", "pred_pages", "m_errors", "running", "calib", "calib_since",
-          "served", "slo_extra_pages", "slo_safe_pages", "ops_per_access", "floors")
+          "served", "slo_extra_pages", "slo_safe_pages", "ops_per_access", "phase_since",
+          "floors")
 
 
 def tenant_record(state: EngineState, name: str) -> dict:

@@ -45,6 +45,9 @@ class SynthTenant:
     # at m = 1 misses pages_per_op of them); the curves carry them likewise
     miss_hook_s: dict[str, float] = field(default_factory=dict)
     pages_per_op: float = 1.0       # page reads an operation makes (a 64 KiB read: 16)
+    # the curves its reports carry where they are not what it does: an
+    # agent's curves that still rest on an old phase's samples
+    shown: dict[str, MRC] | None = None
 
     def throughput(self, miss_ratio: float, policy: str | None = None) -> float:
         hook = self.hook_s.get(policy, 0.0) if policy else 0.0
@@ -55,7 +58,7 @@ class SynthTenant:
     def report(self, limit_bytes: int, policy: str, interval_s: float = 1.0) -> TenantReport:
         m = float(self.curves[policy].at(limit_bytes / PAGE_SIZE))
         thr = self.throughput(m, policy)
-        curves = list(self.curves.values())
+        curves = list((self.shown or self.curves).values())
         cpu = 0.0
         if self.hook_s or self.miss_hook_s:
             curves = [MRC(c.sizes, c.miss_ratio, c.policy, c.method, c.rate,

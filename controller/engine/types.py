@@ -57,6 +57,9 @@ class TenantState:
     # PHASE_FACTOR says its operations changed (a phase), and the model's
     # observations of the old ones go (engine/round.py fit_models)
     ops_per_access: float | None = None
+    # the tenant round its latest phase began, while its limit is held for
+    # it (engine/round.py _hold_new_phase); None when none is held
+    phase_since: int | None = None
     # the allocation's targets (pages) of the last rounds, before a shrink
     # is confirmed (engine/round.py _confirm_shrinks)
     recent_targets: list[float] = field(default_factory=list)
