@@ -430,3 +430,54 @@ def test_max_step_bounds_all_the_writes_of_one_interval(tmp_path, monkeypatch):
     assert apply(420) == 420                  # back up, within the step
     clock[0] += 0.2
     assert apply(500) == 448                  # 384 + 64 from where the interval began
+
+
+class _QuietSampler:
+    """A sampler that watches and counts nothing: the builders report
+    their (empty) curves, which is all the meta below needs."""
+    def watch(self, cgroup_id, threshold): pass
+    def unwatch(self, cgroup_id): pass
+    def counters(self): return 0, {}
+    def drain(self, cgroup_id=None): return {}
+    def sketches(self): return {}
+    def close(self): pass
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_measured_hook_costs_go_out_on_each_policys_curves(tmp_path, monkeypatch, measured):
+    # the start-up measurement (agent/hookcost.py) reaches the controller
+    # only as meta on each report's curves: per cached read and per miss,
+    # the kernel's own policy at 0, a policy without a figure without one,
+    # and a measurement that fails leaves every curve without them
+    from cachepilot.agent import hookcost
+
+    def measure(actuator, root, policies, folder):
+        if not measured:
+            raise hookcost.CalibrationError("the scratch cgroup could not be made")
+        return hookcost.HookCosts(ns_per_access={"fifo": 250.0, "s3fifo": 420.0},
+                                  baseline_ns=9000.0, failed={"lfu": "refused"},
+                                  ns_per_miss={"s3fifo": 12000.0}, miss_baseline_ns=60000.0,
+                                  miss_failed={"fifo": "child never ready"})
+
+    monkeypatch.setattr(hookcost, "measure", measure)
+    cfg = config_from_dict({"roots": [str(v2_tree(tmp_path))], "cgroups": ["*"],
+                            "memory": "8GiB"})
+    b = LinuxBackend(cfg, sampler=_QuietSampler())
+    b.actuator = object()           # what _calibrate needs: a cache_ext kernel
+    b._calibrate()
+    reports = b.collect()
+    assert {r.tenant for r in reports} == {"web", "db"}
+    for r in reports:
+        meta = {c.policy: c.meta for c in r.curves}
+        assert {"fifo", "s3fifo", "lfu", b.default_policy} <= set(meta)
+        if not measured:
+            assert not any("hook_ns_per_access" in m or "hook_ns_per_miss" in m
+                           for m in meta.values())
+            continue
+        assert meta["fifo"]["hook_ns_per_access"] == 250.0
+        assert meta["s3fifo"]["hook_ns_per_access"] == 420.0
+        assert meta["s3fifo"]["hook_ns_per_miss"] == 12000.0
+        assert "hook_ns_per_miss" not in meta["fifo"]
+        assert "hook_ns_per_access" not in meta["lfu"]
+        assert meta[b.default_policy]["hook_ns_per_access"] == 0.0
+        assert meta[b.default_policy]["hook_ns_per_miss"] == 0.0
