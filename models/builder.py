@@ -15,7 +15,8 @@ cache contents) is never aged because it is the state of a real cache.
 - default: a sliding window.  The snapshot is the current window plus the
   previous one, the previous weighted by the part of a window the current
   one has not filled yet.  A phase change shows completely one window after
-  it happens.
+  it happens, or one control interval after new_phase() is called (the
+  agent calls it when the tenant's operations per page read jump).
 - half_life=h: exponential decay, the past loses half its weight every h
   windows.
 A window ends when end_window() is called, when end_interval() finds it
@@ -165,6 +166,8 @@ class MRCBuilder:
         self._cur_accesses = 0.0
         self._cur_samples = 0
         self._cur_intervals = 0
+        self._past_intervals = 1       # control intervals the past window spans
+        self._phase_span = None        # new_phase(): the past's accesses of one interval
         self.total_accesses = 0
         self.windows = 0
 
@@ -269,6 +272,8 @@ class MRCBuilder:
 
     def end_window(self) -> None:
         """Close the current window (call once per control interval)."""
+        self._past_intervals = max(1, self._cur_intervals)
+        self._phase_span = None
         cur = self._current(reset=True)
         if self.half_life is None:
             self._past = cur
@@ -279,6 +284,19 @@ class MRCBuilder:
         self._cur_samples = 0
         self._cur_intervals = 0
         self.windows += 1
+
+    def new_phase(self) -> None:
+        """The stream's workload just changed (core/phase.py): close the
+        window under way, and from now on let the past count only until
+        one control interval's worth of new accesses replaces it, rather
+        than a whole window's.  A slow stream's window spans several
+        intervals, and with the sliding window's weights its curve would
+        read the old workload for that long again; once a new window
+        closes, the usual weights are back.  The cache state is kept: it
+        is what the real cache holds as the new phase begins."""
+        if self._cur_accesses > 0:
+            self.end_window()
+        self._phase_span = self._past.accesses / self._past_intervals
 
     def _current(self, reset: bool) -> _Window:
         key_stats = self.shards.key_stats()
@@ -333,8 +351,11 @@ class MRCBuilder:
         cur = self._current(reset=False)
         if self.half_life is None:
             weight = 0.0
-            if self._past.accesses > 0:
-                weight = max(0.0, 1.0 - cur.accesses / self._past.accesses)
+            span = self._past.accesses
+            if self._phase_span is not None:
+                span = min(span, self._phase_span)
+            if span > 0:
+                weight = max(0.0, 1.0 - cur.accesses / span)
         else:
             weight = 1.0
         both = self._merge(cur, self._past, weight)

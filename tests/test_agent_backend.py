@@ -481,3 +481,35 @@ def test_measured_hook_costs_go_out_on_each_policys_curves(tmp_path, monkeypatch
         assert "hook_ns_per_access" not in meta["lfu"]
         assert meta[b.default_policy]["hook_ns_per_access"] == 0.0
         assert meta[b.default_policy]["hook_ns_per_miss"] == 0.0
+
+
+def test_a_tenant_whose_operations_change_has_its_builders_count_the_new_phase(tmp_path):
+    # the agent follows operations per page read by the rule the controller
+    # uses (core/phase.py) and tells its builders at a jump, not at noise
+    import types
+    from cachepilot.core import phase
+
+    calls = []
+
+    class Builder:
+        def new_phase(self):
+            calls.append(self)
+
+    first, handover = Builder(), Builder()
+    w = types.SimpleNamespace(tenant="search", ops_per_access=None, builder=first,
+                              builders=lambda: [first, handover])
+    b = backend_for(v2_tree(tmp_path))
+    for ops, acc in [(128, 2048), (130, 2000), (126, 2100), (None, 2000), (128, 0)]:
+        b._follow_phase(w, ops, acc)          # 64 KiB passes, noise, no readings
+    assert calls == [] and 0.05 < w.ops_per_access < 0.08
+    b._follow_phase(w, 2600, 2650)             # 4 KiB lookups
+    assert calls == [first, handover]
+    assert w.ops_per_access == pytest.approx(2600 / 2650)
+    b._follow_phase(w, 2700, 2600)
+    assert len(calls) == 2
+    # the rule itself: a factor of PHASE_FACTOR either way is a phase
+    assert phase.follow(1.0, phase.PHASE_FACTOR * 1.01) == (phase.PHASE_FACTOR * 1.01, True)
+    assert phase.follow(1.0, 1.0 / (phase.PHASE_FACTOR * 1.01))[1]
+    assert not phase.follow(1.0, phase.PHASE_FACTOR * 0.99)[1]
+    assert phase.follow(None, 3.0) == (3.0, False)
+    assert phase.follow(2.0, float("nan")) == (2.0, False)

@@ -102,6 +102,43 @@ def test_a_phase_change_shows_within_one_window():
     assert min(only_a.at(6000), only_b.at(6000)) < mid < max(only_a.at(6000), only_b.at(6000))
 
 
+@pytest.mark.parametrize("policies", [("lru",), ("lru", "fifo")])
+def test_new_phase_lets_one_interval_replace_a_long_window(policies):
+    # an agent's slow tenant: a window closes once it holds enough samples,
+    # here after 6 intervals, and one more such window would be needed
+    # before the curve read the new phase; after new_phase(), one interval
+    # of the new phase's accesses replaces the old ones
+    interval = 40_000
+    a = gen.zipf(20_000, 1.1, seed=5).next(6 * interval)            # small, hot
+    bkeys = gen.uniform(60_000, seed=6, base=10**9).next(3 * interval)  # large, flat
+    sizes = np.unique(np.geomspace(600, 60_000, 30).astype(np.int64))
+
+    def run(tell):
+        b = MRCBuilder(policies, rate=0.1, sizes=sizes)
+        for k in range(6):
+            b.feed(a[k * interval:(k + 1) * interval])
+            b.end_interval(min_samples=10**9, max_intervals=6)
+        b.feed(bkeys[:interval])
+        b.end_interval(min_samples=10**9, max_intervals=6)
+        if tell:
+            b.new_phase()
+        b.feed(bkeys[interval:2 * interval])
+        one = {c.policy: c for c in b.snapshot()}
+        b.end_interval(min_samples=10**9, max_intervals=6)
+        return one
+
+    only_a = exact_lru_mrc(a)
+    only_b = exact_lru_mrc(bkeys[:2 * interval])
+    told = run(True)
+    untold = run(False)
+    # an interval after the change, told, the curves read phase B ...
+    assert mae(told["lru"], only_b) <= 0.05, (mae(told["lru"], only_b), mae(told["lru"], only_a))
+    if "fifo" in told:
+        assert told["fifo"].at(6000) > 0.8 > only_a.at(6000)
+    # ... and untold, still mostly A (the window before held 6 of A's intervals)
+    assert mae(untold["lru"], only_a) < mae(untold["lru"], only_b)
+
+
 def test_window_in_accesses_rotates_by_itself():
     b = MRCBuilder(("lru",), rate=0.1, window=10_000)
     b.feed(gen.uniform(1000, seed=7).next(25_000))

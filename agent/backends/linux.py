@@ -30,6 +30,7 @@ from cachepilot.agent.rates import Replay, RateTuner, warm
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, rate_for_threshold, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
+from cachepilot.core import phase
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
@@ -96,6 +97,9 @@ class Watched:
     tids: dict | None = None             # tid maps last written, from thread rules
     counted_tids: list | None = None     # the threads its curves count (slo_threads)
     counted_misses: CountedMisses | None = None   # their misses this interval
+    # its operations per page read, smoothed (core/phase.py): a jump is a
+    # new phase, and its builders count the new one from then on
+    ops_per_access: float | None = None
     overflow_seen: int = 0               # the policy's overflow last reported
     last_cpu_us: int | None = None       # the cgroup's CPU time at the last report
     # (monotonic time, limit before) of the first limit write of the
@@ -677,6 +681,8 @@ class LinuxBackend:
         if w.throughput is not None:
             throughput = w.throughput.read(now)
             why_unknown = w.throughput.error if throughput is None else ""
+        if w.throughput is not None:
+            self._follow_phase(w, throughput, accesses / dt)
         cpu_us = cgroups.cpu_usage_us(w.path)
         cpu_per_s = (cpu_us - w.last_cpu_us) / 1e6 / dt \
             if cpu_us is not None and w.last_cpu_us is not None and cpu_us >= w.last_cpu_us \
@@ -694,6 +700,24 @@ class LinuxBackend:
             min(1.0, inserts / accesses) if accesses else 0.0,
             curves=curves, throughput_error=why_unknown, policy_capacity_pages=capacity,
             policy_overflow_pages=overflow, cpu_per_s=cpu_per_s)
+
+    def _follow_phase(self, w: Watched, ops_per_s: float | None, accesses_per_s: float) -> None:
+        """After this interval's report: a tenant whose operations per page
+        read jumped (the rule the controller uses too, core/phase.py) has
+        its builders count the new phase from the next interval on
+        (MRCBuilder.new_phase), rather than read the old one for a window
+        or two more -- several intervals where the tenant is slow and its
+        windows long."""
+        if ops_per_s is None or not accesses_per_s > 0:
+            return
+        before = w.ops_per_access
+        w.ops_per_access, changed = phase.follow(before, ops_per_s / accesses_per_s)
+        if changed and w.builder is not None:
+            log.info("tenant %s: %.3g -> %.3g operations per page read: a new phase; "
+                     "its curves count it from the next interval", w.tenant, before,
+                     w.ops_per_access)
+            for b in w.builders():
+                b.new_phase()
 
     def _policy_room(self, w: Watched) -> tuple[int, int]:
         """(capacity, overflow) of the cgroup's cache_ext policy, (0, 0)

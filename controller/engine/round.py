@@ -20,6 +20,8 @@ from cachepilot.controller.engine import allocate, calibrate, model, watchdog
 from cachepilot.controller.engine.autopilot import PolicyChoice, choose_policy
 from cachepilot.controller.engine.curves import CurveBank
 from cachepilot.controller.engine.types import EngineState, Observations, TenantState
+from cachepilot.core import phase
+from cachepilot.core.phase import PHASE_FACTOR
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import TenantReport
 
@@ -195,33 +197,22 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     _track_curve_error(R, ctl.warmup_intervals)
 
 
-PHASE_FACTOR = 2.0      # operations per page read: a jump this large is a new phase
-PHASE_SMOOTHING = 0.2   # weight of a round in the smoothed ops per page read
-
-
 def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
-    """A tenant whose operations per page read jumped by more than
-    PHASE_FACTOR against their smoothed value changed what an operation
-    is (make e2e's search: 64 KiB sequential reads, 16 pages each, then
-    4 KiB lookups): the (miss ratio, seconds per operation) pairs of the
-    old phase say nothing of the new, and fitted together they made the
-    lookups look a sixteenth as fast as they were, and cost them their
-    memory.  Its observations are dropped; the prior, scaled to what the
-    new phase shows, stands until the new ones separate a from b."""
+    """A tenant whose operations per page read jumped (core/phase.py)
+    changed what an operation is (make e2e's search: 64 KiB sequential
+    reads, 16 pages each, then 4 KiB lookups): the (miss ratio, seconds
+    per operation) pairs of the old phase say nothing of the new, and
+    fitted together they made the lookups look a sixteenth as fast as they
+    were, and cost them their memory.  Its observations are dropped; the
+    prior, scaled to what the new phase shows, stands until the new ones
+    separate a from b."""
     for i, st in enumerate(R.tstates):
-        x = float(opa[i])
-        if not (x > 0 and math.isfinite(x)):
-            continue
         ref = st.ops_per_access
-        if ref is None or not ref / PHASE_FACTOR <= x <= ref * PHASE_FACTOR:
-            if ref is not None:
-                obs.forget(st.slot)
-                R.phase_changed.append((i, ref, x))
-                st.phase_since = st.rounds
-            st.ops_per_access = x
-        else:
-            st.ops_per_access = math.exp((1 - PHASE_SMOOTHING) * math.log(ref)
-                                         + PHASE_SMOOTHING * math.log(x))
+        st.ops_per_access, changed = phase.follow(ref, float(opa[i]), PHASE_FACTOR)
+        if changed:
+            obs.forget(st.slot)
+            R.phase_changed.append((i, ref, st.ops_per_access))
+            st.phase_since = st.rounds
 
 
 M_ERRORS = 20       # rounds of curve prediction errors kept per tenant
