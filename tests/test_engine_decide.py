@@ -974,15 +974,15 @@ def test_a_new_phase_keeps_its_memory_until_its_curve_catches_up(slo):
     # the agent's curves, resting on the passes' samples, read the lookups
     # as missing three times what they did.  Sized on them, the lookups
     # were cut to a fifth of their file.  Held, they keep their memory
-    # until the curve reads what they miss -- but never ahead of an SLO:
-    # with `slo`, the other tenant's SLO needs more memory from the change on.
+    # until the curve reads what they miss -- but never ahead of an SLO's
+    # need: with `slo`, the other tenant's SLO is raised at the change.
     from cachepilot.controller.engine import round as rnd
     passes = power_curve("linux", 0.3 * PAGES, 1.5, 0.02, PAGES)
     lookups = power_curve("linux", 0.3 * PAGES, 1.2, 0.01, PAGES)
     stale = MRC(passes.sizes, np.full(len(passes.sizes), 0.9), "linux", "synthetic", 1.0)
-    o_before = tenant("o", 2.0, 0.6)
-    o_after = tenant("o", 2.0, 0.6, t_miss=2.2e-4)
-    target = o_before.throughput(float(o_before.curves["linux"].at(0.7 * PAGES)))
+    o = tenant("o", 2.0, 0.6)
+    target = o.throughput(float(o.curves["linux"].at(0.7 * PAGES)))
+    raised = o.throughput(float(o.curves["linux"].at(0.85 * PAGES)))
 
     def run(hold_rounds, lag=4):
         s = SynthTenant("s", {"linux": passes}, t_hit=3.2e-5, t_miss=1.6e-3, pages_per_op=16)
@@ -990,7 +990,7 @@ def test_a_new_phase_keeps_its_memory_until_its_curve_catches_up(slo):
         if slo:
             specs[0]["slo"] = {"min_throughput": target}
         loop = Loop(make(specs, max_step_fraction=0.5, hysteresis=0.0),
-                    {"s": s, "o": o_before}, limits={"s": GiB // 2, "o": GiB // 2})
+                    {"s": s, "o": o}, limits={"s": GiB // 2, "o": GiB // 2})
         old = rnd.PHASE_HOLD_ROUNDS
         rnd.PHASE_HOLD_ROUNDS = hold_rounds
         try:
@@ -1000,12 +1000,12 @@ def test_a_new_phase_keeps_its_memory_until_its_curve_catches_up(slo):
             loop.synth["s"] = SynthTenant("s", {"linux": lookups}, t_hit=2e-6, t_miss=1e-4,
                                           shown={"linux": stale})
             if slo:
-                loop.synth["o"] = o_after
+                loop.cfg.tenants[0].slo.min_throughput = raised
             during, met = [], []
             for _ in range(lag):
                 loop.step()
                 during.append(loop.limit["s"])
-                met.append(loop.true_throughput("o") >= 0.99 * target)
+                met.append(loop.true_throughput("o") >= 0.99 * raised)
             loop.synth["s"].shown = None
             loop.step()
             released = loop.state.tenants["s"].phase_since is None

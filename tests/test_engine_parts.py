@@ -159,6 +159,26 @@ def test_serve_slos_headroom_only_from_what_is_left():
     assert x.tolist() == [48.0, 0.0, 35.0]
 
 
+def test_serve_slos_holds_a_new_phase_after_plain_needs_before_headroom():
+    # rows 0 and 1 have SLOs (needs 40 and 30, with headroom to 70 and 50);
+    # row 2 changed phase and holds 60 pages (engine/round.py _hold_new_phase)
+    node = np.zeros(3, dtype=np.int64)
+    lb = np.array([0.0, 0.0, 10.0])
+    need = np.array([40.0, 30.0, np.inf])
+    safe = np.array([70.0, 50.0, np.inf])
+    has = np.array([True, True, False])
+    hold = np.array([0.0, 0.0, 60.0])
+    args = (node, np.array([150.0]), lb, need, has, np.zeros(3), np.arange(3), safe)
+    x, granted = allocate.serve_slos(*args, hold)
+    assert granted[:2].all()
+    assert x.tolist() == [40.0, 50.0, 60.0]        # the 20 left go to headroom
+    x, _ = allocate.serve_slos(*args)
+    assert x.tolist() == [70.0, 50.0, 10.0]        # unheld, headroom takes them
+    # with 110 pages the plain needs still come first, the hold gets the rest
+    x, granted = allocate.serve_slos(node, np.array([110.0]), *args[2:], hold)
+    assert granted[:2].all() and x.tolist() == [40.0, 30.0, 40.0]
+
+
 def upper_hull(pts):
     """Upper (concave) hull of points sorted by x: a monotone-chain scan."""
     hull = []

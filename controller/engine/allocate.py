@@ -49,7 +49,7 @@ from cachepilot.controller.engine.curves import miss_at
 from cachepilot.controller.engine.model import throughput
 
 
-def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None):
+def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None, hold=None):
     """Returns (x_lo, granted): the size each tenant is raised to before the
     marginal stage and whether its SLO need was granted.
 
@@ -60,6 +60,9 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None)
     granted tenants are raised toward it, again by priority, only with
     memory left once every SLO that fits has its plain need -- headroom for
     one never costs another its SLO.
+    hold: optionally, a size per row to keep (0 where none: a tenant whose
+    new phase its curve does not read yet, engine/round.py); raised toward
+    after every SLO's plain need and before any headroom.
     """
     x_lo = lb.copy()
     granted = np.zeros(len(lb), dtype=bool)
@@ -83,6 +86,8 @@ def serve_slos(node, memory, lb, need, has_slo, priority, order, need_safe=None)
             free[n] -= extra[i]
             x_lo[i] = lb[i] + extra[i]
             granted[i] = True
+    if hold is not None:
+        raise_toward(np.flatnonzero(hold > x_lo).tolist(), hold)
     if need_safe is not None:
         raise_toward(seq[granted[seq]].tolist(), need_safe)
     return x_lo, granted
