@@ -761,13 +761,6 @@ def allocate_memory(R: Round, ctl) -> None:
     for ni in np.flatnonzero(over).tolist():
         R.notes.append(f"node {R.nodes[ni]!r}: floors and anonymous memory (+ margin) add "
                        f"up to more than the node; limits stay at those safety bounds")
-    need, need_safe = _hold_warming(R, ctl)
-    R.phase_hold = _hold_new_phase(R)
-    held = np.fromiter((h is not None for h in R.phase_hold), dtype=bool, count=R.n)
-    R.x_lo, R.granted = allocate.serve_slos(
-        node_of, R.mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
-        need, R.has_slo & has_curve, R.column(lambda s, r: s.priority), order,
-        need_safe, np.where(held & has_curve, np.minimum(R.limit_now, R.ub), 0.0))
     cr = np.flatnonzero(has_curve)
     if not len(cr):
         return
