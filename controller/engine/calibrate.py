@@ -81,15 +81,11 @@ def observe(st, report, window: int, currency: str = "miss_ratio") -> None:
     if report.policy != st.running:
         st.calib_since = st.rounds
         return
-    curve = next((c for c in report.curves if c.policy == report.policy), None)
-    m = report.miss_ratio
-    if curve is None or not report.accesses_per_s > 0 or not 0.0 <= m <= 1.0:
-        return
     limit = report.limit_bytes / PAGE_SIZE if report.limit_bytes > 0 else math.inf
-    at = watchdog.held_pages(report, curve, limit)
-    if not math.isfinite(at):
+    predicted = watchdog.curve_at_held(report, limit)
+    if predicted is None:
         return
-    predicted = float(curve.at(at))
+    m = report.miss_ratio
     if currency == "throughput":
         thr, per_op = report.throughput, st.a + st.b * predicted
         if thr is None or not (math.isfinite(thr) and thr > 0) or not per_op > 0:

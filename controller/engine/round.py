@@ -820,19 +820,13 @@ def _hold_new_phase(R: Round) -> list:
             if R.learn:
                 st.phase_since = None
             continue
-        curve = next((c for c in r.curves if c.policy == r.policy), None)
-        if st.rounds > since and curve is not None and 0.0 <= r.miss_ratio <= 1.0 \
-                and r.accesses_per_s > 0:
-            # the round that saw the change straddles both phases: not evidence
-            held = watchdog.held_pages(r, curve, R.current[i])
-            predicted = float(curve.at(held))
-            if abs(predicted - r.miss_ratio) <= PHASE_CAUGHT_UP:
-                if R.learn:
-                    st.phase_since = None
-                continue
-            out[i] = (predicted, float(r.miss_ratio))
-        else:
-            out[i] = (math.nan, float(r.miss_ratio))
+        # the round that saw the change straddles both phases: not evidence
+        predicted = watchdog.curve_at_held(r, R.current[i]) if st.rounds > since else None
+        if predicted is not None and abs(predicted - r.miss_ratio) <= PHASE_CAUGHT_UP:
+            if R.learn:
+                st.phase_since = None
+            continue
+        out[i] = (math.nan if predicted is None else predicted, float(r.miss_ratio))
     return out
 
 

@@ -126,6 +126,19 @@ def held_pages(report, curve, limit_pages: float) -> float:
     return min(limit_pages, report.usage_file_bytes / PAGE_SIZE + offset)
 
 
+def curve_at_held(report, limit_pages: float) -> float | None:
+    """What the running policy's curve says the tenant missed over the
+    report's interval, read at the memory it held (held_pages), to set
+    beside the miss ratio it observed; None where the report is no such
+    evidence: no curve for the policy it ran, no accesses, a miss ratio
+    outside [0, 1], or nowhere finite to read."""
+    curve = next((c for c in report.curves if c.policy == report.policy), None)
+    if curve is None or not report.accesses_per_s > 0 or not 0.0 <= report.miss_ratio <= 1.0:
+        return None
+    at = held_pages(report, curve, limit_pages)
+    return float(curve.at(at)) if math.isfinite(at) else None
+
+
 def check(st, report, limit_pages: float, intervals: int, margin: float,
           cooldown: int, old_offset: float = 0.0, slo: float | None = None,
           model=None, currency: str = "miss_ratio",
