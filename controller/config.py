@@ -106,6 +106,12 @@ class ControlSpec(Strict):
     # if its curve missed this much more (a miss ratio): its lead must
     # outlast an error that small in a curve.  0 scores every curve as it is.
     autopilot_doubt: float = Field(0.01, ge=0, le=1)
+    # Where no switch is due but a challenger's curve as it is (without the
+    # doubt) leads by half the threshold, try it: switch on a probation that
+    # keeps it only if the tenant then serves at least half the threshold
+    # more than the policy in force did at the same limit just before
+    # (engine/watchdog.py).
+    autopilot_trials: bool = True
     # Model watchdog (engine/watchdog.py): after a switch, watch the first
     # `watchdog_intervals` intervals the new policy is reported running; if
     # its mean observed miss ratio exceeds what the old policy's curve

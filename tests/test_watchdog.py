@@ -276,3 +276,122 @@ def test_a_cache_still_filling_is_judged_at_what_it_holds_not_at_its_limit():
     assert feed(st, full)[2] is not None
     # a report without the cache it holds is read at the limit, as before
     assert watchdog.held_pages(report("fifo", 0.1, {}), curve("fifo", 1), LIMIT) == LIMIT
+
+
+# -- trials (a challenger only the doubt kept out, judged by what ran) --
+
+def trial_report(policy, observed, thr, limit=LIMIT, old_curve=None):
+    """A report of `policy` running at `limit` pages, missing `observed`
+    and serving `thr` (None: no throughput source); lru's curve is
+    `old_curve` (default: flat at 0.1)."""
+    r = report(policy, observed, {"fifo": 0.08, "lru": 0.1})
+    curves = [flat("fifo", 0.08), old_curve or flat("lru", 0.1)]
+    return TenantReport(**{**r.__dict__, "limit_bytes": limit * 4096, "throughput": thr,
+                           "curves": curves})
+
+
+def on_trial(ref_thr=1000.0, ref_miss=0.1):
+    st = TenantState()
+    st.rounds = 10
+    watchdog.start(st, "fifo", "lru", (ref_miss, ref_thr, LIMIT))
+    return st
+
+
+def feed_trial(st, reports, keep_gain=0.025, model=(0.0, 1e-2)):
+    out = []
+    for r in reports:
+        st.rounds += 1
+        out.append(watchdog.check(st, r, r.limit_bytes / 4096, K, MARGIN, COOLDOWN,
+                                  model=model, keep_gain=keep_gain))
+    return out
+
+
+def test_a_trial_is_kept_on_what_the_tenant_served_its_first_interval_not_counted():
+    st = on_trial()
+    # the first running interval (the switch mid-way) served little: not counted
+    got = feed_trial(st, [trial_report("fifo", 0.5, 10.0)] +
+                     [trial_report("fifo", 0.09, t) for t in (1080.0, 1100.0, 1120.0)])
+    assert got[:3] == [None] * 3
+    v = got[3]
+    assert v.trial and v.kept and v.intervals == 3
+    assert v.gain == pytest.approx(0.10) and v.throughput == pytest.approx(1100.0)
+    assert st.probation is None and not st.held_until
+    assert v.reason.endswith(": kept") and "+10.0%" in v.reason
+
+
+def test_a_trial_that_serves_less_than_the_dead_band_more_is_undone_and_held_off():
+    st = on_trial()
+    got = feed_trial(st, [trial_report("fifo", 0.09, t) for t in (1000.0, 1010.0, 1020.0, 1030.0)])
+    v = got[3]
+    assert v.trial and not v.kept and v.gain == pytest.approx(0.02)
+    assert st.held_until == {"fifo": st.rounds + COOLDOWN}
+    assert "needs +2.5%" in v.reason and "held off" in v.reason
+
+
+def test_a_trial_without_a_throughput_source_is_judged_by_its_misses_through_the_model():
+    # a = 0: the model's throughput is 1 / (b m); 0.08 against 0.1 is +25 %
+    st = on_trial(ref_thr=float("nan"))
+    v = feed_trial(st, [trial_report("fifo", 0.08, None) for _ in range(4)])[3]
+    assert v.kept and v.gain == pytest.approx(0.25)
+    st = on_trial(ref_thr=float("nan"))
+    v = feed_trial(st, [trial_report("fifo", 0.1, None) for _ in range(4)])[3]
+    assert not v.kept and v.gain == pytest.approx(0.0)
+
+
+def test_a_trial_moves_the_reference_by_the_old_curve_where_the_limit_moved_a_little():
+    # the limit grew 5 %; lru's curve says that alone takes its misses from
+    # 0.1 to 0.08 -- the trial's 0.08 is then no gain at all
+    sloped = MRC(np.array([LIMIT, int(LIMIT * 1.05)]), np.array([0.1, 0.08]), "lru", "synthetic")
+    grown = int(LIMIT * 1.05)
+    st = on_trial(ref_thr=float("nan"))
+    v = feed_trial(st, [trial_report("fifo", 0.08, None, grown, sloped) for _ in range(4)])[3]
+    assert v.predicted_old == pytest.approx(0.08) and not v.kept
+    # throughput likewise: lru would have served 1000 x 0.1 / 0.08 there
+    st = on_trial()
+    v = feed_trial(st, [trial_report("fifo", 0.08, 1250.0, grown, sloped) for _ in range(4)])[3]
+    assert v.gain == pytest.approx(0.0) and not v.kept
+
+
+def test_a_trial_whose_limit_moved_far_is_not_judged_on_it_and_is_given_up():
+    st = on_trial()
+    far = int(LIMIT * 1.5)
+    got = feed_trial(st, [trial_report("fifo", 0.05, 2000.0, far)
+                          for _ in range(K + 1 + watchdog.TRIAL_SLACK + 1)])
+    assert got[:-1] == [None] * (len(got) - 1)
+    v = got[-1]
+    assert v.trial and not v.kept and v.intervals == 0 and "too few to judge" in v.reason
+    assert "fifo" in st.held_until
+
+
+def test_a_trial_reference_is_the_latest_run_at_one_limit_past_the_warm_up():
+    st = TenantState()
+    for obs in [("lru", 4096e3, 0.3, 500.0), ("lru", 8192e3, 0.2, 900.0),
+                ("lru", 8192e3, 0.1, 1000.0), ("lru", 8192e3, 0.12, 1100.0)]:
+        st.recent_obs.append(obs)
+    ref = watchdog.trial_reference(st, "lru", 8192e3, usable=10)
+    assert ref == pytest.approx((0.14, 1000.0, 2000.0))
+    # only the reports past the warm-up count; at least two are needed
+    assert watchdog.trial_reference(st, "lru", 8192e3, usable=2) == \
+        pytest.approx((0.11, 1050.0, 2000.0))
+    assert watchdog.trial_reference(st, "lru", 8192e3, usable=1) is None
+    # another policy last, or another limit: no reference
+    assert watchdog.trial_reference(st, "fifo", 8192e3, usable=10) is None
+    assert watchdog.trial_reference(st, "lru", 4096e3, usable=10) is None
+    # a report without throughput: judged on misses
+    st.recent_obs.append(("lru", 8192e3, 0.1, float("nan")))
+    m, thr, _ = watchdog.trial_reference(st, "lru", 8192e3, usable=10)
+    assert np.isnan(thr) and m == pytest.approx(0.13)
+
+
+def test_a_trial_under_way_survives_a_controller_restart():
+    from cachepilot.controller.engine import saved
+    from cachepilot.controller.engine.types import EngineState
+    state = EngineState()
+    state.tenants["t"] = st = on_trial(ref_thr=1234.0, ref_miss=0.07)
+    feed_trial(st, [trial_report("fifo", 0.05, 1300.0)] * 2)
+    rec = saved.tenant_record(state, "t")
+    again = EngineState()
+    saved.restore(again, {"t": rec}, 5, 8)
+    pb = again.tenants["t"].probation
+    assert pb.trial and (pb.ref_miss, pb.ref_throughput, pb.ref_pages) == (0.07, 1234.0, LIMIT)
+    assert pb.running_reports == 2 and pb.observed == [0.05]

@@ -30,6 +30,20 @@ half the threshold for K rounds, unless it meets the tenant's SLO in
 more than half the memory threshold less memory than the baseline; the
 halves are the dead bands that keep a lead near either threshold from
 switching back and forth.
+
+A challenger is scored as if its curve missed a little more than it says
+(the doubt, engine/round.py _doubt), so a lead that small an error could
+make does not switch.  At a low miss ratio that is every lead: a tenant
+bound by its disk at a miss ratio of 0.1 reads a 10 % gain in a
+difference of 0.01.  Where no switch is due but a challenger leads by
+half the threshold on its curve as it is (`raw_scores`: without the
+doubt), the autopilot may *try* it (`can_try`: the tenant has a
+reference, the old policy's outcome over its last reports at this
+limit), after the same K rounds: the switch goes on a probation that
+judges it by what the tenant then serves against that reference
+(engine/watchdog.py), and undoes it, the challenger held off, unless it
+served half the threshold more -- what the curve promised at the least,
+and what a challenger must lead the baseline by to stay.
 """
 from __future__ import annotations
 
@@ -47,13 +61,16 @@ class PolicyChoice:
     best: str | None            # best-scoring policy this round
     gain: float                 # predicted relative gain of best over current
     reason: str
+    trial: bool = False         # a switch to try, judged by what it serves
 
 
 def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
                   st: TenantState, threshold: float, k: int,
                   held_off: Collection[str] = (), baseline: str | None = None,
                   needs: dict[str, tuple[float, float]] | None = None,
-                  memory_threshold: float = 0.15) -> PolicyChoice:
+                  memory_threshold: float = 0.15,
+                  raw_scores: dict[str, float] | None = None,
+                  can_try: bool = False) -> PolicyChoice:
     """Update st's streak and say which policy to direct.
 
     current: the policy in force (decide() says which that is);
@@ -64,10 +81,13 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
     needs: for a tenant with an SLO, the least size meeting it under each
     policy, as a range (low, high) for the curve's error (inf where none
     does); memory_threshold: the saving in it that earns a switch among
-    policies tied in throughput."""
+    policies tied in throughput; raw_scores: the scores without the
+    challengers' doubt, and can_try: whether a lead only they show may be
+    tried (module doc)."""
     if held_off:
         allowed = [p for p in allowed if p not in held_off]
         scores = {p: v for p, v in scores.items() if p not in held_off}
+        raw_scores = {p: v for p, v in (raw_scores or {}).items() if p not in held_off}
     if not scores:
         _reset(st)
         return PolicyChoice(current, False, None, 0.0, "no curves to compare")
@@ -87,6 +107,9 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
         if saving > memory_threshold:
             best, gain = thrifty, scores[thrifty] / base - 1.0
     if saving <= memory_threshold and (best == current or gain <= threshold):
+        trial = _to_try(current, raw_scores, threshold / 2) if can_try and base else None
+        if trial is not None:
+            return _count(st, trial[0], trial[1], current, k, baseline, trial=True)
         if baseline is not None and current != baseline and scores.get(baseline) and base:
             if not memory_threshold or \
                     _saving(needs or {}, current, baseline) <= memory_threshold / 2:
@@ -94,22 +117,49 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
                                          st, threshold, k, best, gain)
         _miss(st, k, baseline)
         return _keep(current, best, gain, threshold)
+    if saving > memory_threshold:
+        return _count(st, best, gain, current, k, baseline, saving=saving)
+    return _count(st, best, gain, current, k, baseline, no_curve=base is None)
+
+
+def _count(st: TenantState, best: str, gain: float, current: str, k: int,
+           baseline: str | None, saving: float = 0.0, no_curve: bool = False,
+           trial: bool = False) -> PolicyChoice:
+    """One more round toward switching to `best`; the switch once K have."""
     if st.streak_policy is not None and st.streak_policy == baseline != best:
         st.streak, st.streak_misses = 0, 0   # the rounds counted were toward the baseline
     st.streak += 1
     st.streak_policy = best
-    if saving > memory_threshold:
+    if saving:
         why = f"{best} meets the SLO in {saving:.0%} less memory than {current} " \
               f"(scores {gain:+.1%})"
         done, so_far = f"{why} for {k} intervals", f"{why} ({st.streak}/{k} intervals)"
+    elif trial:
+        why = f"{best} leads {current} by {gain:.1%} on its curve, within its doubt"
+        done = f"{why}, for {k} intervals: tried against what {current} served"
+        so_far = f"{why} ({st.streak}/{k} intervals)"
     else:
-        what = "no curve for it" if base is None else f"+{gain:.1%}"
+        what = "no curve for it" if no_curve else f"+{gain:.1%}"
         done = f"{best} beats {current} ({what}) for {k} intervals"
         so_far = f"{best} beats {current} by {gain:.1%} ({st.streak}/{k} intervals)"
     if st.streak >= k:
         _reset(st)
-        return PolicyChoice(best, True, best, gain, done)
+        return PolicyChoice(best, True, best, gain, done, trial=trial)
     return PolicyChoice(current, False, best, gain, so_far)
+
+
+def _to_try(current: str, raw_scores: dict[str, float] | None,
+            threshold: float) -> tuple[str, float] | None:
+    """The challenger leading the policy in force by more than `threshold`
+    on the scores without doubt, and its lead; None where none does (ties
+    to the alphabetically first)."""
+    if not raw_scores or not raw_scores.get(current):
+        return None
+    top = max(raw_scores.values())
+    lead = top / raw_scores[current] - 1.0
+    if lead <= threshold:
+        return None
+    return min(p for p, v in raw_scores.items() if v >= top * (1 - 1e-12)), lead
 
 
 def _saving(needs: dict[str, tuple[float, float]], p: str, than: str) -> float:

@@ -173,9 +173,12 @@ def _log_changes(state: EngineState, R: Round, col: _Columns, i: int, limit_b: i
             predicted=pa_, predicted_before=pb_,
             predicted_gain=(pa_ / pb_ - 1.0) if pb_ and pa_ is not None else None,
             observed_before=_num(r.throughput)), observe=False)
+    verdict = R.verdicts[i]
+    if verdict is not None and verdict.kept:
+        _record(state, log, LogEntry(R.number, node, spec.name, "trial", verdict.new,
+                                     verdict.new, verdict.reason), observe=False)
     if not (switched or moved):
         return
-    verdict = R.verdicts[i]
     kind = "limit" if not switched else "watchdog" if verdict is not None else "policy"
     before = r.policy if switched else str(prev_limit)
     after = ch.policy if switched else str(limit_b)

@@ -77,6 +77,7 @@ class Round:
     has_slo: np.ndarray = None
     # choose_policies
     score: np.ndarray = None         # per bank row: modelled throughput at ref
+    score_raw: np.ndarray = None     # ... without the challengers' doubt
     need_low: np.ndarray = None      # per bank row: least size meeting the SLO (hooks
     need_high: np.ndarray = None     # in), the curve erring low / high
     choices: list[PolicyChoice] = field(default_factory=list)
@@ -176,6 +177,8 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
         calibrate.observe(st, r, ctl.calibration_window, ctl.calibration_currency)
         st.running = r.policy
         st.recent_curves.append(r.curves)
+        st.recent_obs.append((r.policy, float(r.limit_bytes), float(r.miss_ratio),
+                              math.nan if r.throughput is None else float(r.throughput)))
         p = spec.model or ctl.prior
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         R.tstates.append(st)
@@ -213,6 +216,11 @@ def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
             obs.forget(st.slot)
             R.phase_changed.append((i, ref, st.ops_per_access))
             st.phase_since = st.rounds
+            # what the old phase served is no trial's reference; a trial
+            # under way is left to the autopilot's ordinary rules
+            st.recent_obs.clear()
+            if st.probation is not None and st.probation.trial:
+                st.probation = None
 
 
 M_ERRORS = 20       # rounds of curve prediction errors kept per tenant
@@ -410,11 +418,13 @@ def choose_policies(R: Round, ctl) -> None:
         a_h = R.a[R.row_tenant] * np.where(has, 1.0, hook_factors(R)) / c
         b_r = (R.b[R.row_tenant] + np.where(has, 0.0, miss_costs(R))) / c
         R.score = model.throughput(a_h, b_r, m + _doubt(R, ctl))
+        R.score_raw = model.throughput(a_h, b_r, m)
         R.need_low, R.need_high = _policy_needs(R, a_h, off, b_r)
     else:
-        R.score = R.need_low = R.need_high = np.zeros(0)
+        R.score = R.score_raw = R.need_low = R.need_high = np.zeros(0)
     R.alloc_row = np.full(R.n, -1, dtype=np.int64)
     score_l, current_l, slo_l = R.score.tolist(), R.current.tolist(), R.slo.tolist()
+    raw_l = R.score_raw.tolist()
     low_l, high_l, has_slo_l = R.need_low.tolist(), R.need_high.tolist(), R.has_slo.tolist()
     for i, (ni, spec, r) in enumerate(R.rows):
         mine = R.row_of[i]
@@ -431,7 +441,8 @@ def choose_policies(R: Round, ctl) -> None:
                                    current_l[i], ctl, R.calib[i], R.served[i],
                                    {p: (low_l[k], high_l[k]) for p, k in mine.items()}
                                    if has_slo_l[i] else None,
-                                   slo_l[i] if has_slo_l[i] else None)
+                                   slo_l[i] if has_slo_l[i] else None,
+                                   {p: raw_l[k] for p, k in mine.items()})
         R.choices.append(ch)
         R.verdicts.append(verdict)
         R.before_pol.append(cur)
@@ -441,7 +452,8 @@ def choose_policies(R: Round, ctl) -> None:
             R.alloc_row[i] = mine.get(ch.policy, k_run)
         elif R.advisory[ni]:
             R.alloc_row[i] = k_run
-        elif ch.switched or k_run < 0:
+        elif (ch.switched and not ch.trial) or k_run < 0:
+            # a trial is sized as the policy it is judged against ran
             R.alloc_row[i] = mine.get(ch.policy, -1)
         else:
             R.alloc_row[i] = k_run
@@ -490,7 +502,7 @@ NEED_ERROR = 0.01       # miss ratio: the least error assumed of any curve
 def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str],
             scores: dict[str, float], limit_pages: float, ctl, calib: dict[str, float],
             served: dict[str, float], needs: dict[str, tuple[float, float]] | None = None,
-            slo: float | None = None):
+            slo: float | None = None, raw_scores: dict[str, float] | None = None):
     """One tenant's policy for this round: (the policy in force, the
     choice, the watchdog's verdict or None).
 
@@ -498,7 +510,11 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     are advice (an advisory node, a tenant in recommend mode): nothing we
     direct runs there, and the autopilot follows its own last
     recommendation instead.  A switch the node carried out goes on
-    probation; a failed probation sends the tenant back to the old policy."""
+    probation; a failed probation sends the tenant back to the old policy.
+    A challenger only its curve without doubt puts ahead is tried
+    (engine/autopilot.py) where the tenant ran the policy in force at
+    this limit over its last reports: what it served then is the trial's
+    reference."""
     if advisory:
         cur = st.policy if st.policy is not None else r.policy
         return cur, choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold,
@@ -512,14 +528,18 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
                              calib.get(pb.old, 0.0) if pb is not None else 0.0,
                              slo, (st.a, st.b), ctl.calibration_currency
                              if ctl.calibration_window else "miss_ratio",
-                             served.get(pb.old, 1.0) if pb is not None else 1.0)
-    if verdict is not None and verdict.old in allowed:
+                             served.get(pb.old, 1.0) if pb is not None else 1.0,
+                             ctl.autopilot_threshold / 2)
+    if verdict is not None and not verdict.kept and verdict.old in allowed:
         st.streak, st.streak_policy = 0, None
         return cur, PolicyChoice(verdict.old, True, verdict.old, 0.0,
                                  f"watchdog: back to {verdict.old}: {verdict.reason}"), verdict
+    reference = watchdog.trial_reference(st, cur, r.limit_bytes,
+                                         st.rounds - ctl.warmup_intervals) \
+        if ctl.autopilot_trials and st.probation is None else None
     ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
                        watchdog.held_off(st), ctl.autopilot_baseline, needs,
-                       ctl.autopilot_memory_threshold)
+                       ctl.autopilot_memory_threshold, raw_scores, reference is not None)
     if ch.switched and cur in allowed and cur in scores and \
             calibrate.awaited(st, cur, ctl.calibration_window, ctl.calibration_currency):
         # not before the policy in force has been seen to run: the streak
@@ -535,7 +555,9 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
         ch.reason += (" (scored by what each served over the model: " + ", ".join(
             f"{p} x{served[p]:.3f}" for p in (cur, ch.policy) if p in served) + ")")
     if ch.switched and cur in allowed:
-        watchdog.start(st, ch.policy, cur)
+        watchdog.start(st, ch.policy, cur, reference if ch.trial else None)
+    if verdict is not None and verdict.kept:
+        ch.reason = f"{ch.reason}; {verdict.reason}" if ch.reason != "keep" else verdict.reason
     return cur, ch, verdict
 
 

@@ -58,7 +58,9 @@ def restore(state: EngineState, records: dict[str, dict], rounds: int, window: i
         if pb:
             st.probation = Probation(**{k: pb[k] for k in
                                         ("new", "old", "since", "observed", "predicted_new",
-                                         "predicted_old", "throughput", "throughput_old")
+                                         "predicted_old", "throughput", "throughput_old",
+                                         "trial", "ref_miss", "ref_throughput", "ref_pages",
+                                         "running_reports")
                                         if k in pb})
         m = np.asarray(rec.get("obs_m") or [], dtype=np.float64)[-window:]
         y = np.asarray(rec.get("obs_y") or [], dtype=np.float64)[-window:]

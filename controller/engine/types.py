@@ -11,6 +11,7 @@ from cachepilot.protocol.types import Directive
 
 
 CURVE_HISTORY = 8       # reports' curves kept per tenant (TenantState.recent_curves)
+OBS_HISTORY = 4         # reports' outcomes kept per tenant (TenantState.recent_obs)
 
 
 @dataclass
@@ -82,6 +83,10 @@ class TenantState:
     # interval's curve is not the long-run miss ratio of a workload whose
     # period is longer than an interval); not saved -- reports bring them
     recent_curves: deque = field(default_factory=lambda: deque(maxlen=CURVE_HISTORY))
+    # what the last reports saw: (policy running, limit in bytes, miss
+    # ratio, throughput or NaN), the reference a policy trial is judged
+    # against (engine/watchdog.py); not saved either
+    recent_obs: deque = field(default_factory=lambda: deque(maxlen=OBS_HISTORY))
 
 
 @dataclass
@@ -91,7 +96,8 @@ class LogEntry:
     round: int
     node: str
     tenant: str
-    kind: str                       # "policy", "limit", "watchdog", "phase" or "observed"
+    kind: str                       # "policy", "limit", "watchdog", "trial" (one kept),
+                                    # "phase" or "observed"
     before: str                     # old policy / limit (bytes, as text)
     after: str
     reason: str

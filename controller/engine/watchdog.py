@@ -41,6 +41,25 @@ lacks either curve; a later switch replaces the probation.  The comparison
 is with the old policy's prediction, not the new one's: a new policy that
 misses its own promise but still beats the old policy is kept.
 
+A *trial* (engine/autopilot.py: a challenger whose curve leads by the
+threshold only as long as its doubt is not counted) is judged otherwise:
+against what the old policy was seen to do just before it, not against
+any curve -- the curves could not tell the two apart, so only what ran
+can.  Its first running report (the switch mid-interval, a cache the
+old policy filled) is not counted; each later one is compared with the
+old policy's mean outcome over the reports before the switch, moved by
+what the old policy's curve says a limit moved since then changes (a
+difference of one curve at two nearby sizes, whose errors largely
+cancel; a limit moved more than TRIAL_LIMIT_MOVE does not count).  The
+currency is the tenant's own throughput where it reports one, else its
+miss ratio through its fitted model.  The trial is kept when the mean
+gain is at least `keep_gain` (the autopilot's dead band: what the
+challenger must keep leading the baseline by); otherwise, or when no
+verdict came within TRIAL_SLACK rounds of the `intervals` wanted, it is
+undone and the challenger held off like any failed switch.  A kept
+trial returns a Verdict too (kept=True), logged as kind "trial", so the
+decision log says what it served.
+
 Cooldowns count the tenant's own decision rounds (`TenantState.rounds`),
 so they do not depend on how many nodes share the controller.  Nothing
 here is random: the same reports give the same verdicts.
@@ -64,6 +83,13 @@ class Probation:
     predicted_old: list[float] = field(default_factory=list)
     throughput: list[float] = field(default_factory=list)      # observed ops/s
     throughput_old: list[float] = field(default_factory=list)  # old's, modelled
+    # a trial: the old policy's mean outcome over the reports before the
+    # switch, and the limit (pages) it held then
+    trial: bool = False
+    ref_miss: float = math.nan
+    ref_throughput: float = math.nan    # NaN: the tenant reports none
+    ref_pages: float = 0.0
+    running_reports: int = 0            # reports with `new` running so far
 
 
 @dataclass
@@ -81,9 +107,24 @@ class Verdict:
     slo: float | None = None        # set when the switch cost a met SLO:
     throughput: float = math.nan    # mean observed throughput under `new`
     throughput_old: float = math.nan  # ... and old's, modelled
+    trial: bool = False             # a trial's verdict: gain is what it measured
+    kept: bool = False              # ... and it was kept
+    gain: float = math.nan
 
     @property
     def reason(self) -> str:
+        if self.trial and not math.isfinite(self.gain):
+            return (f"trial of {self.new}: only {self.intervals} intervals at a limit "
+                    f"near the one {self.old} was seen at, too few to judge; {self.new} "
+                    f"held off for {self.cooldown} rounds")
+        if self.trial:
+            what = "throughput" if math.isfinite(self.throughput) else "modelled throughput"
+            head = (f"trial of {self.new}: over {self.intervals} intervals it missed "
+                    f"{self.observed:.3f} where {self.old} would have missed "
+                    f"{self.predicted_old:.3f}, {what} {self.gain:+.1%}")
+            return (f"{head}: kept" if self.kept else
+                    f"{head} (needs {self.margin:+.1%}); {self.new} held off for "
+                    f"{self.cooldown} rounds")
         slo = ""
         if self.slo is not None:
             slo = (f"; {self.throughput:.4g}/s against an SLO of {self.slo:.4g}/s, which "
@@ -97,9 +138,40 @@ class Verdict:
                 f"{self.new} held off for {self.cooldown} rounds")
 
 
-def start(st, new: str, old: str) -> None:
-    """Put a switch from `old` to `new` on probation (replacing any other)."""
+TRIAL_LIMIT_MOVE = 0.1   # a limit moved by more than this since the reference: not counted
+TRIAL_SLACK = 4          # rounds beyond `intervals` (and the skipped first) a trial may take
+
+
+def start(st, new: str, old: str, reference: tuple[float, float, float] | None = None) -> None:
+    """Put a switch from `old` to `new` on probation (replacing any other);
+    with `reference` (the old policy's mean miss ratio, mean throughput or
+    NaN, and the limit in pages it held), as a trial."""
     st.probation = Probation(new, old, st.rounds)
+    if reference is not None:
+        pb = st.probation
+        pb.trial = True
+        pb.ref_miss, pb.ref_throughput, pb.ref_pages = (float(v) for v in reference)
+
+
+def trial_reference(st, policy: str, limit_bytes: float, usable: int,
+                    least: int = 2) -> tuple[float, float, float] | None:
+    """What `policy` did over the tenant's last reports, for a trial to be
+    judged against: (mean miss ratio, mean throughput or NaN, limit in
+    pages), from the run of at least `least` latest reports in which it
+    ran at this limit (within 1 %), among the last `usable` (those past
+    the warm-up); None where there is no such run."""
+    run = []
+    for pol, lim, m, thr in list(reversed(st.recent_obs))[:max(usable, 0)]:
+        if pol != policy or not limit_bytes > 0 or abs(lim / limit_bytes - 1.0) > 0.01 \
+                or not 0.0 <= m <= 1.0:
+            break
+        run.append((m, thr))
+    if len(run) < least:
+        return None
+    thr = [t for _, t in run]
+    mean_thr = math.fsum(thr) / len(thr) if all(math.isfinite(t) and t > 0 for t in thr) \
+        else math.nan
+    return math.fsum(m for m, _ in run) / len(run), mean_thr, limit_bytes / PAGE_SIZE
 
 
 def held_off(st) -> set[str]:
@@ -142,7 +214,7 @@ def curve_at_held(report, limit_pages: float) -> float | None:
 def check(st, report, limit_pages: float, intervals: int, margin: float,
           cooldown: int, old_offset: float = 0.0, slo: float | None = None,
           model=None, currency: str = "miss_ratio",
-          old_factor: float = 1.0) -> Verdict | None:
+          old_factor: float = 1.0, keep_gain: float = 0.0) -> Verdict | None:
     """Count this report toward st's probation, if it has one.
 
     old_offset: the old policy's curve error while it ran
@@ -153,7 +225,8 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     policy's predicted miss ratio into a throughput.  currency:
     "throughput" judges the switch by the tenant's throughput against the
     old policy's modelled throughput times old_factor (what it served over
-    the model while it ran), `margin` a fraction of it.
+    the model while it ran), `margin` a fraction of it.  keep_gain: the
+    gain a trial must measure to be kept.
 
     Returns a Verdict (and holds the new policy off for `cooldown` rounds)
     when the probation ends with the new policy worse than the old policy's
@@ -161,6 +234,8 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     pb = st.probation
     if pb is None or report.policy != pb.new:
         return None
+    if pb.trial:
+        return _check_trial(st, report, limit_pages, intervals, keep_gain, cooldown, model)
     curves = {c.policy: c for c in report.curves}
     m = report.miss_ratio
     if pb.new not in curves or pb.old not in curves or not (0.0 <= m <= 1.0):
@@ -200,4 +275,53 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
         v.slo, v.throughput, v.throughput_old = cost_slo
     elif by_served and got is not None:
         v.throughput, v.throughput_old = got, old
+    return v
+
+
+def _check_trial(st, report, limit_pages: float, intervals: int, keep_gain: float,
+                 cooldown: int, model) -> Verdict | None:
+    """Count this report toward st's trial (module doc); a Verdict once it
+    is decided, kept or not."""
+    pb = st.probation
+    pb.running_reports += 1
+    curves = {c.policy: c for c in report.curves}
+    m = report.miss_ratio
+    counts = pb.running_reports > 1 and pb.old in curves and 0.0 <= m <= 1.0 and \
+        pb.ref_pages > 0 and abs(limit_pages / pb.ref_pages - 1.0) <= TRIAL_LIMIT_MOVE
+    if counts:
+        old = curves[pb.old]
+        moved = float(old.at(limit_pages)) - float(old.at(pb.ref_pages))
+        pb.observed.append(float(m))
+        pb.predicted_old.append(min(max(pb.ref_miss + moved, 0.0), 1.0))
+        pb.predicted_new.append(float(curves[pb.new].at(limit_pages))
+                                if pb.new in curves else math.nan)
+        thr = report.throughput
+        if thr is not None and math.isfinite(thr) and thr >= 0:
+            pb.throughput.append(float(thr))
+    if len(pb.observed) < intervals and st.rounds - pb.since <= intervals + 1 + TRIAL_SLACK:
+        return None
+    st.probation = None
+    a, b = model if model is not None else (0.0, 0.0)
+    n = len(pb.observed)
+    observed = math.fsum(pb.observed) / n if n else math.nan
+    old_m = math.fsum(pb.predicted_old) / n if n else math.nan
+    gain, got, old_thr = -math.inf, math.nan, math.nan
+    if n >= intervals:
+        if math.isfinite(pb.ref_throughput) and len(pb.throughput) == n:
+            # the old policy's throughput moved to each interval's limit by
+            # the model: what it served, times t(ref) / t(moved)
+            t_ref = a + b * pb.ref_miss
+            olds = [pb.ref_throughput * (t_ref / (a + b * x) if a + b * x > 0 and t_ref > 0
+                                         else 1.0) for x in pb.predicted_old]
+            got, old_thr = math.fsum(pb.throughput) / n, math.fsum(olds) / n
+            gain = got / old_thr - 1.0 if old_thr > 0 else -math.inf
+        elif a + b * observed > 0:
+            gain = (a + b * old_m) / (a + b * observed) - 1.0
+    kept = gain >= keep_gain
+    if not kept:
+        st.held_until[pb.new] = st.rounds + cooldown
+    v = Verdict(pb.new, pb.old, n, observed,
+                math.fsum(pb.predicted_new) / n if n else math.nan, old_m,
+                keep_gain, cooldown, throughput=got, throughput_old=old_thr)
+    v.trial, v.kept, v.gain = True, kept, gain
     return v
