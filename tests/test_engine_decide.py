@@ -1205,3 +1205,20 @@ def test_a_phase_change_drops_a_trial_under_way_and_its_old_reference():
     assert _log(loop, "phase") and st.probation is None and len(st.recent_obs) == 0
     loop.step()
     assert len(st.recent_obs) == 1
+
+
+def test_going_back_to_the_baseline_is_no_trial():
+    # on s3fifo, with linux's curve 3.5 % ahead (under the threshold, over
+    # its half): the tenant goes back to the baseline as always, which it
+    # need not earn by a trial (no warm-up: a trial's reference is there
+    # by the round the switch is due)
+    truth = {"linux": flat_curve("linux", 0.048), "s3fifo": flat_curve("s3fifo", 0.05)}
+    synth = {"a": SynthTenant("a", truth, t_hit=1e-6, t_miss=1e-4)}
+    loop = Loop(make([{"name": "a", "node": "n1", "policies": ["linux", "s3fifo"]}],
+                     autopilot_k=2, warmup_intervals=0), synth, policies={"a": "s3fifo"})
+    for _ in range(12):
+        loop.step()
+    assert loop.policy["a"] == "linux"
+    [switch] = _log(loop, "policy")
+    assert "back to linux" in switch.reason and "tried" not in switch.reason
+    assert not _log(loop, "watchdog") and not _log(loop, "trial")

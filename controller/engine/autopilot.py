@@ -107,7 +107,8 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
         if saving > memory_threshold:
             best, gain = thrifty, scores[thrifty] / base - 1.0
     if saving <= memory_threshold and (best == current or gain <= threshold):
-        trial = _to_try(current, raw_scores, threshold / 2) if can_try and base else None
+        trial = _to_try(current, raw_scores, threshold / 2, baseline) \
+            if can_try and base else None
         if trial is not None:
             return _count(st, trial[0], trial[1], current, k, baseline, trial=True)
         if baseline is not None and current != baseline and scores.get(baseline) and base:
@@ -148,18 +149,22 @@ def _count(st: TenantState, best: str, gain: float, current: str, k: int,
     return PolicyChoice(current, False, best, gain, so_far)
 
 
-def _to_try(current: str, raw_scores: dict[str, float] | None,
-            threshold: float) -> tuple[str, float] | None:
-    """The challenger leading the policy in force by more than `threshold`
-    on the scores without doubt, and its lead; None where none does (ties
-    to the alphabetically first)."""
-    if not raw_scores or not raw_scores.get(current):
+def _to_try(current: str, raw_scores: dict[str, float] | None, threshold: float,
+            baseline: str | None) -> tuple[str, float] | None:
+    """The challenger (neither the policy in force nor the baseline, which
+    no doubt weighs and which is gone back to without earning it) leading
+    the policy in force by more than `threshold` on the scores without
+    doubt, and its lead; None where none does (ties to the alphabetically
+    first)."""
+    mine = (raw_scores or {}).get(current)
+    others = {p: v for p, v in (raw_scores or {}).items() if p not in (current, baseline)}
+    if not mine or not others:
         return None
-    top = max(raw_scores.values())
-    lead = top / raw_scores[current] - 1.0
+    top = max(others.values())
+    lead = top / mine - 1.0
     if lead <= threshold:
         return None
-    return min(p for p, v in raw_scores.items() if v >= top * (1 - 1e-12)), lead
+    return min(p for p, v in others.items() if v >= top * (1 - 1e-12)), lead
 
 
 def _saving(needs: dict[str, tuple[float, float]], p: str, than: str) -> float:

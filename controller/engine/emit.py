@@ -179,7 +179,8 @@ def _log_changes(state: EngineState, R: Round, col: _Columns, i: int, limit_b: i
                                      verdict.new, verdict.reason), observe=False)
     if not (switched or moved):
         return
-    kind = "limit" if not switched else "watchdog" if verdict is not None else "policy"
+    reverted = verdict is not None and not verdict.kept
+    kind = "limit" if not switched else "watchdog" if reverted else "policy"
     before = r.policy if switched else str(prev_limit)
     after = ch.policy if switched else str(limit_b)
     pb_, pa_ = _num(col.pred_old[i]), _num(col.pred_new[i])
