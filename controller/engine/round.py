@@ -217,8 +217,10 @@ def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
             R.phase_changed.append((i, ref, st.ops_per_access))
             st.phase_since = st.rounds
             # what the old phase served is no trial's reference; a trial
-            # under way is left to the autopilot's ordinary rules
+            # under way is left to the autopilot's ordinary rules, and the
+            # new phase may have one of its own
             st.recent_obs.clear()
+            st.trial_done = False
             if st.probation is not None and st.probation.trial:
                 st.probation = None
 
@@ -514,7 +516,11 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     A challenger only its curve without doubt puts ahead is tried
     (engine/autopilot.py) where the tenant ran the policy in force at
     this limit over its last reports: what it served then is the trial's
-    reference."""
+    reference.  One trial a phase: among many policies, whichever curve
+    the sampling flattered most leads, and trying each in turn would keep
+    the tenant on trial.  Not where an SLO is met (or the reference has
+    no throughput to tell): a trial that serves less misses it for the
+    intervals it runs, and a met SLO is not traded for a curve's promise."""
     if advisory:
         cur = st.policy if st.policy is not None else r.policy
         return cur, choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold,
@@ -536,7 +542,9 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
                                  f"watchdog: back to {verdict.old}: {verdict.reason}"), verdict
     reference = watchdog.trial_reference(st, cur, r.limit_bytes,
                                          st.rounds - ctl.warmup_intervals) \
-        if ctl.autopilot_trials and st.probation is None else None
+        if ctl.autopilot_trials and st.probation is None and not st.trial_done else None
+    if reference is not None and slo is not None and not reference[1] < slo:
+        reference = None    # a met SLO (or one it cannot tell) is not risked on a trial
     ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
                        watchdog.held_off(st), ctl.autopilot_baseline, needs,
                        ctl.autopilot_memory_threshold, raw_scores, reference is not None)
@@ -556,6 +564,7 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
             f"{p} x{served[p]:.3f}" for p in (cur, ch.policy) if p in served) + ")")
     if ch.switched and cur in allowed:
         watchdog.start(st, ch.policy, cur, reference if ch.trial else None)
+        st.trial_done = st.trial_done or ch.trial
     if verdict is not None and verdict.kept:
         ch.reason = f"{ch.reason}; {verdict.reason}" if ch.reason != "keep" else verdict.reason
     return cur, ch, verdict

@@ -25,7 +25,7 @@ _PLAIN = ("node", "policy", "target_bytes", "limit_bytes", "streak", "streak_pol
           "slo_need_pages", "slo_history", "spread", "recent_targets", "pred_m",
           "pred_policy", "pred_pages", "m_errors", "running", "calib", "calib_since",
           "served", "slo_extra_pages", "slo_safe_pages", "ops_per_access", "phase_since",
-          "floors")
+          "floors", "trial_done")
 
 
 def tenant_record(state: EngineState, name: str) -> dict:
