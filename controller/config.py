@@ -110,7 +110,8 @@ class ControlSpec(Strict):
     # doubt) leads by half the threshold, try it: switch on a probation that
     # keeps it only if the tenant then serves at least half the threshold
     # more than the policy in force did at the same limit just before
-    # (engine/watchdog.py).
+    # (engine/watchdog.py).  One trial a tenant a phase; none while an SLO
+    # is met.
     autopilot_trials: bool = True
     # Model watchdog (engine/watchdog.py): after a switch, watch the first
     # `watchdog_intervals` intervals the new policy is reported running; if

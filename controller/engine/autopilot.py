@@ -43,7 +43,9 @@ limit), after the same K rounds: the switch goes on a probation that
 judges it by what the tenant then serves against that reference
 (engine/watchdog.py), and undoes it, the challenger held off, unless it
 served half the threshold more -- what the curve promised at the least,
-and what a challenger must lead the baseline by to stay.
+and what a challenger must lead the baseline by to stay.  Whether a
+tenant may be tried is the round's to say (engine/round.py _choose: one
+trial a phase, none while an SLO is met).
 """
 from __future__ import annotations
 

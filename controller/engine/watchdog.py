@@ -41,8 +41,8 @@ lacks either curve; a later switch replaces the probation.  The comparison
 is with the old policy's prediction, not the new one's: a new policy that
 misses its own promise but still beats the old policy is kept.
 
-A *trial* (engine/autopilot.py: a challenger whose curve leads by the
-threshold only as long as its doubt is not counted) is judged otherwise:
+A *trial* (engine/autopilot.py: a challenger whose curve leads by half
+the threshold only as long as its doubt is not counted) is judged otherwise:
 against what the old policy was seen to do just before it, not against
 any curve -- the curves could not tell the two apart, so only what ran
 can.  Its first running report (the switch mid-interval, a cache the
@@ -114,9 +114,9 @@ class Verdict:
     @property
     def reason(self) -> str:
         if self.trial and not math.isfinite(self.gain):
-            return (f"trial of {self.new}: only {self.intervals} intervals at a limit "
-                    f"near the one {self.old} was seen at, too few to judge; {self.new} "
-                    f"held off for {self.cooldown} rounds")
+            return (f"trial of {self.new}: {self.intervals} intervals at a limit near "
+                    f"the one {self.old} was seen at, too few to judge (or no model to "
+                    f"judge them by); {self.new} held off for {self.cooldown} rounds")
         if self.trial:
             what = "throughput" if math.isfinite(self.throughput) else "modelled throughput"
             head = (f"trial of {self.new}: over {self.intervals} intervals it missed "
