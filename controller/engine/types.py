@@ -83,13 +83,13 @@ class TenantState:
     # interval's curve is not the long-run miss ratio of a workload whose
     # period is longer than an interval); not saved -- reports bring them
     recent_curves: deque = field(default_factory=lambda: deque(maxlen=CURVE_HISTORY))
-    # whether a policy trial (engine/watchdog.py) ran in this phase: one
-    # a phase, however it ended
-    trial_done: bool = False
     # what the last reports saw: (policy running, limit in bytes, miss
     # ratio, throughput or NaN), the reference a policy trial is judged
     # against (engine/watchdog.py); not saved either
     recent_obs: deque = field(default_factory=lambda: deque(maxlen=OBS_HISTORY))
+    # whether a policy trial ran in this phase (one a phase, however it
+    # ended); saved
+    trial_done: bool = False
 
 
 @dataclass
