@@ -48,10 +48,8 @@ from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantRe
 
 log = logging.getLogger("cachepilot.controller")
 
-# An engine record is saved at once when one of these changed, else every
-# SAVE_EVERY of its tenant's reports (service._save_round).
-SAVE_NOW_KEYS = ("policy", "held_until", "probation", "streak", "streak_policy",
-                 "slo_feasible", "calib_since")
+# A directive is saved at once when it changed, else every SAVE_EVERY of
+# its tenant's reports (service._save_round).
 SAVE_EVERY = 5
 
 LOG_MEMORY = 20000        # decision log entries kept in memory (all are in the store)
@@ -108,8 +106,8 @@ class Engine:
                     recommend=()) -> dict:
         """One round over several nodes' reports: node -> what decide()
         returns for it (every violation and log entry names its node)."""
-        d = self._engine.decide(self.state, reports, config, advisory_nodes=advisory,
-                                recommend=recommend)
+        d, self.state = self._engine.decide(self.state, reports, config,
+                                            advisory_nodes=advisory, recommend=recommend)
         out = {n: (list(d.directives.get(n, [])), [], []) for n in reports}
         for v in d.violations:
             if v.node in out:
@@ -606,25 +604,20 @@ class Controller(AdminOps):
             self.metrics.set_policy(d.tenant, d.policy, recommended=True)
 
     def _save_round(self, node_id, directives, advice):
-        """The round's directives and the engine's records of their
-        tenants, each only when it says something a restart or another
-        replica could not learn again from the next report -- a policy, a
-        hold, a streak, a feasibility verdict -- or SAVE_EVERY reports
-        since it was last saved (limits, targets, the model's
-        observations): a fleet's store takes every replica's rounds, and
-        records rewritten every round for their round counts and limits
-        were most of etcd's work."""
+        """The round's directives, each when its node, policy or whether it
+        was sent changed or SAVE_EVERY reports since it was last saved (a
+        limit is in the node's next report anyway), and the engine's
+        records of their tenants, every round."""
         saved = {}
         for d in directives:
             rec = directive_record(node_id, d, self.rounds, d.tenant not in advice)
             # a limit is in the node's next report anyway: saved with the rest
             if self._changed("d:" + d.tenant, d.tenant, (rec.node, rec.policy, rec.sent)):
                 saved[d.tenant] = rec
+        # the engine's records, every round: a restart must decide as the
+        # controller that kept running would (engine/saved.py)
         records = self.engine.records([d.tenant for d in directives]) \
             if hasattr(self.engine, "records") else {}
-        records = {t: r for t, r in records.items()
-                   if self._changed("t:" + t, t, json.dumps([r.get(k) for k in SAVE_NOW_KEYS],
-                                                            sort_keys=True, default=str))}
         self.store.write_round(self.rounds, saved, records, self._unsaved)
         self._unsaved = []
 

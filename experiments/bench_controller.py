@@ -99,7 +99,7 @@ def time_rounds(nodes, per_node, rounds, seed, points, per_node_calls=False):
             total = total_cpu = 0.0
             for node in sorted(reps):
                 t0, c0 = time.perf_counter(), time.process_time()
-                d = engine.decide(state, {node: reps[node]}, cfg)
+                d, state = engine.decide(state, {node: reps[node]}, cfg)
                 total += time.perf_counter() - t0
                 total_cpu += time.process_time() - c0
                 loop.apply(d)
@@ -108,7 +108,7 @@ def time_rounds(nodes, per_node, rounds, seed, points, per_node_calls=False):
             cpu.append(total_cpu)
         else:
             t0, c0 = time.perf_counter(), time.process_time()
-            d = engine.decide(state, reps, cfg)
+            d, state = engine.decide(state, reps, cfg)
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
             loop.apply(d)

@@ -49,8 +49,8 @@ class Loop:
         return out
 
     def step(self, nodes=None):
-        d = engine.decide(self.state, self.reports(nodes), self.cfg,
-                          advisory_nodes=self.advisory)
+        d, self.state = engine.decide(self.state, self.reports(nodes), self.cfg,
+                                      advisory_nodes=self.advisory)
         for ds in d.directives.values():
             for x in ds:
                 self.limit[x.tenant] = x.limit_bytes
@@ -314,7 +314,8 @@ def test_autopilot_switches_after_k_intervals_and_logs_the_effect():
     obs = [e for e in log if e.kind == "observed" and e.decided_round == sw[0].round]
     assert len(obs) == 1
     assert obs[0].observed_gain > 0.05           # the switch really helped
-    assert sw[0].observed is not None            # filled in on the original too
+    # a past round's output is never changed: the effect is its own entry
+    assert sw[0].observed is None and obs[0].predicted == sw[0].predicted
 
 
 def test_autopilot_ignores_a_one_interval_blip():
@@ -437,8 +438,8 @@ def test_same_inputs_same_decision_regardless_of_report_order():
     for _ in range(5):
         r = l1.reports()
         shuffled = {k: list(reversed(v)) for k, v in reversed(list(r.items()))}
-        d1 = engine.decide(l1.state, r, cfg)
-        d2 = engine.decide(l2.state, shuffled, cfg)
+        d1, l1.state = engine.decide(l1.state, r, cfg)
+        d2, l2.state = engine.decide(l2.state, shuffled, cfg)
         assert d1.directives == d2.directives
         assert d1.violations == d2.violations
         for ds in d1.directives.values():
@@ -464,10 +465,10 @@ def test_nodes_and_tenants_come_and_go():
     stranger.tenant = "mallory"
     r["n1"].append(stranger)
     r["nowhere"] = [copy.deepcopy(stranger)]
-    d = engine.decide(loop.state, r, cfg)
+    d, loop.state = engine.decide(loop.state, r, cfg)
     assert [x.tenant for x in d.directives["n1"]] == ["a"]
     assert any("mallory" in n for n in d.notes) and any("nowhere" in n for n in d.notes)
-    assert engine.decide(loop.state, {}, cfg).directives == {}
+    assert engine.decide(loop.state, {}, cfg)[0].directives == {}
 
 
 def test_no_curves_holds_the_limit():
@@ -475,7 +476,7 @@ def test_no_curves_holds_the_limit():
     cfg = make([{"name": "a", "node": "n1"}])
     rep = synth["a"].report(300 << 20, "linux")
     rep.curves = []
-    d = engine.decide(engine.EngineState(), {"n1": [rep]}, cfg)
+    d, _ = engine.decide(engine.EngineState(), {"n1": [rep]}, cfg)
     assert d.directives["n1"][0].limit_bytes == 300 << 20
     assert "no curve" in d.directives["n1"][0].reason
 
@@ -506,7 +507,7 @@ def test_odd_report_values_do_not_break_a_round():
     b.limit_bytes, b.usage_anon_bytes = 0, -5                    # no limit yet, junk usage
     c.accesses_per_s, c.throughput = 0.0, 0.0                    # an idle interval
     c.policy = "no-such-policy"
-    d = engine.decide(loop.state, r, cfg)
+    d, loop.state = engine.decide(loop.state, r, cfg)
     limits = {x.tenant: x.limit_bytes for x in d.directives["n1"]}
     assert set(limits) == {"a", "b", "c"}
     assert all(16 << 20 <= v <= GiB for v in limits.values())
@@ -1203,9 +1204,10 @@ def test_a_phase_change_drops_a_trial_under_way_and_its_old_reference():
     assert st.probation is not None and st.probation.trial
     loop.synth["a"].pages_per_op = 16.0          # the same reads, 16 to an operation
     loop.step()
+    st = loop.state.tenants["a"]        # a round returns a new state
     assert _log(loop, "phase") and st.probation is None and len(st.recent_obs) == 0
     loop.step()
-    assert len(st.recent_obs) == 1
+    assert len(loop.state.tenants["a"].recent_obs) == 1
 
 
 def test_going_back_to_the_baseline_is_no_trial():

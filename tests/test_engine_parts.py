@@ -414,5 +414,6 @@ def test_a_tenant_restored_again_keeps_its_row_of_observations():
     for _ in range(5):
         saved.restore(state, {"a": {**rec, "obs_m": [0.5, 0.6], "obs_y": [5.0, 6.0]}}, 3, 8)
     assert state.obs.used == rows and state.tenants["a"].slot == slot
-    assert saved.tenant_record(state, "a")["obs_m"] == [0.5, 0.6]
-    assert saved.tenant_record(state, "b")["obs_m"] == [0.1, 0.2, 0.3]
+    a, b = saved.tenant_record(state, "a")["obs"], saved.tenant_record(state, "b")["obs"]
+    assert a["m"][:a["count"]] == [0.5, 0.6]
+    assert b["m"][:b["count"]] == [0.1, 0.2, 0.3]

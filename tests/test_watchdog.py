@@ -193,7 +193,7 @@ def run_one(t, first, other, rounds, control):
     state, limit, policy = engine.EngineState(), GiB // 4, first
     running, log = [], []
     for _ in range(rounds):
-        d = engine.decide(state, {"n1": [t.report(limit, policy)]}, cfg)
+        d, state = engine.decide(state, {"n1": [t.report(limit, policy)]}, cfg)
         x = d.directives["n1"][0]
         limit, policy = x.limit_bytes, x.policy
         running.append(policy)             # what runs in the next interval

@@ -1,12 +1,15 @@
 """The decision engine: one round from reports to directives.
 
-    decide(state, reports, config) -> Decision
+    decide(state, reports, config) -> (Decision, new_state)
 
 `reports` maps a node id to the TenantReports it sent this interval; only
 live nodes are passed (a lost node's memory has left the pool), and nodes
 and tenants may come and go between rounds.  `state` (EngineState) carries
-the throughput models, autopilot streaks, last targets and the decision log;
-decide() updates it in place and also returns it as Decision.state.
+the throughput models, autopilot streaks and last targets.  decide() never
+changes the state it is given: it works on a fork (EngineState.fork) and
+returns it, so what-if and replay call it and throw the new state away.
+Each decision carries a trace (engine/trace.py): per tenant, the inputs the
+round read, each step's output and the rule that set the limit and policy.
 
 The policy in force is the one the node reports running (read back from the
 kernel), not the one last directed: a directive that was refused or not yet
@@ -32,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from cachepilot.controller.engine.emit import emit
+from cachepilot.controller.engine.trace import RoundTrace
 from cachepilot.controller.engine.round import (allocate_memory, bank_curves,
                                                 choose_policies, fit_models,
                                                 gather_rows, predict, size_bounds,
@@ -46,8 +50,10 @@ __all__ = ["decide", "keep_freed_memory", "Decision", "EngineState", "LogEntry",
 
 def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
            node_memory: dict[str, int] | None = None,
-           advisory_nodes: Collection[str] = (), recommend: Collection[str] = ()) -> Decision:
-    """One decision round over the live nodes' reports (see the module doc).
+           advisory_nodes: Collection[str] = (), recommend: Collection[str] = ()
+           ) -> tuple[Decision, EngineState]:
+    """One decision round over the live nodes' reports (see the module doc):
+    (the decision, the state after it).
 
     node_memory overrides the config's memory per node (e.g. the capacity
     a node registered with); nodes in neither are ignored with a note.
@@ -55,9 +61,10 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     knows from their registration); every other node is taken to swap.
     recommend names the tenants whose directives are only recommendations
     (recommend mode): decided and logged, not expected to take effect."""
+    state = state.fork(r.tenant for rs in reports.values() for r in rs)
     state.round += 1
     ctl = config.control
-    specs, node_specs = _indexes(state, config)
+    specs, node_specs = _indexes(config)
     rnd = gather_rows(state, reports, specs, node_specs, node_memory, advisory_nodes,
                       recommend)
     fit_models(state, rnd, ctl)
@@ -68,21 +75,27 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     allocate_memory(rnd, ctl)
     step_limits(rnd, ctl)
     predict(rnd)
-    return emit(state, rnd, ctl)
+    decision = emit(state, rnd, ctl)
+    decision.trace = RoundTrace(rnd, decision, ctl)
+    return decision, state
 
 
-def _indexes(state: EngineState, config):
+_INDEXES: list = [None]
+
+
+def _indexes(config):
     """Name -> spec maps for the config, kept across calls: the service calls
     decide once per node, and rebuilding them for 1,000 tenants each time
-    would cost more than the node's own decision."""
-    key = (id(config), id(config.tenants), len(config.tenants),
-           id(config.nodes), len(config.nodes))
-    cached = getattr(state, "_indexes", None)
-    if cached is None or cached[0] != key:
-        cached = (key, {t.name: t for t in config.tenants},
+    would cost more than the node's own decision.  A cache of the process,
+    keyed on the config's identity, not part of any state."""
+    key = (id(config.tenants), len(config.tenants), id(config.nodes), len(config.nodes))
+    cached = _INDEXES[0]
+    # the config itself is held, so its id cannot pass to another meanwhile
+    if cached is None or cached[0] is not config or cached[1] != key:
+        cached = (config, key, {t.name: t for t in config.tenants},
                   {n.name: n for n in config.nodes})
-        state._indexes = cached
-    return cached[1], cached[2]
+        _INDEXES[0] = cached
+    return cached[2], cached[3]
 
 
 def keep_freed_memory() -> None:

@@ -234,9 +234,15 @@ def keep_unless_better(node, budget, x_lo, x_hi, incumbent, target, xs, ys, a, b
     return np.where(kept[node], stay, target), kept
 
 
-def step_limit(node, memory, current, target, lb, ub, max_step_fraction, hysteresis):
+def step_limit(node, memory, current, target, lb, ub, max_step_fraction, hysteresis,
+               detail: dict | None = None):
     """New limits (pages) moved from `current` toward `target` under the
-    per-node step budget and hysteresis (see the module comment)."""
+    per-node step budget and hysteresis (see the module comment).  With
+    `detail`, each row's figures go in it: `base` (the limit in force after
+    a safety raise), `want` (the move asked, 0 when settled by the
+    hysteresis), `scale` (the share of it the node's step allows) and
+    `settled`; the new limit is base + scale * want, less what paying for a
+    safety raise took back."""
     nn = len(memory)
     forced = np.maximum(lb - current, 0.0)           # safety raises
     base = current + forced
@@ -267,4 +273,6 @@ def step_limit(node, memory, current, target, lb, ub, max_step_fraction, hystere
         cut = np.where(total > 0, np.minimum(excess / np.where(total > 0, total, 1.0), 1.0), 0.0)
         new = new - r * cut[node]
         excess = np.maximum(excess - total * cut, 0.0)
+    if detail is not None:
+        detail.update(base=base, want=want, scale=f[node], settled=settled)
     return new

@@ -237,7 +237,6 @@ def _record(state: EngineState, log: list, entry: LogEntry, observe: bool = True
     """Log a decision; with `observe`, fill in its observed effect from the
     report OBSERVE_AFTER rounds later."""
     log.append(entry)
-    state.log.append(entry)
     if observe:
         state.pending.setdefault(entry.tenant, []).append([entry, OBSERVE_AFTER])
 
@@ -283,7 +282,6 @@ def _observed(state: EngineState, entry: LogEntry, tenant: str, r, rnd: int,
                    observed_before=entry.observed_before, observed=entry.observed,
                    observed_gain=entry.observed_gain, decided_round=entry.round)
     log.append(obs)
-    state.log.append(obs)
 
 
 def _fmt(v):

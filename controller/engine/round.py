@@ -9,8 +9,6 @@ can be tested on a Round built by hand.
 """
 from __future__ import annotations
 
-import copy
-
 import math
 from dataclasses import dataclass, field
 
@@ -53,9 +51,6 @@ class Round:
     b: np.ndarray = None
     spread: np.ndarray = None               # relative spread around the model
     m_spread: np.ndarray = None             # miss ratio above the curve's predictions
-    # False: a round that only predicts (engine/whatif.py): it reads the
-    # tenants' state and changes none of it
-    learn: bool = True
     # bank_curves: one bank row per (tenant, allowed policy with a curve)
     bank: CurveBank = None
     row_tenant: np.ndarray = None
@@ -100,7 +95,10 @@ class Round:
     target: np.ndarray = None
     x_lo: np.ndarray = None          # sizes after the SLO stage
     granted: np.ndarray = None
+    kept: np.ndarray = None          # the node's last division kept (reallocation_gain)
     # step_limits
+    target_wanted: np.ndarray = None  # the allocation's target, before a shrink waits
+    step: dict = None                # allocate.step_limit's figures per row
     new: np.ndarray = None
     # predict
     pred_target: np.ndarray = None
@@ -623,8 +621,7 @@ def _slo_feedback(R: Round, ctl) -> None:
     not that the size was short) and is past warm-up.  The extra moves by
     a stochastic-approximation step toward the size at which the SLO is
     missed in 1 - slo_target_share of the intervals: up on a miss, down a
-    little on each met interval, never below nothing.  A prediction
-    (what-if) reads the extra as it stands and judges nothing."""
+    little on each met interval, never below nothing."""
     step = ctl.slo_feedback_step
     rows = np.flatnonzero(R.feasible & R.has_slo & (R.slo > 0) & R.has_curve)
     for i in rows.tolist():
@@ -633,16 +630,15 @@ def _slo_feedback(R: Round, ctl) -> None:
         extra = st.slo_extra_pages
         held = st.slo_safe_pages is not None and \
             r.limit_bytes / PAGE_SIZE >= 0.99 * st.slo_safe_pages
-        if R.learn and step > 0 and held and st.rounds > ctl.warmup_intervals and \
+        if step > 0 and held and st.rounds > ctl.warmup_intervals and \
                 r.throughput is not None and math.isfinite(r.throughput):
             unit = step * float(R.mem_pages[R.node_of[i]])
             missed = r.throughput < R.slo[i]
             extra += unit * (ctl.slo_target_share if missed else ctl.slo_target_share - 1.0)
             extra = min(max(extra, 0.0), float(R.ub[i]))
         R.need_safe[i] = min(float(R.need_safe[i]) + extra, float(R.ub[i]))
-        if R.learn:
-            st.slo_extra_pages = extra
-            st.slo_safe_pages = float(R.need_safe[i])
+        st.slo_extra_pages = extra
+        st.slo_safe_pages = float(R.need_safe[i])
 
 
 def recent_curves(st: TenantState | None, report) -> list:
@@ -704,8 +700,6 @@ def _debounce_feasibility(R: Round, ctl) -> None:
     for i in np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve).tolist():
         st = R.tstates[i]
         now = bool(R.feasible[i])
-        if not R.learn:
-            st = copy.deepcopy(st)      # a prediction reads the verdict, changes nothing
         st.slo_history = (list(st.slo_history) + [now])[-SLO_HISTORY:]
         R.infeasible_share[i] = st.slo_history.count(False) / len(st.slo_history)
         if st.slo_feasible is None or now == st.slo_feasible:
@@ -754,8 +748,7 @@ def _hold_warming(R: Round, ctl) -> tuple[np.ndarray, np.ndarray]:
     for i, floor in zip(rows.tolist(), floor_of.tolist()):
         st = R.tstates[i]
         floors = (list(st.floors) + [floor])[-(FLOOR_ROUNDS + 1):]
-        if R.learn:
-            st.floors = floors
+        st.floors = floors
         # a tenant too new to have FLOOR_ROUNDS rounds behind it is warming
         # too, but only one whose floor was seen to fall grows
         seen = len(floors) > FLOOR_ROUNDS
@@ -817,9 +810,11 @@ def allocate_memory(R: Round, ctl) -> None:
         # the incumbent is last round's target, not the limits in force:
         # a move the step cut short goes on to where it was decided
         incumbent = np.where(R.prev_target > 0, R.prev_target, R.current)
-        R.target[cr], _ = allocate.keep_unless_better(
+        R.target[cr], kept = allocate.keep_unless_better(
             node_of[cr], budget, R.x_lo[cr], R.ub[cr], incumbent[cr], R.target[cr],
             pxs, pys, a_w, b_w, ctl.reallocation_gain)
+        R.kept = np.zeros(R.n, dtype=bool)
+        R.kept[cr] = kept[node_of[cr]]
 
 
 PHASE_HOLD_ROUNDS = 8   # the most rounds a new phase's limit is held
@@ -848,14 +843,12 @@ def _hold_new_phase(R: Round) -> list:
         if since is None:
             continue
         if st.rounds - since >= PHASE_HOLD_ROUNDS:
-            if R.learn:
-                st.phase_since = None
+            st.phase_since = None
             continue
         # the round that saw the change straddles both phases: not evidence
         predicted = watchdog.curve_at_held(r, R.current[i]) if st.rounds > since else None
         if predicted is not None and abs(predicted - r.miss_ratio) <= PHASE_CAUGHT_UP:
-            if R.learn:
-                st.phase_since = None
+            st.phase_since = None
             continue
         out[i] = (math.nan if predicted is None else predicted, float(r.miss_ratio))
     return out
@@ -865,9 +858,12 @@ def step_limits(R: Round, ctl) -> None:
     """Move limits toward the targets under the step limit and hysteresis,
     never below the safety bounds; a shrink only once it is confirmed
     (_confirm_shrinks)."""
+    R.target_wanted = R.target.copy()
     _confirm_shrinks(R, ctl)
+    R.step = {}
     new = allocate.step_limit(R.node_of, R.mem_pages, R.current, R.target, R.lb, R.ub,
-                              ctl.max_step_fraction, ctl.hysteresis)
+                              ctl.max_step_fraction, ctl.hysteresis, R.step)
+    R.step["stepped"] = new
     R.new = np.maximum(new, R.lb)
 
 

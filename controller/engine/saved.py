@@ -1,43 +1,58 @@
 """The engine's memory of a tenant as a plain record, and back.
 
-What a restarted controller must not forget about a tenant is what the
-reports cannot tell it again: the autopilot's streak, the watchdog's
-probation and holds (a policy held off stays held off), the last target
-and directive, the tenant's own round count (holds are counted in it),
-the curves' calibration (engine/calibrate.py: what a policy that ran
-missed is not seen again until it runs again), and the throughput
-model's observations (so the model need not be learnt again from the
-prior).  A record is JSON-able; the state store keeps one
-per tenant (controller/store.py).
+A record holds every field of TenantState (but its row number in the
+observations matrix, which is the process's own), the tenant's row of
+throughput-model observations as it lies in the ring, and its decisions
+still waiting for their observed effect: everything a round reads from
+one round to the next.  A controller restarted from these records decides
+exactly as one that kept running (tests/test_restart_equivalence.py).  A
+record is JSON-able; the state store keeps one per tenant
+(controller/store.py).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, fields
 
 import numpy as np
 
-from cachepilot.controller.engine.types import EngineState, Observations, TenantState
+from cachepilot.controller.engine.types import (CURVE_HISTORY, OBS_HISTORY, EngineState,
+                                                LogEntry, Observations, TenantState)
 from cachepilot.controller.engine.watchdog import Probation
+from cachepilot.models.mrc import MRC
 
-# TenantState fields a record carries as they are
-_PLAIN = ("node", "policy", "target_bytes", "limit_bytes", "streak", "streak_policy",
-          "streak_misses", "rounds", "held_until", "slo_feasible", "slo_disagree",
-          "slo_need_pages", "slo_history", "spread", "recent_targets", "pred_m",
-          "pred_policy", "pred_pages", "m_errors", "running", "calib", "calib_since",
-          "served", "slo_extra_pages", "slo_safe_pages", "ops_per_access", "phase_since",
-          "floors", "trial_done")
+RECORD_VERSION = 2
+# fields a record carries in a form of their own, and the one it leaves out
+_OWN = ("probation", "recent_curves", "recent_obs", "held_until", "slot")
+PLAIN = tuple(f.name for f in fields(TenantState) if f.name not in _OWN)
 
 
 def tenant_record(state: EngineState, name: str) -> dict:
     st = state.tenants[name]
-    rec = {k: getattr(st, k) for k in _PLAIN if hasattr(st, k)}
+    rec = {k: getattr(st, k) for k in PLAIN}
+    rec["version"] = RECORD_VERSION
+    rec["held_until"] = dict(st.held_until)
     rec["probation"] = asdict(st.probation) if st.probation is not None else None
+    rec["recent_curves"] = [[_curve(c) for c in curves] for curves in st.recent_curves]
+    rec["recent_obs"] = [list(o) for o in st.recent_obs]
     obs = state.obs
     if obs is not None and st.slot >= 0:
-        n = int(obs.count[st.slot])
-        rec["obs_m"] = obs.m[st.slot, :n].tolist()
-        rec["obs_y"] = obs.y[st.slot, :n].tolist()
+        rec["obs"] = {"m": obs.m[st.slot].tolist(), "y": obs.y[st.slot].tolist(),
+                      "count": int(obs.count[st.slot]), "next": int(obs.next[st.slot])}
+    rec["pending"] = [[asdict(e), int(w)] for e, w in state.pending.get(name, ())]
     return rec
+
+
+def _curve(c) -> dict:
+    return {"policy": c.policy, "method": c.method, "rate": float(c.rate),
+            "sizes": [int(s) for s in c.sizes], "miss_ratio": c.miss_ratio.tolist(),
+            "meta": c.meta or {}}
+
+
+def _mrc(d: dict) -> MRC:
+    return MRC.checked(np.asarray(d["sizes"], dtype=np.int64),
+                       np.asarray(d["miss_ratio"], dtype=np.float64), d["policy"],
+                       d["method"], float(d["rate"]), d.get("meta") or {})
 
 
 def restore(state: EngineState, records: dict[str, dict], rounds: int, window: int) -> None:
@@ -47,27 +62,43 @@ def restore(state: EngineState, records: dict[str, dict], rounds: int, window: i
     state.round = max(state.round, rounds)
     if state.obs is None:
         state.obs = Observations(window)
-    known = {f.name for f in fields(TenantState)}
     for name, rec in records.items():
         st = TenantState()
-        for k in _PLAIN:
-            if k in rec and k in known:
+        for k in PLAIN:
+            if k in rec:
                 setattr(st, k, rec[k])
         st.held_until = {str(p): int(r) for p, r in (rec.get("held_until") or {}).items()}
         pb = rec.get("probation")
         if pb:
-            st.probation = Probation(**{k: pb[k] for k in
-                                        ("new", "old", "since", "observed", "predicted_new",
-                                         "predicted_old", "throughput", "throughput_old",
-                                         "trial", "ref_miss", "ref_throughput", "ref_pages",
-                                         "running_reports")
-                                        if k in pb})
-        m = np.asarray(rec.get("obs_m") or [], dtype=np.float64)[-window:]
-        y = np.asarray(rec.get("obs_y") or [], dtype=np.float64)[-window:]
+            known = {f.name for f in fields(Probation)}
+            st.probation = Probation(**{k: v for k, v in pb.items() if k in known})
+        st.recent_curves = deque(([_mrc(c) for c in curves]
+                                  for curves in rec.get("recent_curves") or ()),
+                                 maxlen=CURVE_HISTORY)
+        st.recent_obs = deque((tuple(o) for o in rec.get("recent_obs") or ()),
+                              maxlen=OBS_HISTORY)
         st.slot = _slot(state, name)
-        if len(m) and len(m) == len(y):
-            state.obs.add_many(st.slot, m, y)
+        _restore_obs(state.obs, st.slot, rec)
         state.tenants[name] = st
+        pending = [[LogEntry(**e), int(w)] for e, w in rec.get("pending") or ()]
+        if pending:
+            state.pending[name] = pending
+        else:
+            state.pending.pop(name, None)
+
+
+def _restore_obs(obs: Observations, slot: int, rec: dict) -> None:
+    """The tenant's row as it lay in the ring (the fit sums it in that
+    order), or, from an older record, its points in order."""
+    row = rec.get("obs")
+    if row and len(row["m"]) == obs.window == len(row["y"]):
+        obs.m[slot], obs.y[slot] = row["m"], row["y"]
+        obs.count[slot], obs.next[slot] = row["count"], row["next"]
+        return
+    m = np.asarray(rec.get("obs_m") or [], dtype=np.float64)[-obs.window:]
+    y = np.asarray(rec.get("obs_y") or [], dtype=np.float64)[-obs.window:]
+    if len(m) and len(m) == len(y):
+        obs.add_many(slot, m, y)
 
 
 def _slot(state: EngineState, name: str) -> int:

@@ -1,8 +1,15 @@
-"""What the decision engine keeps between rounds and what one round returns."""
+"""What the decision engine keeps between rounds and what one round returns.
+
+A round never changes the state it is given: decide() forks it
+(EngineState.fork: the round's tenants copied, everyone else shared) and
+works on the fork, so what-if and replay call the same function and throw
+the new state away.
+"""
 from __future__ import annotations
 
+import copy
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -91,6 +98,27 @@ class TenantState:
     # ended); saved
     trial_done: bool = False
 
+    def copy(self) -> "TenantState":
+        """A copy that shares nothing a round changes (the reports' curves
+        in recent_curves are never changed, so they are shared)."""
+        new = copy.copy(self)
+        for name in _LISTS:
+            setattr(new, name, list(getattr(self, name)))
+        new.held_until = dict(self.held_until)
+        new.calib = {p: list(v) for p, v in self.calib.items()}
+        new.served = {p: list(v) for p, v in self.served.items()}
+        new.recent_curves = deque(self.recent_curves, maxlen=CURVE_HISTORY)
+        new.recent_obs = deque(self.recent_obs, maxlen=OBS_HISTORY)
+        if self.probation is not None:
+            pb = self.probation
+            new.probation = replace(pb, **{f.name: list(getattr(pb, f.name))
+                                           for f in fields(pb)
+                                           if isinstance(getattr(pb, f.name), list)})
+        return new
+
+
+_LISTS = ("slo_history", "floors", "recent_targets", "m_errors")
+
 
 @dataclass
 class LogEntry:
@@ -153,15 +181,28 @@ class TenantPlan:
 
 @dataclass
 class EngineState:
-    """Everything carried across rounds.  decide() updates it in place; a
-    fresh state after a controller restart is rebuilt from the reports
-    (limits and policies in force arrive in every report)."""
+    """Everything carried across rounds, and nothing else: the store keeps
+    all of it (engine/saved.py), so a restarted controller decides as one
+    that kept running."""
     round: int = 0
     tenants: dict[str, TenantState] = field(default_factory=dict)
-    log: deque = field(default_factory=lambda: deque(maxlen=10000))
     # tenant -> [LogEntry, reports still to wait] awaiting an observed effect
     pending: dict = field(default_factory=dict)
     obs: "Observations | None" = None
+
+    def fork(self, names) -> "EngineState":
+        """The state a round over the tenants `names` may change: those
+        tenants' records and pending entries copied, the rest shared."""
+        new = EngineState(self.round, dict(self.tenants), dict(self.pending),
+                          self.obs.copy() if self.obs is not None else None)
+        for n in names:
+            st = self.tenants.get(n)
+            if st is not None:
+                new.tenants[n] = st.copy()
+            items = self.pending.get(n)
+            if items is not None:
+                new.pending[n] = [[replace(e), w] for e, w in items]
+        return new
 
 
 class Observations:
@@ -177,6 +218,13 @@ class Observations:
         self.count = np.zeros(rows, dtype=np.int64)
         self.next = np.zeros(rows, dtype=np.int64)
         self.used = 0
+
+    def copy(self) -> "Observations":
+        new = Observations.__new__(Observations)
+        new.window, new.used = self.window, self.used
+        new.m, new.y = self.m.copy(), self.y.copy()
+        new.count, new.next = self.count.copy(), self.next.copy()
+        return new
 
     def new_slot(self) -> int:
         if self.used == len(self.count):
@@ -215,6 +263,7 @@ class Decision:
     notes: list[str]                           # reports ignored, overcommitted nodes
     state: EngineState
     _plans: object = field(default=None, repr=False, compare=False)
+    trace: object = field(default=None, repr=False, compare=False)   # engine/trace.py
 
     @property
     def plans(self) -> dict[str, TenantPlan]:

@@ -16,12 +16,11 @@ the mean, over the tenant's last CURVE_HISTORY reports that have the
 policy's curve, of that curve at the limit: a report's curve covers one
 interval, and a workload whose period is longer (a loop read half a pass
 per interval) misses in the long run what its intervals miss on average,
-not what the last one did.  The allocation itself reads the last curves,
-as a round does: it runs the round's own steps (engine/round.py) on a
-Round built here, without the steps that learn (fitting, the autopilot's
-streaks, the watchdog), so every tenant stays on the policy it runs.  The curves are read as they
-are, not shifted by their sampling error as the allocation's safety
-margin reads them: a prediction is the best estimate.
+not what the last one did.  The allocation is the round's own: decide()
+on the node's last reports at the memory asked about, its new state
+thrown away (a round never changes the state it is given).  The curves are
+read as they are, not shifted by their sampling error as the allocation's
+safety margin reads them: a prediction is the best estimate.
 """
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cachepilot.controller.engine import model
-from cachepilot.controller.engine.round import (allocate_memory, bank_curves, gather_rows,
-                                                recent_curves, size_bounds, size_slos)
+from cachepilot.controller.engine.round import recent_curves
 from cachepilot.controller.engine.types import EngineState, TenantState
 from cachepilot.models.mrc import PAGE_SIZE
 
@@ -110,32 +108,25 @@ def node_free(state: EngineState, config, node: str, reports, memory_bytes: int,
 
 def _allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
               advisory: bool) -> list[Prediction]:
-    ctl = config.control
-    specs = {t.name: t for t in config.tenants}
-    nodes = {n.name: n for n in config.nodes}
-    R = gather_rows(state, {node: reports}, specs, nodes, {node: memory_bytes},
-                    {node} if advisory else ())
-    R.learn = False
-    R.tstates = [state.tenants.get(spec.name) or TenantState() for _, spec, _ in R.rows]
-    R.spread = np.array([t.spread for t in R.tstates], dtype=np.float64)
-    ab = [_model(state, spec.name, spec, ctl) for _, spec, _ in R.rows]
-    R.a = np.array([x[0] for x in ab], dtype=np.float64)
-    R.b = np.array([x[1] for x in ab], dtype=np.float64)
-    bank_curves(R, ctl)
-    size_bounds(R, ctl)
-    R.alloc_row = np.where(np.array([not h for h in R.held], dtype=bool), R.run_row, -1)
-    R.has_curve = R.alloc_row >= 0
-    size_slos(R, ctl)
-    allocate_memory(R, ctl)
+    """The round itself (decide) on `node`'s last reports with the node's
+    memory at `memory_bytes`; its new state is thrown away."""
+    from cachepilot.controller.engine import decide
+    d, _ = decide(state, {node: reports}, config, node_memory={node: memory_bytes},
+                  advisory_nodes={node} if advisory else ())
+    by_name = {r.tenant: r for r in reports}
     out = []
-    for i, (_, spec, r) in enumerate(R.rows):
-        curve = next((c for c in r.curves if c.policy == r.policy), None)
+    # the allocation's own target (before a shrink waits for the next
+    # round to agree: a question is not asked twice)
+    for rec in d.trace.records():
+        r, spec = by_name[rec["tenant"]], config.tenant(rec["tenant"])
+        a, b, fitted = _model(state, spec.name, spec, config.control)
+        policy = rec["prediction"]["policy"]
+        target = rec["allocation"]["wanted_bytes"]
         # allocated as the round allocates; predicted on the curves as they
         # are, over the recent reports
-        mi = mean_miss(state.tenants.get(spec.name), r, r.policy, float(R.target[i])) \
-            if R.has_curve[i] and curve is not None else float(r.miss_ratio)
-        thr = float(model.throughput(R.a[i], R.b[i], mi))
-        out.append(Prediction(spec.name, node, r.policy, int(R.target[i]) * PAGE_SIZE, mi,
-                              thr, spec.slo.min_throughput if spec.slo else None,
-                              bool(ab[i][2])))
+        mi = mean_miss(state.tenants.get(spec.name), r, policy, target / PAGE_SIZE) \
+            if policy is not None else float(r.miss_ratio)
+        thr = float(model.throughput(a, b, mi))
+        out.append(Prediction(spec.name, node, policy or r.policy, int(target), mi, thr,
+                              spec.slo.min_throughput if spec.slo else None, bool(fitted)))
     return out
