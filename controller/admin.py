@@ -150,6 +150,22 @@ class AdminOps:
                         detail_json=json.dumps(e.detail, default=str) if e.detail else "")
             for e in entries])
 
+    def explain(self, tenant: str, rnd: int = 0) -> pb.ExplainReply:
+        """The trace record of `tenant` in round `rnd` (0: its latest)."""
+        with self.lock:
+            self._tenant(tenant)
+        record, first, last = self.store.read_trace(tenant, rnd)
+        if record is None:
+            if not last:
+                raise Refused(grpc.StatusCode.NOT_FOUND,
+                              f"tenant {tenant!r} has no decision round yet: none is traced "
+                              f"until its node reports")
+            raise Refused(grpc.StatusCode.NOT_FOUND,
+                          f"tenant {tenant!r}: round {rnd} is not kept (rounds "
+                          f"{first}-{last} are)")
+        return pb.ExplainReply(record_json=json.dumps(record), round=record["round"],
+                               first_round=first, last_round=last)
+
     def what_if(self, request: pb.WhatIfRequest) -> pb.WhatIfReply:
         if bool(request.tenant) == bool(request.node):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT,

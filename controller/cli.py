@@ -14,6 +14,8 @@ def register(subparsers):
     p = subparsers.add_parser("controller", help="run the controller's gRPC service")
     p.add_argument("--config", required=True)
     p.add_argument("--listen", help="address to listen on (default: the config's)")
+    p.add_argument("--record", metavar="DIR",
+                   help="keep a recording of every round in DIR, for `cachepilot replay`")
     p.add_argument("--replica", metavar="NAME",
                    help="with an etcd store: this replica's name among the others, its "
                         "own (default: the config's controller.replica, else the "
@@ -54,6 +56,11 @@ def register(subparsers):
                    help="entries since: a duration ago (90s, 15m, 2h, 1d), a date and time "
                         "(2025-01-31T12:00, local time unless it names a zone) or unix seconds")
     s.add_argument("--limit", type=int, default=30, help="at most this many (30)")
+    s = sub.add_parser("explain", help="why a tenant got its limit and policy in a round: "
+                       "the rule and figures that set each, the alternatives, the prediction")
+    s.add_argument("tenant")
+    s.add_argument("--round", type=int, default=0, dest="round_",
+                   help="this decision round (default: the tenant's latest)")
     s = sub.add_parser("what-if", help="a tenant at another limit or policy, or what a "
                        "node's tenants lose if it gives up memory (nothing changes)")
     s.add_argument("tenant", nargs="?", default="")
@@ -72,7 +79,7 @@ def cmd_controller(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     cfg = load_config(args.config)
     _replica_flags(cfg.controller, args)
-    served = serve(cfg, listen=args.listen)
+    served = serve(cfg, listen=args.listen, record=args.record)
     spec = cfg.controller
     how = "plaintext" if spec.insecure else \
         "mutual TLS: a certificate per node" if spec.mutual_tls else "TLS and a token"
@@ -139,7 +146,9 @@ def cmd_admin(args) -> int:
         raise UserError(f"{target}: {err.code().name.lower()}: {err.details()}") from None
     finally:
         channel.close()
-    if args.json:
+    if args.json and args.admin_command == "explain":
+        print(json.dumps(json.loads(reply.record_json), indent=1))
+    elif args.json:
         print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True,
                                        always_print_fields_with_no_presence=True), indent=1))
     else:
@@ -165,6 +174,10 @@ def _admin_request(args):
             raise UserError("set-mode default: only a tenant follows a default (give --tenant)")
         return "SetMode", pb.SetModeRequest(tenant=args.tenant,
                                             mode="" if args.mode == "default" else args.mode)
+    if action == "explain":
+        if args.round_ < 0:
+            raise UserError(f"--round {args.round_}: expected a round number (1 or more)")
+        return "Explain", pb.ExplainRequest(tenant=args.tenant, round=args.round_)
     if action == "log":
         return "DecisionLog", pb.DecisionLogRequest(limit=max(0, args.limit),
                                                     tenant=args.tenant,
@@ -238,6 +251,10 @@ def _print_admin(action, reply):
         print(f"{reply.tenant or 'controller'}: mode {reply.previous} -> {reply.current}")
     elif action == "what-if":
         _print_what_if(reply)
+    elif action == "explain":
+        from cachepilot.controller.engine.trace import explain
+        print(explain(json.loads(reply.record_json)))
+        print(f"  (rounds {reply.first_round}-{reply.last_round} are kept: --round N)")
     else:
         for e in reply.entries:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))

@@ -23,6 +23,8 @@ Every error names the file, the key path and what was expected, e.g.
 """
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -218,6 +220,9 @@ class ControllerSpec(Strict):
     # API, the decision log, node registrations and last directives,
     # autopilot holds.  Default: beside the config file, <name>.state.db.
     state_path: FilePath | None = None
+    # Decision rounds whose per-tenant traces (`cachepilot admin explain`)
+    # the store keeps; default: a day of control intervals.
+    trace_rounds: int | None = Field(None, ge=1)
     # Where that store lives: "sqlite" (the embedded default, at
     # state_path) or an etcd: etcd://host:port[/prefix] (prefix default
     # /cachepilot; controller/store_etcd.py), for a controller whose state
@@ -501,6 +506,10 @@ class Config(Strict):
 
     def prior_for(self, tenant: TenantSpec) -> ModelPrior:
         return tenant.model or self.control.prior
+
+    def trace_rounds(self) -> int:
+        """Rounds of traces kept: controller.trace_rounds, or a day of intervals."""
+        return self.controller.trace_rounds or max(1, math.ceil(86400 / self.control.interval_s))
 
 
 # -- loading -------------------------------------------------------------------

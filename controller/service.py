@@ -92,10 +92,12 @@ class Engine:
     `recommend` names its tenants in recommend mode.  decide() returns
     (directives for that node, predicted SLO violations, log entries)."""
 
-    def __init__(self):
+    def __init__(self, recorder=None):
         self._engine = engine
         self.state = engine.EngineState()
         self.last_targets: dict[str, int] = {}
+        self.recorder = recorder        # controller/recording.py, or None
+        self.traces: dict[str, list[dict]] = {}   # node -> its last round's trace records
 
     def decide(self, node: str, reports: list[TenantReport], config, advisory: bool = False,
                recommend=()):
@@ -108,6 +110,12 @@ class Engine:
         returns for it (every violation and log entry names its node)."""
         d, self.state = self._engine.decide(self.state, reports, config,
                                             advisory_nodes=advisory, recommend=recommend)
+        if self.recorder is not None:
+            self.recorder.round(d.round, reports, config, advisory, recommend, None,
+                                d.directives)
+        self.traces = {n: [] for n in reports}
+        for rec in d.trace.records():
+            self.traces[rec["node"]].append(rec)
         out = {n: (list(d.directives.get(n, [])), [], []) for n in reports}
         for v in d.violations:
             if v.node in out:
@@ -118,6 +126,9 @@ class Engine:
         return out
 
     def restore(self, records: dict, rounds: int, config) -> None:
+        if self.recorder is not None:
+            self.recorder.config(config)
+            self.recorder.restore(records, rounds)
         engine_saved.restore(self.state, records, rounds, config.control.model_window)
 
     def records(self, tenants) -> dict[str, dict]:
@@ -413,6 +424,9 @@ class Controller(AdminOps):
             for e in entries:
                 self._note_engine(node_id, e)
             self._save_round(node_id, directives, advice)
+            traces = getattr(self.engine, "traces", {}).get(node_id)
+            if traces:
+                self.store.put_traces(self.rounds, traces, self.config.trace_rounds())
             if self.fleet is not None and every and (rec.reports - 1) % every == 0:
                 self._publish_demands(rec, reports)
             it.finish(result=(sent, self.rounds, refusals))
@@ -753,6 +767,9 @@ class AdminServicer(pb_grpc.AdminServicer):
         return _guard(self.c, context, fn,
                       (lambda: auth.require_admin(context)) if self.mutual else None)
 
+    def Explain(self, request, context):
+        return self._call(context, lambda: self.c.explain(request.tenant, request.round))
+
     def Status(self, request, context):
         return self._call(context, self.c.status)
 
@@ -791,6 +808,9 @@ class Served:
             self.controller.fleet.stop()
         self.server.stop(grace).wait()
         self.controller.close()
+        recorder = getattr(self.controller.engine, "recorder", None)
+        if recorder is not None:
+            recorder.close()
 
 
 def _read(path, what):
@@ -867,13 +887,21 @@ def plan_loop(controller, stop: threading.Event, every: float) -> None:
 
 
 def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
-          watch_lost: bool = True, store: StateStore | None = None) -> Served:
+          watch_lost: bool = True, store: StateStore | None = None,
+          record: str | None = None) -> Served:
     """Start the controller's gRPC server (and its metrics endpoint when the
     config names a port).  `listen` overrides config.controller.listen;
     port 0 picks a free one (see Served.port).  watch_lost=False leaves out
     the wall-clock lost-node watch, for nodes stepped on a virtual clock.
-    `store`: the state store (default: the config's, controller/store.py)."""
+    `store`: the state store (default: the config's, controller/store.py).
+    `record`: a folder to keep a recording of every round in
+    (controller/recording.py)."""
     keep_freed_memory()
+    if record is not None:
+        from cachepilot.controller.recording import Recorder
+        if engine is not None:
+            raise ValueError("serve: record goes with the default engine")
+        engine = Engine(recorder=Recorder(record))
     spec = config.controller
     address = listen or spec.listen
     _check_advertised(spec, address)

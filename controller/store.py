@@ -33,6 +33,8 @@ import json
 import sqlite3
 import threading
 import time
+import zlib
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -42,6 +44,7 @@ from cachepilot.core.errors import UserError
 # Log entries kept; older ones are pruned every PRUNE_EVERY appends.
 LOG_KEEP = 200_000
 PRUNE_EVERY = 5_000
+TRACE_PRUNE_EVERY = 100     # rounds between prunings of old trace records
 
 
 @dataclass
@@ -104,13 +107,60 @@ class StateStore(Protocol):
         """Newest first: entries at or after `since` (unix seconds), of
         `tenant` when given, at most `limit`."""
 
+    def put_traces(self, rnd: int, records: list[dict], keep: int) -> None:
+        """One round's trace records (engine/trace.py), each naming its
+        tenant; records older than `keep` rounds go."""
+
+    def read_trace(self, tenant: str, rnd: int = 0) -> tuple[dict | None, int, int]:
+        """(the tenant's record of round `rnd`, or of its latest round for
+        0; the first and last rounds kept for it), None and 0s if none."""
+
     def close(self) -> None:
         ...
 
 
+def pack_trace(record: dict) -> bytes:
+    """A trace record as stored: JSON, zlib-compressed (a tenant-round is
+    two kilobytes of JSON and a day of them is kept)."""
+    return zlib.compress(json.dumps(record, separators=(",", ":")).encode(), 6)
+
+
+def unpack_trace(blob: bytes) -> dict:
+    return json.loads(zlib.decompress(blob))
+
+
+class MemoryTraces:
+    """Trace records kept in this process, per tenant in round order: the
+    in-memory store's, and an etcd store's (a day of every tenant's
+    records is not what etcd is for; a replica keeps those it decided)."""
+
+    def _traces(self) -> dict:
+        if not hasattr(self, "_trace_rings"):
+            self._trace_rings, self._trace_lock = {}, threading.Lock()
+        return self._trace_rings
+
+    def put_traces(self, rnd, records, keep):
+        rings = self._traces()
+        with self._trace_lock:
+            for rec in records:
+                ring = rings.setdefault(rec["tenant"], deque())
+                ring.append((int(rec["round"]), pack_trace(rec)))
+                while ring and ring[0][0] <= rnd - keep:
+                    ring.popleft()
+
+    def read_trace(self, tenant, rnd=0):
+        rings = self._traces()
+        with self._trace_lock:
+            ring = list(rings.get(tenant, ()))
+        if not ring:
+            return None, 0, 0
+        found = ring[-1] if not rnd else next((x for x in ring if x[0] == rnd), None)
+        return (unpack_trace(found[1]) if found else None), ring[0][0], ring[-1][0]
+
+
 # -- in memory -----------------------------------------------------------------------
 
-class MemoryStore:
+class MemoryStore(MemoryTraces):
     """The same calls, kept in this process only."""
 
     def __init__(self):
@@ -178,6 +228,9 @@ CREATE TABLE IF NOT EXISTS log (id INTEGER PRIMARY KEY AUTOINCREMENT, round INTE
                                 time REAL NOT NULL, node TEXT NOT NULL, tenant TEXT NOT NULL,
                                 kind TEXT NOT NULL, message TEXT NOT NULL, detail TEXT);
 CREATE INDEX IF NOT EXISTS log_time ON log (time);
+CREATE TABLE IF NOT EXISTS trace (tenant TEXT NOT NULL, round INTEGER NOT NULL,
+                                  record BLOB NOT NULL, PRIMARY KEY (tenant, round));
+CREATE INDEX IF NOT EXISTS trace_round ON trace (round);
 CREATE INDEX IF NOT EXISTS log_tenant ON log (tenant, id);
 """
 SCHEMA_VERSION = "1"
@@ -292,6 +345,25 @@ class SQLiteStore:
     def append_log(self, log):
         if log:
             self._write(lambda db: self._insert_log(db, log))
+
+    def put_traces(self, rnd, records, keep):
+        rows = [(r["tenant"], int(r["round"]), pack_trace(r)) for r in records]
+
+        def write(db):
+            db.executemany("INSERT OR REPLACE INTO trace VALUES (?, ?, ?)", rows)
+            if rnd % TRACE_PRUNE_EVERY == 0:
+                db.execute("DELETE FROM trace WHERE round <= ?", (rnd - keep,))
+        self._write(write)
+
+    def read_trace(self, tenant, rnd=0):
+        with self._lock:
+            first, last = self.db.execute("SELECT MIN(round), MAX(round) FROM trace "
+                                          "WHERE tenant = ?", (tenant,)).fetchone()
+            if first is None:
+                return None, 0, 0
+            row = self.db.execute("SELECT record FROM trace WHERE tenant = ? AND round = ?",
+                                  (tenant, rnd or last)).fetchone()
+        return (unpack_trace(row[0]) if row else None), first, last
 
     def _insert_log(self, db, log):
         db.executemany("INSERT INTO log (round, time, node, tenant, kind, message, detail) "

@@ -53,7 +53,7 @@ from dataclasses import asdict
 from urllib.parse import quote, unquote
 
 from cachepilot.controller.etcd import TIMEOUT_S, Etcd, StoreUnavailable, put_op
-from cachepilot.controller.store import (LOG_KEEP, PRUNE_EVERY, LogRecord, Saved,
+from cachepilot.controller.store import (LOG_KEEP, PRUNE_EVERY, LogRecord, MemoryTraces, Saved,
                                          SavedDirective)
 from cachepilot.core.errors import UserError
 
@@ -81,7 +81,7 @@ def _b64_len(text: str) -> int:
     return (len(text.encode()) + 2) // 3 * 4
 
 
-class EtcdStore:
+class EtcdStore(MemoryTraces):
     """StateStore on etcd, resilient to etcd going away (module docstring)."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT_S, log_keep: int = LOG_KEEP,

@@ -184,6 +184,11 @@ class AdminStub:
                 request_serializer=cachepilot__pb2.SetModeRequest.SerializeToString,
                 response_deserializer=cachepilot__pb2.ModeReply.FromString,
                 _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/cachepilot.v1.Admin/Explain',
+                request_serializer=cachepilot__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=cachepilot__pb2.ExplainReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -231,6 +236,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Explain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -268,6 +279,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SetMode,
                     request_deserializer=cachepilot__pb2.SetModeRequest.FromString,
                     response_serializer=cachepilot__pb2.ModeReply.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=cachepilot__pb2.ExplainRequest.FromString,
+                    response_serializer=cachepilot__pb2.ExplainReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -459,6 +475,33 @@ class Admin:
             '/cachepilot.v1.Admin/SetMode',
             cachepilot__pb2.SetModeRequest.SerializeToString,
             cachepilot__pb2.ModeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cachepilot.v1.Admin/Explain',
+            cachepilot__pb2.ExplainRequest.SerializeToString,
+            cachepilot__pb2.ExplainReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,7 @@ COMMAND_MODULES = {
     "cachepilot.controller.cli": ("controller", "admin"),
     "cachepilot.run": ("run",),
     "cachepilot.controller.plan_cli": ("plan",),
+    "cachepilot.controller.replay": ("replay",),
     "cachepilot.doctor": ("doctor",),
     "cachepilot.certs": ("certs",),
 }

@@ -44,6 +44,9 @@ def register(subparsers):
     p.add_argument("--no-plots", action="store_true", help="write no plots")
     p.add_argument("--no-live", action="store_true", help="no live table (headless)")
     p.add_argument("--seed", type=int, help="override the nodes' seeds")
+    p.add_argument("--record", metavar="DIR",
+                   help="keep a recording of the controller's rounds in DIR, for "
+                        "`cachepilot replay`")
     p.set_defaults(func=cmd_run)
 
 
@@ -62,14 +65,15 @@ def cmd_run(args) -> int:
         raise UserError(f"--plots {plots}: not a folder")
     intervals = DEFAULT_INTERVALS if args.intervals is None else args.intervals
     run_command(cfg, intervals=intervals, json_out=args.json_out,
-                plots=plots, live=not args.no_live, seed=args.seed)
+                plots=plots, live=not args.no_live, seed=args.seed, record=args.record)
     return 0
 
 
 # -- the two runs ------------------------------------------------------------------
 def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None,
-                  engine=None):
-    """Controller + sim nodes over loopback gRPC.  Returns per-tenant history."""
+                  engine=None, record: str | None = None):
+    """Controller + sim nodes over loopback gRPC.  Returns per-tenant history.
+    `record`: a folder for a recording of the controller's rounds."""
     run_cfg = cfg.model_copy(deep=True)
     spec = run_cfg.controller
     root = spec.client_root_cert()
@@ -79,7 +83,7 @@ def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None
     # A run keeps its state in memory unless the config names a state path.
     store = SQLiteStore(spec.state_path) if spec.state_path is not None else MemoryStore()
     served = serve(run_cfg, listen="127.0.0.1:0", engine=engine, watch_lost=False,
-                   store=store)
+                   store=store, record=record)
     target = f"{'localhost' if root else '127.0.0.1'}:{served.port}"
     clients = {}
     try:
@@ -296,7 +300,7 @@ def _check_writable(folder: Path, option: str, given) -> None:
 
 
 def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, live=True,
-                seed=None, console=None) -> dict:
+                seed=None, console=None, record=None) -> dict:
     from rich.console import Console
     console = console or Console()
     if not console.is_terminal:
@@ -311,6 +315,8 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
             raise UserError(f"--json {json_out}: is a directory; give a file name")
     if plots:
         _check_writable(Path(plots), "--plots", plots)
+    if record:
+        _check_writable(Path(record), "--record", record)
     if cfg.controller.insecure:
         console.print("[yellow]note:[/] the embedded controller serves plaintext gRPC on "
                       "127.0.0.1 only (config says insecure: true)")
@@ -326,7 +332,8 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
             live_ctx.update(tenant_table(cfg, history, f"interval {i + 1}/{intervals}  "
                                          f"(decision rounds: {controller.rounds})"))
     try:
-        auto_hist, decisions, controller = run_autopilot(cfg, intervals, seed, on_interval)
+        auto_hist, decisions, controller = run_autopilot(cfg, intervals, seed, on_interval,
+                                                         record=record)
     finally:
         if live_ctx is not None:
             live_ctx.stop()
@@ -350,4 +357,7 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
             raise UserError(f"--plots {plots}: cannot write: {err.strerror}") from None
         for p in written:
             console.print(f"wrote {p}")
+    if record:
+        console.print(f"recorded the controller's rounds in {record} "
+                      f"(cachepilot replay {record})")
     return result

@@ -26,7 +26,7 @@ class RoundTrace:
 
     def __init__(self, R, decision, ctl):
         self.R, self.number = R, R.number
-        self.hysteresis = ctl.hysteresis
+        self.ctl = ctl
         self.limits = {d.tenant: d.limit_bytes for ds in decision.directives.values()
                        for d in ds}
 
@@ -39,7 +39,7 @@ class RoundTrace:
         if not R.n:
             return []
         cols = _Cols(R)
-        return [_record(R, cols, i, self.limits.get(R.rows[i][1].name))
+        return [_record(R, cols, i, self.limits.get(R.rows[i][1].name), self.ctl)
                 for i in range(R.n)]
 
 
@@ -77,7 +77,7 @@ def _bytes(pages):
     return None if pages is None or not math.isfinite(pages) else int(round(pages * PAGE_SIZE))
 
 
-def _record(R, c: _Cols, i: int, limit_b: int | None) -> dict:
+def _record(R, c: _Cols, i: int, limit_b: int | None, ctl) -> dict:
     ni, spec, r = R.rows[i]
     st = R.tstates[i]
     mine = R.row_of[i] if i < len(R.row_of) else {}
@@ -89,8 +89,9 @@ def _record(R, c: _Cols, i: int, limit_b: int | None) -> dict:
         "bounds": {"node_bytes": _bytes(c.mem_pages[ni]), "floor_bytes": _bytes(c.lb[i]),
                    "ceiling_bytes": _bytes(c.ub[i]), "equal_bytes": _bytes(c.equal[i]),
                    "in_force_bytes": _bytes(c.current[i]),
-                   "scored_at_bytes": _bytes(min(c.ref[i], c.ub[i]))},
-        "policy": _policy(R, c, i, mine),
+                   "scored_at_bytes": _bytes(min(c.ref[i], c.ub[i])),
+                   "hysteresis_bytes": _bytes(ctl.hysteresis * c.mem_pages[ni])},
+        "policy": _policy(R, c, i, mine, ctl),
         "slo": _slo(R, c, i, spec, mine),
         "allocation": _allocation(R, c, i),
         "step": _step(c, i),
@@ -118,7 +119,7 @@ def _digest(curve) -> str:
     return f"{zlib.crc32(np.ascontiguousarray(curve.miss_ratio).tobytes(), h):08x}"
 
 
-def _policy(R, c: _Cols, i: int, mine: dict) -> dict:
+def _policy(R, c: _Cols, i: int, mine: dict, ctl) -> dict:
     ch, r = R.choices[i], R.rows[i][2]
     verdict = R.verdicts[i] if i < len(R.verdicts) else None
     if R.held[i]:
@@ -133,6 +134,8 @@ def _policy(R, c: _Cols, i: int, mine: dict) -> dict:
     return {
         "running": r.policy, "chosen": ch.policy, "rule": rule, "reason": ch.reason,
         "best": ch.best, "gain": _num(ch.gain), "trial": bool(ch.trial),
+        "threshold": ctl.autopilot_threshold, "rounds_needed": ctl.autopilot_k,
+        "streak": {"policy": st.streak_policy, "rounds": st.streak},
         "advisory": bool(R.advisory[R.rows[i][0]] or R.recommend[i]),
         "allowed": list(R.allowed_of[i]) if i < len(R.allowed_of) else [],
         "held_off": {p: int(u) for p, u in st.held_until.items() if u > st.rounds},
@@ -205,7 +208,7 @@ def _limit_rule(R, c: _Cols, i: int) -> str:
         return "no-curve"
     new, cur = c.new[i], c.current[i]
     if new == cur:
-        return "hysteresis" if c.step and c.step["settled"][i] else "in-force"
+        return "in-force" if abs(c.target[i] - cur) < 1.0 else "hysteresis"
     if c.step and new > c.step["stepped"][i]:
         return "floor"
     return "target" if abs(new - c.target[i]) < 1.0 else "step"
@@ -284,7 +287,7 @@ def explain(rec: dict) -> str:
     figures = {"target": mib(alloc["target_bytes"]), "wanted": mib(alloc["wanted_bytes"]),
                "after_slos": mib(alloc["after_slos_bytes"]), "floor": mib(b["floor_bytes"]),
                "ceiling": mib(b["ceiling_bytes"]), "cur": mib(b["in_force_bytes"]),
-               "hyst": "?", "scale": (step or {}).get("scale") or 0.0,
+               "hyst": mib(b["hysteresis_bytes"]), "scale": (step or {}).get("scale") or 0.0,
                "why": inp["held_reason"],
                "extra": mib((alloc["target_bytes"] or 0) - (alloc["after_slos_bytes"] or 0)),
                "need": mib(slo["need_bytes"]) if slo else "?",
@@ -329,4 +332,8 @@ def _policy_lines(pol: dict, b: dict) -> list[str]:
             off = " held off" if p in pol["held_off"] else ""
             parts.append(f"{p} {rate(v)}{rel}{off}")
         out.append(f"  scored at {mib(b['scored_at_bytes'])}: " + "; ".join(parts))
+        out.append(f"  a challenger must lead by {pol['threshold']:.0%} for "
+                   f"{pol['rounds_needed']} rounds to be switched to"
+                   + (f" (streak: {pol['streak']['policy']}, {pol['streak']['rounds']} "
+                      f"round(s))" if pol["streak"]["policy"] else ""))
     return out
