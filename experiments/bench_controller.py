@@ -12,6 +12,8 @@ not one idle repetition.
 
 Timed side by side, same inputs:
   * `decide` over all 100 nodes in one call (a whole round);
+  * the same round with every tenant's trace record built, against the
+    round alone, from the same state (a round is pure; at most 1.2x);
   * `decide` called once per node (how the gRPC service calls it, as each
     node's report arrives), summed over the 100 nodes;
   * the whole round at 100, 1,000 and 2,000 tenants (scaling).
@@ -36,6 +38,7 @@ from cachepilot.controller.engine.synthetic import random_tenant
 POLICIES = ["linux", "lru", "mru", "s3fifo", "lfu"]
 NODE_BYTES = 64 << 30
 TARGET_MS = 100.0
+TRACE_MAX = 1.2         # a traced round at most this many times an untraced one
 HOLPACA_MS_32 = 430.0
 
 
@@ -129,6 +132,33 @@ def time_rounds(nodes, per_node, rounds, seed, points, per_node_calls=False):
             "aggregate_gain_vs_equal_split": loop.aggregate() / agg0}
 
 
+def time_traced(nodes, per_node, rounds, seed, points):
+    """The same closed-loop round timed twice from the same state (a round
+    is pure): decide() alone, and decide() with every tenant's trace record
+    built (engine/trace.py), alternating which goes first."""
+    cfg, synth = build(nodes, per_node, seed, points)
+    loop = ClosedLoop(cfg, synth)
+    state = engine.EngineState()
+    plain, traced, records = [], [], 0
+    for k in range(rounds):
+        reps = loop.reports()
+        for which in ((0, 1) if k % 2 == 0 else (1, 0)):
+            t0 = time.process_time()
+            d, new = engine.decide(state, reps, cfg)
+            if which:
+                records = len(d.trace.records())
+                traced.append(time.process_time() - t0)
+            else:
+                plain.append(time.process_time() - t0)
+        state = new
+        loop.apply(d)
+    p, t = statistics.median(plain) * 1000, statistics.median(traced) * 1000
+    return {"tenants": nodes * per_node, "rounds": rounds, "records_per_round": records,
+            "plain_cpu_ms": [x * 1000 for x in plain],
+            "traced_cpu_ms": [x * 1000 for x in traced],
+            "plain_median_ms": p, "traced_median_ms": t, "ratio": t / p}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=20)
@@ -142,6 +172,7 @@ def main(argv=None):
     load = Path("/proc/loadavg").read_text().split()[0] + f" on {os.cpu_count()} CPUs" + \
         (f", niceness {os.nice(0)}" if os.nice(0) else "")
     per_node = time_rounds(100, 10, args.rounds, args.seed, args.points, per_node_calls=True)
+    tracing = time_traced(100, 10, args.rounds, args.seed, args.points)
     scaling = [time_rounds(n, 10, max(5, args.rounds // 2), args.seed, args.points)
                for n in (10, 200)]
     scaling.insert(1, main_run)
@@ -168,6 +199,10 @@ def main(argv=None):
     print(f"  policy switches {main_run['policy_switches']}, aggregate modelled throughput "
           f"{main_run['aggregate_gain_vs_equal_split']:.2f}x the equal split after "
           f"{args.rounds} rounds")
+    print(f"  traced (every tenant's trace record built) against not, same state and "
+          f"reports: CPU median {tracing['traced_median_ms']:.1f} ms against "
+          f"{tracing['plain_median_ms']:.1f} ms: {tracing['ratio']:.3f}x "
+          f"({'within' if tracing['ratio'] <= TRACE_MAX else 'OVER'} {TRACE_MAX}x)")
     for s in scaling:
         print(f"  scaling: {s['tenants']:5d} tenants: median {s['median_ms']:.1f} ms "
               f"({s['median_ms'] / s['tenants'] * 1000:.1f} us/tenant)")
@@ -177,13 +212,15 @@ def main(argv=None):
     result = {"target_ms": TARGET_MS, "load_average": load,
               "holpaca_ms_32_instances": HOLPACA_MS_32,
               "met": med <= TARGET_MS, "met_cpu": cpu_med <= TARGET_MS,
-              "round": main_run, "per_node_calls": per_node, "scaling": scaling}
+              "round": main_run, "per_node_calls": per_node, "scaling": scaling,
+              "tracing": tracing, "trace_max_ratio": TRACE_MAX,
+              "trace_met": tracing["ratio"] <= TRACE_MAX}
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4))
         ax1.plot(range(1, len(main_run["ms"]) + 1), main_run["ms"], "o-", label="one call, all nodes")
         ax1.plot(range(1, len(main_run["cpu_ms"]) + 1), main_run["cpu_ms"], "^--",
                  label="one call, CPU time")
@@ -198,6 +235,13 @@ def main(argv=None):
         ax2.set_xlabel("tenants (10 per node)")
         ax2.set_ylabel("median ms per round")
         ax2.set_title("scaling")
+        ax3.plot(tracing["plain_cpu_ms"], "o-", label="decide()")
+        ax3.plot(tracing["traced_cpu_ms"], "s-",
+                 label=f"decide() + trace records ({tracing['ratio']:.2f}x)")
+        ax3.set_xlabel("round")
+        ax3.set_ylabel("CPU ms")
+        ax3.set_title("the trace's cost, 1,000 tenants")
+        ax3.legend()
         fig.tight_layout()
         fig.savefig(out.with_suffix(".png"), dpi=110)
     except Exception as err:        # the JSON is the result; the plot is a view

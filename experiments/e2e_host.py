@@ -40,7 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_lib import (MiB, RESULTS, exit_on_sigterm, host_workspace, measure,  # noqa: E402
-                     mean_after, met_fraction, plot, prepare, run_config, tenants)
+                     keep_recording, mean_after, met_fraction, plot, prepare, run_config,
+                     tenants)
 
 
 # the GET tenant asks for this much more than the equal split gave it, in
@@ -153,6 +154,10 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / ("e2e_host_quick.json" if args.quick else "e2e_host.json")
     out.write_text(json.dumps(result, indent=1))
+    kept = keep_recording(work, "limits_only", RESULTS,
+                          "e2e_host_quick" if args.quick else "e2e_host")
+    if kept is not None:
+        print(f"kept limits_only's recording (its last round) in {kept}")
     plot(result, out.with_suffix(".png"),
          f"e2e_host: limits only / equal split, normalised {normalised['limits_only']:.3f} "
          f"(sim {sim_norm:.3f})")

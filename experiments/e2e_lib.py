@@ -541,6 +541,23 @@ def reset_policies(ts, cg: Cgroups):
 
 # -- one run ------------------------------------------------------------------------
 
+def recording_of(work: Path, name: str) -> Path:
+    """Where configuration `name`'s controller keeps its recording."""
+    return work / f"{name}-recording"
+
+
+def keep_recording(work: Path, name: str, out: Path, prefix: str) -> Path | None:
+    """Configuration `name`'s last recording, copied beside the results as
+    <prefix>_<name>.recording/, so an engine change can be replayed against
+    it (`cachepilot replay`) without running again; None if there is none."""
+    src = recording_of(work, name)
+    if not (src / "recording.jsonl.zst").exists():
+        return None
+    dst = out / f"{prefix}_{name}.recording"
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    return dst
+
+
 @dataclass
 class Run:
     """The processes of one run: tenants (and their helpers), and where a
@@ -596,8 +613,10 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
                 old.unlink()
             (work / "controller.yaml").write_text(yaml.safe_dump(
                 controller_config(name, ts, cg, budget, interval, port, tls, slos)))
+            # every round on record, for `cachepilot replay` (keep_recording)
             ctl = subprocess.Popen([*CLI, "controller", "--config",
-                                    str(work / "controller.yaml")],
+                                    str(work / "controller.yaml"),
+                                    "--record", str(recording_of(work, name))],
                                    stdout=open(work / f"{name}-controller.log", "w"),
                                    stderr=subprocess.STDOUT, cwd=ROOT,
                                    preexec_fn=daemon_priority)

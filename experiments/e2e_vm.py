@@ -737,6 +737,10 @@ def main(argv=None) -> int:
          "e2e_vm: " + ", ".join(f"{c} {normalised[c]:.2f}" for c in CONFIGS) +
          " (normalised to default_equal)", phase_at=phase_at)
     report(result, ts)
+    for name in e2e_lib.CONTROLLED:
+        kept = e2e_lib.keep_recording(work, name, out, "e2e_vm")
+        if kept is not None:
+            print(f"kept {name}'s recording in {kept} (cachepilot replay {kept})")
     print(f"wrote {out / 'e2e_vm.json'} and {out / 'e2e_vm.png'} "
           f"({time.monotonic() - t_start:.0f} s)")
     return 0
