@@ -45,12 +45,15 @@ class Controller:
     """`cachepilot controller` as a process of its own."""
 
     def __init__(self, config: Path, record: Path):
+        log = record.with_suffix(".log")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cachepilot", "controller", "--config", str(config),
              "--record", str(record)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        line = self.proc.stdout.readline()
-        assert "controller listening" in line, line + self.proc.stdout.read()
+            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while "controller listening" not in log.read_text():
+            assert self.proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
