@@ -17,6 +17,7 @@ import time
 import grpc
 
 from cachepilot.controller.config import SLO
+from cachepilot.controller.engine import trace
 from cachepilot.controller.engine.whatif import WhatIfError
 from cachepilot.controller.registry import Refused
 from cachepilot.protocol import cachepilot_pb2 as pb
@@ -154,7 +155,12 @@ class AdminOps:
         """The trace record of `tenant` in round `rnd` (0: its latest)."""
         with self.lock:
             self._tenant(tenant)
-        record, first, last = self.store.read_trace(tenant, rnd)
+        blob, first, last = self.store.read_trace(tenant, rnd)
+        record = None
+        if blob is not None:
+            cols = trace.decode(blob)
+            i = trace.find(cols, tenant)
+            record = trace.record(cols, i) if i is not None else None
         if record is None:
             if not last:
                 raise Refused(grpc.StatusCode.NOT_FOUND,

@@ -97,7 +97,7 @@ class Engine:
         self.state = engine.EngineState()
         self.last_targets: dict[str, int] = {}
         self.recorder = recorder        # controller/recording.py, or None
-        self.traces: dict[str, list[dict]] = {}   # node -> its last round's trace records
+        self.last_trace = None          # the last round's trace (engine/trace.py)
 
     def decide(self, node: str, reports: list[TenantReport], config, advisory: bool = False,
                recommend=()):
@@ -113,9 +113,7 @@ class Engine:
         if self.recorder is not None:
             self.recorder.round(d.round, reports, config, advisory, recommend, None,
                                 d.directives)
-        self.traces = {n: [] for n in reports}
-        for rec in d.trace.records():
-            self.traces[rec["node"]].append(rec)
+        self.last_trace = d.trace
         out = {n: (list(d.directives.get(n, [])), [], []) for n in reports}
         for v in d.violations:
             if v.node in out:
@@ -411,6 +409,10 @@ class Controller(AdminOps):
         self.metrics.loop_latency.observe(took)
         self.latencies.append(took)
         self.rounds += 1
+        trace = getattr(self.engine, "last_trace", None)
+        if trace is not None:
+            self.store.put_trace(self.rounds, trace.tenants(), trace.encode(),
+                                 self.config.trace_rounds())
         every = self.config.control.plan_every_intervals
         for it, rec, reports, refusals in ready:
             node_id = it.node_id
@@ -424,9 +426,6 @@ class Controller(AdminOps):
             for e in entries:
                 self._note_engine(node_id, e)
             self._save_round(node_id, directives, advice)
-            traces = getattr(self.engine, "traces", {}).get(node_id)
-            if traces:
-                self.store.put_traces(self.rounds, traces, self.config.trace_rounds())
             if self.fleet is not None and every and (rec.reports - 1) % every == 0:
                 self._publish_demands(rec, reports)
             it.finish(result=(sent, self.rounds, refusals))

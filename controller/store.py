@@ -33,7 +33,6 @@ import json
 import sqlite3
 import threading
 import time
-import zlib
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -107,55 +106,51 @@ class StateStore(Protocol):
         """Newest first: entries at or after `since` (unix seconds), of
         `tenant` when given, at most `limit`."""
 
-    def put_traces(self, rnd: int, records: list[dict], keep: int) -> None:
-        """One round's trace records (engine/trace.py), each naming its
-        tenant; records older than `keep` rounds go."""
+    def put_trace(self, rnd: int, tenants: list[str], blob: bytes, keep: int) -> None:
+        """One round's trace (engine/trace.py encode()) of `tenants`;
+        rounds older than `keep` go."""
 
-    def read_trace(self, tenant: str, rnd: int = 0) -> tuple[dict | None, int, int]:
-        """(the tenant's record of round `rnd`, or of its latest round for
-        0; the first and last rounds kept for it), None and 0s if none."""
+    def read_trace(self, tenant: str, rnd: int = 0) -> tuple[bytes | None, int, int]:
+        """(the trace of round `rnd` that holds `tenant`, or of its latest
+        round for 0; the first and last rounds kept for it); (None, 0, 0)
+        where none is kept."""
 
     def close(self) -> None:
         ...
 
 
-def pack_trace(record: dict) -> bytes:
-    """A trace record as stored: JSON, zlib-compressed (a tenant-round is
-    two kilobytes of JSON and a day of them is kept)."""
-    return zlib.compress(json.dumps(record, separators=(",", ":")).encode(), 6)
-
-
-def unpack_trace(blob: bytes) -> dict:
-    return json.loads(zlib.decompress(blob))
-
-
 class MemoryTraces:
-    """Trace records kept in this process, per tenant in round order: the
-    in-memory store's, and an etcd store's (a day of every tenant's
-    records is not what etcd is for; a replica keeps those it decided)."""
+    """Traces kept in this process: the in-memory store's, and an etcd
+    store's (a day of every tenant's traces is not what etcd is for; a
+    replica keeps those of the rounds it decided)."""
 
-    def _traces(self) -> dict:
-        if not hasattr(self, "_trace_rings"):
-            self._trace_rings, self._trace_lock = {}, threading.Lock()
-        return self._trace_rings
+    def _traces(self):
+        if not hasattr(self, "_trace_rounds"):
+            self._trace_rounds, self._trace_of = {}, {}
+            self._trace_lock = threading.Lock()
+        return self._trace_rounds, self._trace_of
 
-    def put_traces(self, rnd, records, keep):
-        rings = self._traces()
+    def put_trace(self, rnd, tenants, blob, keep):
+        rounds, of = self._traces()
         with self._trace_lock:
-            for rec in records:
-                ring = rings.setdefault(rec["tenant"], deque())
-                ring.append((int(rec["round"]), pack_trace(rec)))
-                while ring and ring[0][0] <= rnd - keep:
+            rounds[rnd] = blob
+            for t in tenants:
+                of.setdefault(t, deque()).append(rnd)
+            while rounds and next(iter(rounds)) <= rnd - keep:    # oldest first
+                del rounds[next(iter(rounds))]
+            for t in tenants:
+                ring = of[t]
+                while ring and ring[0] not in rounds:
                     ring.popleft()
 
     def read_trace(self, tenant, rnd=0):
-        rings = self._traces()
+        rounds, of = self._traces()
         with self._trace_lock:
-            ring = list(rings.get(tenant, ()))
-        if not ring:
-            return None, 0, 0
-        found = ring[-1] if not rnd else next((x for x in ring if x[0] == rnd), None)
-        return (unpack_trace(found[1]) if found else None), ring[0][0], ring[-1][0]
+            ring = [r for r in of.get(tenant, ()) if r in rounds]
+            if not ring:
+                return None, 0, 0
+            want = rnd or ring[-1]
+            return (rounds[want] if want in ring else None), ring[0], ring[-1]
 
 
 # -- in memory -----------------------------------------------------------------------
@@ -228,9 +223,10 @@ CREATE TABLE IF NOT EXISTS log (id INTEGER PRIMARY KEY AUTOINCREMENT, round INTE
                                 time REAL NOT NULL, node TEXT NOT NULL, tenant TEXT NOT NULL,
                                 kind TEXT NOT NULL, message TEXT NOT NULL, detail TEXT);
 CREATE INDEX IF NOT EXISTS log_time ON log (time);
-CREATE TABLE IF NOT EXISTS trace (tenant TEXT NOT NULL, round INTEGER NOT NULL,
-                                  record BLOB NOT NULL, PRIMARY KEY (tenant, round));
-CREATE INDEX IF NOT EXISTS trace_round ON trace (round);
+CREATE TABLE IF NOT EXISTS trace (round INTEGER PRIMARY KEY, blob BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS trace_tenant (tenant TEXT NOT NULL, round INTEGER NOT NULL,
+                                         PRIMARY KEY (tenant, round));
+CREATE INDEX IF NOT EXISTS trace_tenant_round ON trace_tenant (round);
 CREATE INDEX IF NOT EXISTS log_tenant ON log (tenant, id);
 """
 SCHEMA_VERSION = "1"
@@ -346,24 +342,26 @@ class SQLiteStore:
         if log:
             self._write(lambda db: self._insert_log(db, log))
 
-    def put_traces(self, rnd, records, keep):
-        rows = [(r["tenant"], int(r["round"]), pack_trace(r)) for r in records]
-
+    def put_trace(self, rnd, tenants, blob, keep):
         def write(db):
-            db.executemany("INSERT OR REPLACE INTO trace VALUES (?, ?, ?)", rows)
+            db.execute("INSERT OR REPLACE INTO trace VALUES (?, ?)", (rnd, blob))
+            db.executemany("INSERT OR REPLACE INTO trace_tenant VALUES (?, ?)",
+                           [(t, rnd) for t in tenants])
             if rnd % TRACE_PRUNE_EVERY == 0:
                 db.execute("DELETE FROM trace WHERE round <= ?", (rnd - keep,))
+                db.execute("DELETE FROM trace_tenant WHERE round <= ?", (rnd - keep,))
         self._write(write)
 
     def read_trace(self, tenant, rnd=0):
         with self._lock:
-            first, last = self.db.execute("SELECT MIN(round), MAX(round) FROM trace "
+            first, last = self.db.execute("SELECT MIN(round), MAX(round) FROM trace_tenant "
                                           "WHERE tenant = ?", (tenant,)).fetchone()
             if first is None:
                 return None, 0, 0
-            row = self.db.execute("SELECT record FROM trace WHERE tenant = ? AND round = ?",
-                                  (tenant, rnd or last)).fetchone()
-        return (unpack_trace(row[0]) if row else None), first, last
+            row = self.db.execute(
+                "SELECT t.blob FROM trace t JOIN trace_tenant x ON x.round = t.round "
+                "WHERE x.tenant = ? AND x.round = ?", (tenant, rnd or last)).fetchone()
+        return (row[0] if row else None), first, last
 
     def _insert_log(self, db, log):
         db.executemany("INSERT INTO log (round, time, node, tenant, kind, message, detail) "

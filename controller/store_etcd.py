@@ -53,8 +53,8 @@ from dataclasses import asdict
 from urllib.parse import quote, unquote
 
 from cachepilot.controller.etcd import TIMEOUT_S, Etcd, StoreUnavailable, put_op
-from cachepilot.controller.store import (LOG_KEEP, PRUNE_EVERY, LogRecord, MemoryTraces, Saved,
-                                         SavedDirective)
+from cachepilot.controller.store import (LOG_KEEP, PRUNE_EVERY, LogRecord, MemoryTraces,
+                                         Saved, SavedDirective)
 from cachepilot.core.errors import UserError
 
 log = logging.getLogger("cachepilot.controller.store")

@@ -181,14 +181,15 @@ def test_admin_explain_says_when_nothing_is_traced(tmp_path, capsys):
 
 
 def test_traces_are_kept_for_trace_rounds(tmp_path):
-    rec = {"tenant": "t", "round": 0, "x": 1}
     for store, slack in ((MemoryStore(), 0), (SQLiteStore(tmp_path / "s.db"), 100)):
         for rnd in range(1, 251):
-            store.put_traces(rnd, [{**rec, "round": rnd}], keep=10)
-        got, first, last = store.read_trace("t")
-        assert got["round"] == last == 250
-        assert 240 - slack <= first <= 241
-        assert store.read_trace("t", 245)[0]["round"] == 245
+            store.put_trace(rnd, ["t", "u"] if rnd % 2 else ["u"], f"r{rnd}".encode(), keep=10)
+        blob, first, last = store.read_trace("t")
+        assert blob == b"r249" and last == 249
+        assert 239 - slack <= first <= 241
+        assert store.read_trace("t", 245)[0] == b"r245"
+        assert store.read_trace("t", 246)[0] is None        # t was not in that round
+        assert store.read_trace("u", 246)[0] == b"r246"
         assert store.read_trace("t", 5)[0] is None
         assert store.read_trace("other") == (None, 0, 0)
 

@@ -271,16 +271,17 @@ def _observe_effects(state: EngineState, rows, rnd: int, log: list) -> None:
 
 def _observed(state: EngineState, entry: LogEntry, tenant: str, r, rnd: int,
               log: list) -> None:
-    entry.observed = float(r.throughput)
-    if entry.observed_before:
-        entry.observed_gain = entry.observed / entry.observed_before - 1.0
+    """The observed effect of `entry`, as an entry of its own (a decision
+    already made is never changed)."""
+    observed = float(r.throughput)
+    gain = observed / entry.observed_before - 1.0 if entry.observed_before else None
     obs = LogEntry(rnd, entry.node, tenant, "observed", entry.before, entry.after,
                    f"{entry.kind} change of round {entry.round}: predicted "
-                   f"{_fmt(entry.predicted)}/s, observed {entry.observed:.4g}/s",
+                   f"{_fmt(entry.predicted)}/s, observed {observed:.4g}/s",
                    predicted=entry.predicted, predicted_before=entry.predicted_before,
                    predicted_gain=entry.predicted_gain,
-                   observed_before=entry.observed_before, observed=entry.observed,
-                   observed_gain=entry.observed_gain, decided_round=entry.round)
+                   observed_before=entry.observed_before, observed=observed,
+                   observed_gain=gain, decided_round=entry.round)
     log.append(obs)
 
 

@@ -50,6 +50,7 @@ class Round:
     a: np.ndarray = None
     b: np.ndarray = None
     spread: np.ndarray = None               # relative spread around the model
+    observed: dict = None                   # the reports' throughput, miss ratio, accesses
     m_spread: np.ndarray = None             # miss ratio above the curve's predictions
     # bank_curves: one bank row per (tenant, allowed policy with a curve)
     bank: CurveBank = None
@@ -184,6 +185,7 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     thr_obs = R.column(lambda s, r: math.nan if r.throughput is None else r.throughput)
     m_obs = R.column(lambda s, r: r.miss_ratio)
     acc = R.column(lambda s, r: r.accesses_per_s)
+    R.observed = {"throughput": thr_obs, "miss_ratio": m_obs, "accesses_per_s": acc}
     valid = (thr_obs > 0) & np.isfinite(thr_obs) & (m_obs >= 0) & (m_obs <= 1) & (acc > 0)
     _follow_phases(R, obs, np.where(valid, thr_obs / np.where(acc > 0, acc, 1.0), np.nan))
     obs.add(slots[valid], m_obs[valid], 1.0 / thr_obs[valid])

@@ -1,71 +1,207 @@
 """The round's trace: per tenant, what it read, what each step made of it,
 and which rule set the limit and the policy.
 
-RoundTrace keeps references to the round's arrays (no copying while the
-round runs) and builds one JSON-able record per tenant when asked
-(`records()`); `explain()` turns a record into the few lines an operator
-reads (`cachepilot admin explain`).  A record's step figures reproduce its
-directive's limit to the byte (see `limit_from_record`), so an
-explanation is the arithmetic that was done, not a story told after it.
+A round's trace is kept as columns -- the round's own arrays, one entry a
+tenant, and one a (tenant, policy) curve -- and packed as one compressed
+blob (`encode`): a thousand tenants' trace costs a few milliseconds, not
+a thousand nested records.  `record(columns, i)` builds tenant i's
+JSON-able record from them when one is asked for, and `explain()` turns a
+record into the few lines an operator reads (`cachepilot admin explain`).
+A record's step figures reproduce its directive's limit to the byte
+(`limit_from_record`): an explanation is the arithmetic that was done,
+not a story told after it.
 """
 from __future__ import annotations
 
+import base64
+import json
 import math
-import zlib
 
 import numpy as np
+import zstandard
 
 from cachepilot.models.mrc import PAGE_SIZE
 
 VERSION = 1
 MIB = 1 << 20
 
+# per-row arrays of the Round (engine/round.py) the trace keeps
+ROW_ARRAYS = ("limit_now", "equal", "ref", "lb", "ub", "current", "slo", "has_slo", "a", "b",
+              "spread", "m_spread", "has_curve", "alloc_row", "run_row", "target", "x_lo",
+              "granted", "new", "pred_target", "pred_new", "pred_old", "m_new", "feasible",
+              "feasible_now", "headroom", "need", "need_safe", "target_wanted", "kept",
+              "shrink_held")
+STEP_ARRAYS = ("base", "want", "scale", "stepped", "settled")
+
 
 class RoundTrace:
-    """One round's trace over its rows (engine/round.py Round)."""
+    """One round's trace (see the module doc)."""
 
     def __init__(self, R, decision, ctl):
-        self.R, self.number = R, R.number
-        self.ctl = ctl
-        self.limits = {d.tenant: d.limit_bytes for ds in decision.directives.values()
-                       for d in ds}
+        self.R, self.decision, self.ctl = R, decision, ctl
 
     def tenants(self) -> list[str]:
         return [spec.name for _, spec, _ in self.R.rows]
 
+    def columns(self) -> dict:
+        """The trace as columns: numbers as float arrays, the rest as lists."""
+        R, ctl = self.R, self.ctl
+        n, num = R.n, {}
+        for name in ROW_ARRAYS:
+            v = getattr(R, name, None)
+            num[name] = np.asarray(v, dtype=np.float64) if v is not None else np.full(n, np.nan)
+        for name in STEP_ARRAYS:
+            v = (R.step or {}).get(name)
+            num["step_" + name] = np.asarray(v, dtype=np.float64) if v is not None \
+                else np.full(n, np.nan)
+        num["node_pages"] = R.mem_pages[R.node_of] if n else np.zeros(0)
+        num["node"] = R.node_of.astype(np.float64)
+        num["r_limit_bytes"] = R.limit_now * PAGE_SIZE
+        for name, col in (R.observed or {}).items():
+            num["r_" + name] = col
+        for name, get in REPORT_NUMBERS.items():
+            num["r_" + name] = R.column(get)
+        sts = R.tstates
+        num["fitted"] = np.fromiter((t.fitted for t in sts), dtype=np.float64, count=n)
+        num["streak"] = np.fromiter((t.streak for t in sts), dtype=np.float64, count=n)
+        num["priority"] = R.column(lambda s, r: s.priority)
+        limits = {d.tenant: d.limit_bytes for ds in self.decision.directives.values()
+                  for d in ds}
+        hold = R.phase_hold or [None] * n
+        text = {
+            "tenant": self.tenants(),
+            "running": [r.policy for _, _, r in R.rows],
+            "held_reason": list(R.held),
+            "chosen": [c.policy for c in R.choices], "best": [c.best for c in R.choices],
+            "reason": [c.reason for c in R.choices],
+            "policy_rule": [_policy_rule(R, i) for i in range(n)],
+            "streak_policy": [t.streak_policy for t in sts],
+        }
+        obj = {
+            "limit_bytes": [limits.get(t) for t in text["tenant"]],
+            "gain": [_num(c.gain) for c in R.choices],
+            "trial": [bool(c.trial) for c in R.choices],
+            "allowed": R.allowed_of,
+            "held_off": [{p: u for p, u in t.held_until.items() if u > t.rounds}
+                         if t.held_until else {} for t in sts],
+            "phase_hold": [None if h is None else [_num(h[0]), _num(h[1])] for h in hold],
+            "advisory": [bool(R.advisory[R.rows[i][0]] or R.recommend[i]) for i in range(n)],
+        }
+        return {"version": VERSION, "round": R.number, "nodes": list(R.nodes),
+                "ctl": {"threshold": ctl.autopilot_threshold, "k": ctl.autopilot_k,
+                        "hysteresis": ctl.hysteresis},
+                "num": num, "text": text, "obj": obj, "bank": _bank(R)}
+
+    def encode(self) -> bytes:
+        """The columns as one zstd-compressed blob (decode() reads it)."""
+        cols = self.columns()
+        for part in ("num",):
+            cols[part] = {k: _pack(v) for k, v in cols[part].items()}
+        cols["bank"] = {k: _pack(v) if isinstance(v, np.ndarray) else v
+                        for k, v in cols["bank"].items()}
+        return _Z.compress(json.dumps(cols, separators=(",", ":")).encode())
+
     def records(self) -> list[dict]:
         """Every tenant's record, in row order."""
-        R = self.R
-        if not R.n:
-            return []
-        cols = _Cols(R)
-        return [_record(R, cols, i, self.limits.get(R.rows[i][1].name), self.ctl)
-                for i in range(R.n)]
+        cols = plain(self.columns())
+        mine: dict[int, list[int]] = {}
+        for k, row in enumerate(cols["bank"]["row"]):
+            mine.setdefault(int(row), []).append(k)
+        return [record(cols, i, mine.get(i, [])) for i in range(self.R.n)]
 
 
-class _Cols:
-    """The round's arrays as Python lists, read once for every record."""
+# report figures the round has no array of already (fit_models keeps the
+# observed miss ratio, throughput and accesses in R.observed)
+REPORT_NUMBERS = {
+    "anon_bytes": lambda s, r: r.usage_anon_bytes,
+    "file_bytes": lambda s, r: r.usage_file_bytes,
+    "cpu_per_s": lambda s, r: r.cpu_per_s,
+}
 
-    NAMES = ("limit_now", "equal", "ref", "lb", "ub", "current", "slo", "has_slo",
-             "a", "b", "spread", "m_spread", "has_curve", "alloc_row", "run_row",
-             "target", "x_lo", "granted", "new", "pred_target", "pred_new", "pred_old",
-             "m_new", "feasible", "feasible_now", "headroom", "need", "need_safe",
-             "target_wanted", "mem_pages", "node_of")
+_Z = zstandard.ZstdCompressor(level=1)
 
-    def __init__(self, R):
-        for name in self.NAMES:
-            v = getattr(R, name, None)
-            setattr(self, name, v.tolist() if v is not None else [None] * R.n)
-        n = R.bank.n if R.bank is not None else 0
-        self.score = R.score.tolist() if n else []
-        self.score_raw = R.score_raw.tolist() if n else []
-        self.need_rows = R.need_rows.tolist() if n and R.need_rows is not None else []
-        at = np.minimum(R.ref, R.ub)[R.row_tenant] if n else np.zeros(0)
-        self.m_scored = R.bank.miss_at(np.arange(n), at, raw=True).tolist() if n else []
-        self.kept = R.kept.tolist() if R.kept is not None else [False] * R.n
-        self.shrink = R.shrink_held.tolist() if R.shrink_held is not None else [False] * R.n
-        step = R.step or {}
-        self.step = {k: v.tolist() for k, v in step.items()}
+
+def _pack(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, dtype=np.float64).tobytes()).decode()
+
+
+def _unpack(text: str) -> list:
+    return np.frombuffer(base64.b64decode(text), dtype=np.float64).tolist()
+
+
+
+def decode(blob: bytes) -> dict:
+    """A blob from encode() as plain columns (lists), ready for record()."""
+    cols = json.loads(zstandard.ZstdDecompressor().decompress(blob))
+    if cols.get("version") != VERSION:
+        raise ValueError(f"a trace of version {cols.get('version')}; this reads {VERSION}")
+    cols["num"] = {k: _unpack(v) for k, v in cols["num"].items()}
+    cols["bank"] = {k: _unpack(v) if isinstance(v, str) else v
+                    for k, v in cols["bank"].items()}
+    return cols
+
+
+def plain(cols: dict) -> dict:
+    """columns() with the arrays as lists (what decode() gives)."""
+    out = dict(cols)
+    out["num"] = {k: v.tolist() for k, v in cols["num"].items()}
+    out["bank"] = {k: v.tolist() if isinstance(v, np.ndarray) else v
+                   for k, v in cols["bank"].items()}
+    return out
+
+
+def find(cols: dict, tenant: str) -> int | None:
+    try:
+        return cols["text"]["tenant"].index(tenant)
+    except ValueError:
+        return None
+
+
+def _bank(R) -> dict:
+    """Per (tenant, policy) curve the round read: its tenant's row, policy,
+    score, score without the doubt, miss ratio where scored, least size
+    meeting the SLO, and a fingerprint of its points."""
+    bank = R.bank
+    k = bank.n if bank is not None else 0
+    if not k:
+        return {"row": np.zeros(0), "policy": [], "score": np.zeros(0),
+                "score_raw": np.zeros(0), "m_scored": np.zeros(0), "need": np.zeros(0),
+                "points": np.zeros(0), "digest": np.zeros(0)}
+    at = np.minimum(R.ref, R.ub)[R.row_tenant]
+    return {"row": R.row_tenant.astype(np.float64), "policy": list(R.row_policy),
+            "score": R.score, "score_raw": R.score_raw,
+            "m_scored": bank.miss_at(np.arange(k), at, raw=True),
+            "need": R.need_rows if R.need_rows is not None else np.full(k, np.nan),
+            "points": (bank.lens - 1).astype(np.float64), "digest": _digests(bank)}
+
+
+def _digests(bank) -> np.ndarray:
+    """A fingerprint of each curve's points as the round read them (its
+    sizes and miss ratios weighed by a fixed sequence over its points), as
+    64 bits in a float's place: the same curve, the same digest, so a
+    replay can tell it read the same curve."""
+    pos = np.arange(len(bank.xs)) - bank.start[bank.cid]
+    w = (pos * 0.6180339887498949) % 1.0 + 0.5
+    fx = np.bincount(bank.cid, weights=bank.xs_raw * w, minlength=bank.n)
+    fy = np.bincount(bank.cid, weights=bank.ys * w, minlength=bank.n)
+    h = fx.view(np.uint64) ^ (fy.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    return h.view(np.float64)
+
+
+def _hex(digest: float) -> str:
+    return f"{np.float64(digest).view(np.uint64):016x}"
+
+
+def _policy_rule(R, i: int) -> str:
+    ch = R.choices[i]
+    verdict = R.verdicts[i] if i < len(R.verdicts) else None
+    if R.held[i]:
+        return "held"
+    if ch.switched and verdict is not None and not verdict.kept:
+        return "revert"
+    if ch.switched:
+        return "trial" if ch.trial else "switch"
+    return "keep"
 
 
 def _num(v):
@@ -77,149 +213,131 @@ def _bytes(pages):
     return None if pages is None or not math.isfinite(pages) else int(round(pages * PAGE_SIZE))
 
 
-def _record(R, c: _Cols, i: int, limit_b: int | None, ctl) -> dict:
-    ni, spec, r = R.rows[i]
-    st = R.tstates[i]
-    mine = R.row_of[i] if i < len(R.row_of) else {}
+# -- one tenant's record ---------------------------------------------------------
+def record(cols: dict, i: int, mine: list[int] | None = None) -> dict:
+    """Row i of plain columns (plain() or decode()) as a JSON-able record;
+    `mine`: its curves' entries in cols["bank"], where already known."""
+    v = {k: col[i] for k, col in cols["num"].items()}
+    t = {k: col[i] for k, col in cols["text"].items()}
+    o = {k: col[i] for k, col in cols["obj"].items()}
+    bank = cols["bank"]
+    if mine is None:
+        mine = [k for k, row in enumerate(bank["row"]) if row == i]
+    ctl = cols["ctl"]
     return {
-        "version": VERSION, "round": R.number, "node": R.nodes[ni], "tenant": spec.name,
-        "inputs": _inputs(r, c, i),
-        "model": {"a_s": c.a[i], "b_s": c.b[i], "fitted": bool(st.fitted),
-                  "spread": c.spread[i], "curve_error": c.m_spread[i]},
-        "bounds": {"node_bytes": _bytes(c.mem_pages[ni]), "floor_bytes": _bytes(c.lb[i]),
-                   "ceiling_bytes": _bytes(c.ub[i]), "equal_bytes": _bytes(c.equal[i]),
-                   "in_force_bytes": _bytes(c.current[i]),
-                   "scored_at_bytes": _bytes(min(c.ref[i], c.ub[i])),
-                   "hysteresis_bytes": _bytes(ctl.hysteresis * c.mem_pages[ni])},
-        "policy": _policy(R, c, i, mine, ctl),
-        "slo": _slo(R, c, i, spec, mine),
-        "allocation": _allocation(R, c, i),
-        "step": _step(c, i),
-        "limit": {"bytes": limit_b, "rule": _limit_rule(R, c, i)},
-        "prediction": _prediction(R, c, i),
+        "version": VERSION, "round": cols["round"], "node": cols["nodes"][int(v["node"])],
+        "tenant": t["tenant"],
+        "inputs": _inputs(v, t, o, bank, mine),
+        "model": {"a_s": v["a"], "b_s": v["b"], "fitted": bool(v["fitted"]),
+                  "spread": _num(v["spread"]), "curve_error": _num(v["m_spread"])},
+        "bounds": {"node_bytes": _bytes(v["node_pages"]), "floor_bytes": _bytes(v["lb"]),
+                   "ceiling_bytes": _bytes(v["ub"]), "equal_bytes": _bytes(v["equal"]),
+                   "in_force_bytes": _bytes(v["current"]),
+                   "scored_at_bytes": _bytes(min(v["ref"], v["ub"])),
+                   "hysteresis_bytes": _bytes(ctl["hysteresis"] * v["node_pages"])},
+        "policy": _policy(v, t, o, bank, mine, ctl),
+        "slo": _slo(v, bank, mine) if v["has_slo"] else None,
+        "allocation": _allocation(v, t, o),
+        "step": _step(v),
+        "limit": {"bytes": o["limit_bytes"], "rule": _limit_rule(v, t)},
+        "prediction": {"policy": bank["policy"][int(v["alloc_row"])]
+                       if v["alloc_row"] >= 0 else None,
+                       "miss_ratio": _num(v["m_new"]), "throughput": _num(v["pred_new"]),
+                       "throughput_at_target": _num(v["pred_target"]),
+                       "throughput_before": _num(v["pred_old"])},
     }
 
 
-def _inputs(r, c: _Cols, i: int) -> dict:
+def _inputs(v, t, o, bank, mine) -> dict:
     return {
-        "policy_running": r.policy, "limit_bytes": int(r.limit_bytes),
-        "usage_anon_bytes": int(r.usage_anon_bytes), "usage_file_bytes": int(r.usage_file_bytes),
-        "miss_ratio": _num(r.miss_ratio), "throughput": _num(r.throughput),
-        "accesses_per_s": _num(r.accesses_per_s), "cpu_per_s": _num(r.cpu_per_s),
-        "held_reason": r.held_reason,
-        "curves": [{"policy": cv.policy, "method": cv.method, "rate": float(cv.rate),
-                    "points": len(cv.sizes), "digest": _digest(cv)} for cv in r.curves],
+        "policy_running": t["running"], "limit_bytes": int(v["r_limit_bytes"]),
+        "usage_anon_bytes": int(v["r_anon_bytes"]), "usage_file_bytes": int(v["r_file_bytes"]),
+        "miss_ratio": _num(v["r_miss_ratio"]), "throughput": _num(v["r_throughput"]),
+        "accesses_per_s": _num(v["r_accesses_per_s"]), "cpu_per_s": _num(v["r_cpu_per_s"]),
+        "held_reason": t["held_reason"],
+        "curves": {bank["policy"][k]: {"points": int(bank["points"][k]),
+                                       "digest": _hex(bank["digest"][k]),
+                                       "miss_at_scored": _num(bank["m_scored"][k])}
+                   for k in mine},
     }
 
 
-def _digest(curve) -> str:
-    """A short fingerprint of a curve's points: the same curve, the same
-    digest (a replay checks it reads what the recording read)."""
-    h = zlib.crc32(np.ascontiguousarray(curve.sizes).tobytes())
-    return f"{zlib.crc32(np.ascontiguousarray(curve.miss_ratio).tobytes(), h):08x}"
-
-
-def _policy(R, c: _Cols, i: int, mine: dict, ctl) -> dict:
-    ch, r = R.choices[i], R.rows[i][2]
-    verdict = R.verdicts[i] if i < len(R.verdicts) else None
-    if R.held[i]:
-        rule = "held"
-    elif ch.switched and verdict is not None and not verdict.kept:
-        rule = "revert"
-    elif ch.switched:
-        rule = "trial" if ch.trial else "switch"
-    else:
-        rule = "keep"
-    st = R.tstates[i]
+def _policy(v, t, o, bank, mine, ctl) -> dict:
     return {
-        "running": r.policy, "chosen": ch.policy, "rule": rule, "reason": ch.reason,
-        "best": ch.best, "gain": _num(ch.gain), "trial": bool(ch.trial),
-        "threshold": ctl.autopilot_threshold, "rounds_needed": ctl.autopilot_k,
-        "streak": {"policy": st.streak_policy, "rounds": st.streak},
-        "advisory": bool(R.advisory[R.rows[i][0]] or R.recommend[i]),
-        "allowed": list(R.allowed_of[i]) if i < len(R.allowed_of) else [],
-        "held_off": {p: int(u) for p, u in st.held_until.items() if u > st.rounds},
-        "scores": {p: _num(c.score[k]) for p, k in mine.items()},
-        "scores_raw": {p: _num(c.score_raw[k]) for p, k in mine.items()},
-        "miss_at_scored": {p: _num(c.m_scored[k]) for p, k in mine.items()},
+        "running": t["running"], "chosen": t["chosen"], "rule": t["policy_rule"],
+        "reason": t["reason"], "best": t["best"], "gain": o["gain"], "trial": o["trial"],
+        "threshold": ctl["threshold"], "rounds_needed": ctl["k"],
+        "streak": {"policy": t["streak_policy"], "rounds": int(v["streak"])},
+        "advisory": o["advisory"], "allowed": o["allowed"], "held_off": o["held_off"],
+        "scores": {bank["policy"][k]: _num(bank["score"][k]) for k in mine},
+        "scores_raw": {bank["policy"][k]: _num(bank["score_raw"][k]) for k in mine},
     }
 
 
-def _slo(R, c: _Cols, i: int, spec, mine: dict) -> dict | None:
-    if not c.has_slo[i]:
-        return None
+def _slo(v, bank, mine) -> dict:
     return {
-        "min_ops": c.slo[i], "priority": spec.priority,
-        "need_bytes": _bytes(c.need[i]), "safe_bytes": _bytes(c.need_safe[i]),
-        "feasible": bool(c.feasible[i]), "feasible_this_round": bool(c.feasible_now[i]),
-        "granted": bool(c.granted[i]), "headroom": _num(c.headroom[i]),
-        "need_by_policy": {p: _bytes(max(c.need_rows[k], c.lb[i])) for p, k in mine.items()}
-        if c.need_rows else {},
+        "min_ops": v["slo"], "priority": int(v["priority"]),
+        "need_bytes": _bytes(v["need"]), "safe_bytes": _bytes(v["need_safe"]),
+        "feasible": bool(v["feasible"]), "feasible_this_round": bool(v["feasible_now"]),
+        "granted": bool(v["granted"]), "headroom": _num(v["headroom"]),
+        "need_by_policy": {bank["policy"][k]: _bytes(max(bank["need"][k], v["lb"]))
+                           for k in mine},
     }
 
 
-def _allocation(R, c: _Cols, i: int) -> dict:
-    hold = R.phase_hold[i] if R.phase_hold else None
+def _allocation(v, t, o) -> dict:
+    hold = o["phase_hold"]
     return {
-        "after_slos_bytes": _bytes(c.x_lo[i]), "wanted_bytes": _bytes(c.target_wanted[i]),
-        "target_bytes": _bytes(c.target[i]), "rule": _target_rule(R, c, i, hold),
-        "kept_last_division": bool(c.kept[i]), "shrink_waits": bool(c.shrink[i]),
-        "phase_hold": None if hold is None else {"curve_miss": _num(hold[0]),
-                                                 "observed_miss": _num(hold[1])},
+        "after_slos_bytes": _bytes(v["x_lo"]), "wanted_bytes": _bytes(v["target_wanted"]),
+        "target_bytes": _bytes(v["target"]), "rule": _target_rule(v, t, hold),
+        "kept_last_division": v["kept"] == 1.0, "shrink_waits": v["shrink_held"] == 1.0,
+        "phase_hold": None if hold is None else {"curve_miss": hold[0],
+                                                 "observed_miss": hold[1]},
     }
 
 
-def _target_rule(R, c: _Cols, i: int, hold) -> str:
-    """What set the allocation's target for row i."""
-    if R.held[i] or not c.has_curve[i]:
-        return "held" if R.held[i] else "no-curve"
-    if c.shrink[i]:
+def _target_rule(v, t, hold) -> str:
+    """What set the allocation's target."""
+    if t["held_reason"] or not v["has_curve"]:
+        return "held" if t["held_reason"] else "no-curve"
+    if v["shrink_held"] == 1.0:
         return "shrink-waits"
-    tgt, x_lo = c.target[i], c.x_lo[i]
+    tgt, x_lo = v["target"], v["x_lo"]
     if tgt > x_lo + 0.5:
-        if c.kept[i]:
+        if v["kept"] == 1.0:
             return "kept-last-division"
-        return "ceiling" if tgt >= c.ub[i] - 0.5 else "throughput"
-    if c.granted[i]:
-        if not math.isfinite(c.need[i]):
+        return "ceiling" if tgt >= v["ub"] - 0.5 else "throughput"
+    if v["granted"]:
+        if not math.isfinite(v["need"]):
             return "slo-warming"
-        return "slo-headroom" if x_lo > c.need[i] + 0.5 else "slo-need"
-    if hold is not None and x_lo > c.lb[i] + 0.5:
+        return "slo-headroom" if x_lo > v["need"] + 0.5 else "slo-need"
+    if hold is not None and x_lo > v["lb"] + 0.5:
         return "phase-hold"
-    return "floor" if x_lo <= c.lb[i] + 0.5 else "throughput"
+    return "floor" if x_lo <= v["lb"] + 0.5 else "throughput"
 
 
-def _step(c: _Cols, i: int) -> dict:
-    s = c.step
-    if not s:
+def _step(v) -> dict:
+    base, want, scale = v["step_base"], v["step_want"], v["step_scale"]
+    if not math.isfinite(base):
         return {}
-    base, want, scale = s["base"][i], s["want"][i], s["scale"][i]
     return {"base_pages": base, "want_pages": want, "scale": scale,
-            "cut_pages": base + scale * want - s["stepped"][i],
-            "settled": bool(s["settled"][i]), "floor_pages": c.lb[i],
-            "in_force_pages": c.current[i]}
+            "cut_pages": base + scale * want - v["step_stepped"],
+            "settled": v["step_settled"] == 1.0, "floor_pages": v["lb"],
+            "in_force_pages": v["current"]}
 
 
-def _limit_rule(R, c: _Cols, i: int) -> str:
-    """What set the directed limit for row i."""
-    if R.held[i]:
+def _limit_rule(v, t) -> str:
+    """What set the directed limit."""
+    if t["held_reason"]:
         return "held"
-    if not c.has_curve[i]:
+    if not v["has_curve"]:
         return "no-curve"
-    new, cur = c.new[i], c.current[i]
+    new, cur = v["new"], v["current"]
     if new == cur:
-        return "in-force" if abs(c.target[i] - cur) < 1.0 else "hysteresis"
-    if c.step and new > c.step["stepped"][i]:
+        return "in-force" if abs(v["target"] - cur) < 1.0 else "hysteresis"
+    if new > v["step_stepped"]:
         return "floor"
-    return "target" if abs(new - c.target[i]) < 1.0 else "step"
-
-
-def _prediction(R, c: _Cols, i: int) -> dict:
-    k = c.alloc_row[i]
-    return {"policy": R.row_policy[k] if k is not None and k >= 0 else None,
-            "miss_ratio": _num(c.m_new[i]), "throughput": _num(c.pred_new[i]),
-            "throughput_at_target": _num(c.pred_target[i]),
-            "throughput_before": _num(c.pred_old[i])}
+    return "target" if abs(new - v["target"]) < 1.0 else "step"
 
 
 def limit_from_record(rec: dict) -> int:

@@ -7,7 +7,6 @@ the new state away.
 """
 from __future__ import annotations
 
-import copy
 from collections import deque
 from dataclasses import dataclass, field, fields, replace
 
@@ -101,7 +100,8 @@ class TenantState:
     def copy(self) -> "TenantState":
         """A copy that shares nothing a round changes (the reports' curves
         in recent_curves are never changed, so they are shared)."""
-        new = copy.copy(self)
+        new = TenantState.__new__(TenantState)
+        new.__dict__.update(self.__dict__)
         for name in _LISTS:
             setattr(new, name, list(getattr(self, name)))
         new.held_until = dict(self.held_until)
@@ -122,8 +122,9 @@ _LISTS = ("slo_history", "floors", "recent_targets", "m_errors")
 
 @dataclass
 class LogEntry:
-    """One decision and its predicted effect; `observed` is filled in from a
-    later report (and repeated then as an entry of kind "observed")."""
+    """One decision and its predicted effect.  Its observed effect comes
+    later, from a report, as an entry of its own (kind "observed", with
+    `observed` and `decided_round` set): an entry, once made, never changes."""
     round: int
     node: str
     tenant: str
@@ -200,8 +201,8 @@ class EngineState:
             if st is not None:
                 new.tenants[n] = st.copy()
             items = self.pending.get(n)
-            if items is not None:
-                new.pending[n] = [[replace(e), w] for e, w in items]
+            if items is not None:      # entries are never changed; their waits are
+                new.pending[n] = [[e, w] for e, w in items]
         return new
 
 
