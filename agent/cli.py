@@ -261,6 +261,8 @@ def run_profile(args) -> int:
         if tty:
             sys.stderr.write("\n")
         result = prof.to_json()
+        if not result["cgroup"].get("accesses"):
+            raise UserError(empty_profile(args.cgroup, args.duration))
     _print_summary(result)
     if args.json:
         try:
@@ -270,6 +272,14 @@ def run_profile(args) -> int:
     if args.plot:
         _plot(result, args.plot)
     return 0
+
+
+def empty_profile(cgroup, seconds: float) -> str:
+    """What to check when a profile saw no page-cache access at all."""
+    return (f"{cgroup}: no page-cache accesses in {seconds:g} s of sampling; nothing to "
+            f"draw a curve from. Check that the workload's processes are in this cgroup "
+            f"(its cgroup.procs), that they read files (anonymous memory is not page "
+            f"cache) and that they run during --duration")
 
 
 def _stats_only_profile(path, seconds) -> dict:

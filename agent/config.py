@@ -203,14 +203,10 @@ def _unknown_policy(names: list[str]) -> str | None:
     """Why `names` cannot all be built as curves, or None.  Unchecked when
     the MRC engine's runtime is not built (the agent then runs LRU only)."""
     try:
-        from cachepilot.models.runtime import available_policies
-        known = set(available_policies()) | {"lru"}
+        from cachepilot.models.runtime import unknown_policy
     except Exception:   # noqa: BLE001 - engine parts not built
         return None
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        return (f"unknown policy {unknown[0]!r}; accepted: " + ", ".join(sorted(known)))
-    return None
+    return unknown_policy(names)
 
 
 def config_from_dict(data: Any, path: str = "<config>") -> AgentConfig:

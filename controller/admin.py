@@ -37,7 +37,7 @@ class AdminOps:
                     seconds_since_report=since, reports=rec.reports,
                     backend=rec.info.backend if rec.info else "",
                     has_cache_ext=bool(rec.info and rec.info.has_cache_ext), peer=rec.peer,
-                    advisory=rec.advisory))
+                    advisory=rec.advisory, config_memory_bytes=rec.config_memory_bytes))
             return pb.StatusReply(nodes=nodes, rounds=self.rounds, uptime_s=now - self.started,
                                   pool_bytes=self.registry.pool_bytes(), tls=self.tls,
                                   violations=sum(len(v) for v in self.last_violations.values()))

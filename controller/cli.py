@@ -152,7 +152,7 @@ def cmd_admin(args) -> int:
         print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True,
                                        always_print_fields_with_no_presence=True), indent=1))
     else:
-        _print_admin(args.admin_command, reply)
+        _print_admin(args.admin_command, reply, args)
     return 0
 
 
@@ -231,7 +231,7 @@ def _mib(n) -> str:
     return f"{n / (1 << 20):6.0f} MiB"
 
 
-def _print_admin(action, reply):
+def _print_admin(action, reply, args=None):
     if action == "status":
         print(f"rounds {reply.rounds}  uptime {reply.uptime_s:.0f}s  pool "
               f"{reply.pool_bytes / (1 << 20):.0f} MiB  tls {'on' if reply.tls else 'OFF'}  "
@@ -240,7 +240,10 @@ def _print_admin(action, reply):
             age = "never" if n.seconds_since_report < 0 else f"{n.seconds_since_report:.1f}s ago"
             print(f"  {n.node_id:16} {n.state:10} {n.memory_bytes / (1 << 20):8.0f} MiB  "
                   f"{n.backend or '-':5} reports {n.reports} (last {age})"
-                  + ("  policies advisory (no cache_ext)" if n.advisory else ""))
+                  + ("  policies advisory (no cache_ext)" if n.advisory else "")
+                  + (f"  (registered less than the {n.config_memory_bytes / (1 << 20):.0f} "
+                     f"MiB its config gives it)"
+                     if n.config_memory_bytes > n.memory_bytes else ""))
     elif action == "tenants":
         _print_tenants(reply)
     elif action in ("set-slo", "clear-slo"):
@@ -256,9 +259,19 @@ def _print_admin(action, reply):
         print(explain(json.loads(reply.record_json)))
         print(f"  (rounds {reply.first_round}-{reply.last_round} are kept: --round N)")
     else:
+        if not reply.entries:
+            print(empty_log(args))
         for e in reply.entries:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time))
             print(f"{when} [{e.round:5}] {e.node:10} {e.kind:10} {e.message}")
+
+
+def empty_log(args) -> str:
+    """What `admin log` says when it has no entry to show."""
+    what = f" of tenant {args.tenant}" if args.tenant else ""
+    since = f" since {args.since}" if args.since else ""
+    return (f"no log entries{what}{since}: the controller logs registrations, and decisions "
+            f"once nodes report")
 
 
 def _print_tenants(reply):

@@ -548,12 +548,31 @@ def _cross_check(cfg: Config) -> list[str]:
                             f"offered by node {node.name!r} "
                             f"({', '.join(node.policies)})")
         floors[t.node] = floors.get(t.node, 0) + t.floor_bytes
+    errs += _unknown_policies(cfg)
     for node_name, total in floors.items():
         node = cfg.nodes[seen[node_name]]
         if total > node.memory_bytes:
             errs.append(f"tenants: floors on node {node_name!r} add up to "
                         f"{total} bytes, more than its {node.memory_bytes}")
     return errs
+
+
+def _unknown_policies(cfg: Config) -> list[str]:
+    """A policy name anywhere in the config that the library has not: a
+    typo would otherwise leave a tenant on the baseline without a word.
+    Unchecked where the MRC engine's runtime is not built."""
+    try:
+        from cachepilot.models.runtime import unknown_policy
+    except Exception:   # noqa: BLE001 - engine parts not built
+        return []
+    where = [("control.autopilot_baseline", [cfg.control.autopilot_baseline]
+              if cfg.control.autopilot_baseline else [])]
+    where += [(f"nodes[{i}].policies", n.policies or []) for i, n in enumerate(cfg.nodes)]
+    for i, t in enumerate(cfg.tenants):
+        where += [(f"tenants[{i}].policies", t.policies or []),
+                  (f"tenants[{i}].initial_policy", [t.initial_policy])]
+    return [f"{key}: {why}" for key, names in where
+            if (why := unknown_policy(names)) is not None]
 
 
 def config_from_dict(data: Any, path: str = "<config>") -> Config:

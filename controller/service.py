@@ -100,18 +100,20 @@ class Engine:
         self.last_trace = None          # the last round's trace (engine/trace.py)
 
     def decide(self, node: str, reports: list[TenantReport], config, advisory: bool = False,
-               recommend=()):
+               recommend=(), node_memory=None):
         return self.decide_many({node: reports}, config, {node} if advisory else (),
-                                recommend)[node]
+                                recommend, node_memory)[node]
 
     def decide_many(self, reports: dict[str, list[TenantReport]], config, advisory=(),
-                    recommend=()) -> dict:
+                    recommend=(), node_memory=None) -> dict:
         """One round over several nodes' reports: node -> what decide()
-        returns for it (every violation and log entry names its node)."""
+        returns for it (every violation and log entry names its node).
+        node_memory: node -> bytes, where a node has less than its config says."""
         d, self.state = self._engine.decide(self.state, reports, config,
+                                            node_memory=node_memory,
                                             advisory_nodes=advisory, recommend=recommend)
         if self.recorder is not None:
-            self.recorder.round(d.round, reports, config, advisory, recommend, None,
+            self.recorder.round(d.round, reports, config, advisory, recommend, node_memory,
                                 d.directives)
         self.last_trace = d.trace
         out = {n: (list(d.directives.get(n, [])), [], []) for n in reports}
@@ -163,6 +165,7 @@ class Controller(AdminOps):
         self.fleet = fleet              # controller/fleet.py: replicas sharing the nodes
         self.serving: set[str] = set()  # nodes reported here since this replica owned them
         self._last_saved: dict[str, tuple] = {}   # what each record last saved said
+        self._memory_warned: set[str] = set()     # nodes with less memory than configured
         self.metrics = ControllerMetrics()
         self.lock = threading.RLock()
         self.rounds = 0
@@ -281,7 +284,16 @@ class Controller(AdminOps):
             rec.peer = peer
             self._note(rec.name, "", "register",
                        f"node {rec.name} registered ({info.backend}, "
-                       f"{info.memory_bytes} bytes, cache_ext={info.has_cache_ext})")
+                       f"{_mib(info.memory_bytes)}, cache_ext={info.has_cache_ext})")
+            if info.memory_bytes < rec.config_memory_bytes and \
+                    rec.name not in self._memory_warned:
+                # the node cannot hold what the config says: divide what it has
+                self._memory_warned.add(rec.name)
+                why = (f"node {rec.name} registered {_mib(info.memory_bytes)}, less than the "
+                       f"{_mib(rec.config_memory_bytes)} the config gives it: its tenants "
+                       f"share {_mib(info.memory_bytes)}")
+                log.warning("%s", why)
+                self._note(rec.name, "", "memory", why)
             self.store.put_node(rec.name, asdict(info), time.time())
             if adopted is not None and rec.name not in self.serving:
                 self._adopt(rec, *adopted)
@@ -392,19 +404,25 @@ class Controller(AdminOps):
                   for it, *_ in ready}
         advice = {t for names in placed.values() for t in names
                   if self.mode_of(t) == "recommend"}
+        # a node that registered less memory than its config gives it: the less
+        smaller = {it.node_id: rec.memory_bytes for it, rec, _, _ in ready
+                   if rec.memory_bytes < rec.config_memory_bytes}
         start = time.perf_counter()
         if len(ready) > 1 and hasattr(self.engine, "decide_many"):
             decided = self.engine.decide_many(
                 {it.node_id: reports for it, _, reports, _ in ready}, self.config,
                 advisory={it.node_id for it, rec, _, _ in ready if rec.advisory},
-                **({"recommend": advice} if advice else {}))
+                **({"recommend": advice} if advice else {}),
+                **({"node_memory": smaller} if smaller else {}))
         else:
             decided = {}
             for it, rec, reports, _ in ready:
                 mine = advice & placed[it.node_id]
+                less = {it.node_id: smaller[it.node_id]} if it.node_id in smaller else None
                 decided[it.node_id] = self.engine.decide(
                     it.node_id, reports, self.config, advisory=rec.advisory,
-                    **({"recommend": mine} if mine else {}))
+                    **({"recommend": mine} if mine else {}),
+                    **({"node_memory": less} if less else {}))
         took = time.perf_counter() - start
         self.metrics.loop_latency.observe(took)
         self.latencies.append(took)
@@ -696,6 +714,10 @@ class Controller(AdminOps):
         with self.lock:
             self._flush()
             self.store.close()
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
 # -- gRPC ------------------------------------------------------------------------

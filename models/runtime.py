@@ -63,6 +63,17 @@ def available_policies(include_loaded: bool = False) -> list[str]:
     return sorted(_runtime.policies(bool(include_loaded)))
 
 
+def unknown_policy(names) -> str | None:
+    """Why `names` are not all policies of the library ("unknown policy
+    'arc'; known: ..."), or None.  For a config's policy lists, which are
+    checked where they are read rather than where a curve is asked for."""
+    known = set(available_policies())
+    bad = [n for n in names if n not in known]
+    if not bad:
+        return None
+    return f"unknown policy {bad[0]!r}; accepted: " + ", ".join(sorted(known))
+
+
 def _check_policy(name: str) -> str:
     if not isinstance(name, str) or name not in _runtime.policies(True):
         raise UserError(f"unknown policy {name!r}; available: "

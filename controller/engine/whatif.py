@@ -74,6 +74,8 @@ def tenant(state: EngineState, spec, report, ctl, limit_bytes: int | None = None
         have = ", ".join(sorted(curves)) or "none"
         raise WhatIfError(f"tenant {spec.name!r}: no curve for policy {policy!r} in its "
                           f"last report (curves: {have})")
+    if curves[policy].meta.get("window_accesses", 1.0) <= 0:
+        raise WhatIfError(no_data(spec.name))
     limit = int(limit_bytes) if limit_bytes else int(report.limit_bytes)
     if limit <= 0:
         raise WhatIfError(f"tenant {spec.name!r} has no limit in force: give --limit")
@@ -82,6 +84,11 @@ def tenant(state: EngineState, spec, report, ctl, limit_bytes: int | None = None
     thr = float(model.throughput(a, b, m))
     slo = spec.slo.min_throughput if spec.slo is not None else None
     return Prediction(spec.name, spec.node, policy, limit, m, thr, slo, fitted)
+
+
+def no_data(name: str) -> str:
+    return (f"tenant {name!r}: its curves rest on no page accesses yet; what-if waits for "
+            f"a report of an interval in which it reads files")
 
 
 def mean_miss(st: TenantState | None, report, policy: str, pages: float) -> float:
