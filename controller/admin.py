@@ -20,6 +20,7 @@ from cachepilot.controller.config import SLO
 from cachepilot.controller.engine import trace
 from cachepilot.controller.engine.whatif import WhatIfError
 from cachepilot.controller.registry import Refused
+from cachepilot.core.units import size
 from cachepilot.protocol import cachepilot_pb2 as pb
 
 MODES = ("recommend", "enforce")
@@ -205,8 +206,8 @@ class AdminOps:
         pairs = self.engine.what_if_node(self.config, rec.name, list(rec.tenants.values()),
                                          rec.memory_bytes, request.free_bytes, rec.advisory)
         return pb.WhatIfReply(tenants=[_prediction(after, before) for before, after in pairs],
-                              note=f"node {rec.name}: {rec.memory_bytes} bytes -> "
-                                   f"{rec.memory_bytes - request.free_bytes}")
+                              note=f"node {rec.name}: {size(rec.memory_bytes)} -> "
+                                   f"{size(rec.memory_bytes - request.free_bytes)}")
 
 
 def _prediction(p, before=None) -> pb.WhatIfTenant:

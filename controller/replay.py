@@ -65,7 +65,8 @@ def cmd_replay(args) -> int:
 
 
 def _mib(b) -> str:
-    return "-" if b is None else f"{b / (1 << 20):.1f} MiB"
+    from cachepilot.core.units import size
+    return size(b)
 
 
 def replay(lines: list[dict], other=None) -> Replayed:

@@ -40,6 +40,7 @@ from cachepilot.controller.registry import Refused, Registry
 from cachepilot.controller.store import (LogRecord, MemoryStore, StateStore, directive_record,
                                          open_store)
 from cachepilot.core.errors import UserError
+from cachepilot.core.units import size as _mib
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.protocol import wire
@@ -714,10 +715,6 @@ class Controller(AdminOps):
         with self.lock:
             self._flush()
             self.store.close()
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
 # -- gRPC ------------------------------------------------------------------------

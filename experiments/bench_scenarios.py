@@ -33,13 +33,43 @@ a check passed on the committed seeds is seen to hold on others too.
 
 Writes experiments/results/scenarios.json and scenarios.png (with an
 offset, scenarios-seedK.*).
-Usage: experiments/bench_scenarios.py [--intervals N] [--only NAME ...] [--seed-offset K]
+
+`--corpus [DIR]` runs the generated scenario corpus instead
+(experiments/scenarios.py, docs/scenarios.md): DIR's index.json, or a
+corpus generated into DIR (into a temporary folder when DIR is not given)
+with --corpus-seed and --corpus-count.  Each scenario runs the equal
+split, the whole-node reference and the autopilot (`--fixed` adds the
+fixed-headroom run) for the corpus's own number of intervals (60) unless
+--intervals says otherwise, and the SLO rows carry each SLO's class
+(easy, tight, infeasible) from the index.  Written as corpus.json and
+corpus.png (corpus-seedK.* with an offset).
+
+For every scenario, in either mode, the script also prints and keeps:
+policy switches and watchdog reverts per tenant (decision-log entries of
+kind "policy" and "watchdog"; "trial" counts trials kept), the error of
+the throughput predictions acted on (each entry of kind "observed" holds
+the `predicted` throughput of a decision that took effect and the
+`observed` one two reports later: the mean of (predicted - observed) /
+observed, signed and absolute, overall and per kind of decision), the
+wall and CPU seconds of each run and the peak RSS of the process that ran
+the scenario (each scenario runs in a process of its own unless
+--in-process).
+
+`--seeds 0,1,2` runs every scenario at each of those seed offsets (one
+file per offset, as --seed-offset writes); `--results DIR` writes the
+files there instead of experiments/results.
+Usage: experiments/bench_scenarios.py [--intervals N] [--only NAME ...]
+           [--seed-offset K | --seeds K,K,...] [--corpus [DIR]] [--corpus-seed S]
+           [--corpus-count N] [--fixed] [--in-process] [--results DIR]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,6 +81,8 @@ SCENARIOS = ROOT / "configs" / "scenarios"
 RESULTS = ROOT / "experiments" / "results"
 TARGET = 0.95           # the issue's share of intervals
 SWING = 0.05            # of the node's memory: a move that counts toward a swing
+ALL_RUNS = ("equal", "whole", "fixed", "autopilot")
+CORPUS_RUNS = ("equal", "whole", "autopilot")
 
 
 def swings(limits: list[int], memory: int) -> int:
@@ -74,7 +106,68 @@ def met_share(rows: list[dict], slo: float, skip: list[int]) -> float:
     return sum(kept) / len(kept) if kept else 1.0
 
 
-def run_scenario(path: Path, intervals: int, seed_offset: int = 0) -> dict:
+def decision_counts(log, tenants) -> dict[str, dict]:
+    """Per tenant, from the autopilot's decision log: policy switches (kind
+    "policy"), watchdog reverts (kind "watchdog": a switch undone), trials
+    kept (kind "trial") and limit moves (kind "limit")."""
+    kinds = {"policy": "switches", "watchdog": "reverts", "trial": "trials_kept",
+             "limit": "limit_moves"}
+    out = {t: dict.fromkeys(kinds.values(), 0) for t in tenants}
+    for e in log:
+        key = kinds.get(e.kind)
+        if key is not None and e.tenant in out:
+            out[e.tenant][key] += 1
+    return out
+
+
+DECISION = re.compile(r"(\w+) change of round (\d+)")
+
+
+def prediction_errors(log, nodes: int = 1, warmup: int = 0) -> dict:
+    """The error of the throughput predictions acted upon.  An entry of kind
+    "observed" is logged for every decision that took effect (a policy
+    switch, a limit move, a revert), OBSERVE_AFTER (2) reports after it
+    (controller/engine/emit.py), with the decision's `predicted`
+    throughput and the `observed` one in its detail; its message names
+    the decision ("loop-1: observed linux -> mru: policy change of round
+    7: ...").  Relative error = (predicted - observed) / observed: > 0
+    where the model promised more than came.  Kept overall, per kind of
+    decision, and for the decisions made after the warm-up (a sim run's
+    nodes report in lock-step, one round each, so round r falls in
+    interval ceil(r / nodes))."""
+    errs: dict[str, list[float]] = {}
+    late: list[float] = []
+    for e in log:
+        if e.kind != "observed":
+            continue
+        p, o = e.detail.get("predicted"), e.detail.get("observed")
+        if p is None or o is None or not o > 0:
+            continue
+        m = DECISION.search(e.message)
+        kind = m.group(1) if m else "other"
+        err = (p - o) / o
+        errs.setdefault(kind, []).append(err)
+        if m and -(-int(m.group(2)) // max(1, nodes)) > warmup:
+            late.append(err)
+
+    def stats(v):
+        v = sorted(v)
+        return {"n": len(v), "mean_signed": sum(v) / len(v) if v else None,
+                "mean_abs": sum(abs(x) for x in v) / len(v) if v else None,
+                "median_signed": v[len(v) // 2] if v else None}
+    every = [x for v in errs.values() for x in v]
+    return {**stats(every), "by_kind": {k: stats(v) for k, v in sorted(errs.items())},
+            "after_warmup": stats(late)}
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
+
+
+def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
+                 runs: tuple = ALL_RUNS, classes: dict | None = None) -> dict:
+    """`runs`: which of equal, whole, fixed, autopilot to run (equal and
+    whole always run).  `classes`: tenant -> its SLO's class, when known."""
     cfg = load_config(path)
     for n in cfg.nodes:
         n.seed += seed_offset
@@ -85,15 +178,25 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0) -> dict:
     fixed_cfg = cfg.model_copy(deep=True)
     fixed_cfg.control.slo_headroom_sigmas = 0.0
     fixed_cfg.control.slo_feasibility_rounds = 1
-    runs, seconds = {}, {}
-    for name, fn in (("equal", lambda: run_static_equal(cfg, intervals)),
-                     ("whole", lambda: run_static_whole(cfg, intervals)),
-                     ("fixed", lambda: run_autopilot(fixed_cfg, intervals)[0]),
-                     ("autopilot", lambda: run_autopilot(cfg, intervals)[0])):
-        started = time.monotonic()
-        runs[name] = summarise(cfg, fn(), warmup)
+    logs = {}
+
+    def autopilot(which, c):
+        history, log, _ = run_autopilot(c, intervals)
+        logs[which] = log
+        return history
+    todo = (("equal", lambda: run_static_equal(cfg, intervals)),
+            ("whole", lambda: run_static_whole(cfg, intervals)),
+            ("fixed", lambda: autopilot("fixed", fixed_cfg)),
+            ("autopilot", lambda: autopilot("autopilot", cfg)))
+    runs_, seconds, cpu = {}, {}, {}
+    for name, fn in todo:
+        if name not in runs and name not in ("equal", "whole"):
+            continue
+        started, cpu0 = time.monotonic(), time.process_time()
+        runs_[name] = summarise(cfg, fn(), warmup)
         seconds[name] = time.monotonic() - started
-    whole = runs.pop("whole")[0]
+        cpu[name] = time.process_time() - cpu0
+    whole = runs_.pop("whole")[0]
     memory = {n.name: n.memory_bytes for n in cfg.nodes}
     slos = []
     for i, t in enumerate(cfg.tenants):
@@ -101,8 +204,9 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0) -> dict:
             continue
         v = t.slo.min_throughput
         row = {"tenant": t.name, "node": t.node, "slo": v,
+               "class": (classes or {}).get(t.name),
                "unreachable_intervals": unreachable(whole[i]["history"][warmup:], v)}
-        for name, (tenants, _) in runs.items():
+        for name, (tenants, _) in runs_.items():
             rec = tenants[i]
             row[name] = rec["met_fraction"]
             row[f"{name}_reachable"] = met_share(rec["history"][warmup:], v,
@@ -113,17 +217,37 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0) -> dict:
         row["required"] = row["equal_reachable"] >= TARGET
         row["ok"] = row["autopilot_reachable"] >= TARGET if row["required"] else None
         slos.append(row)
-    totals = {name: total for name, (_, total) in runs.items()}
+    totals = {name: total for name, (_, total) in runs_.items()}
+    names = [t.name for t in cfg.tenants]
     return {
         "scenario": path.stem,
         "config": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
         "intervals": intervals, "warmup_intervals": warmup, "seed_offset": seed_offset,
         "nodes": {n.name: n.memory_bytes for n in cfg.nodes},
+        "tenants": len(cfg.tenants),
         "slos": slos, "aggregate_throughput": totals,
-        "ratio_vs_equal": {k: totals[k] / totals["equal"] for k in ("fixed", "autopilot")},
+        "ratio_vs_equal": {k: totals[k] / totals["equal"]
+                           for k in ("fixed", "autopilot") if k in totals},
         "check_passed": all(r["ok"] is not False for r in slos),
-        "seconds": seconds,
+        "decisions": {k: decision_counts(log, names) for k, log in logs.items()},
+        "predictions": {k: prediction_errors(log, len(cfg.nodes), warmup)
+                        for k, log in logs.items()},
+        "seconds": seconds, "cpu_seconds": cpu,
+        "peak_rss_mib": _peak_rss_mib(),
     }
+
+
+def run_isolated(path: Path, intervals: int, seed_offset: int, runs: tuple,
+                 classes: dict | None) -> dict:
+    """run_scenario in a fresh process of its own, so that its peak RSS is
+    the scenario's alone (ru_maxrss never falls in a process)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                             max_tasks_per_child=1) as pool:
+        r = pool.submit(run_scenario, path, intervals, seed_offset, runs, classes).result()
+    r["isolated"] = True
+    return r
 
 
 def plot(results: list[dict], out: Path) -> None:
@@ -157,55 +281,245 @@ def plot(results: list[dict], out: Path) -> None:
     plt.close(fig)
 
 
+def plot_corpus(results: list[dict], out: Path) -> None:
+    """The corpus at one seed offset: the aggregate against the equal split
+    per scenario, and each SLO's share of intervals met, equal split beside
+    autopilot, by class."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (top, low) = plt.subplots(2, 1, figsize=(max(8, 0.5 * len(results) + 3), 7),
+                                   sharex=True)
+    x = list(range(len(results)))
+    top.bar(x, [r["ratio_vs_equal"]["autopilot"] for r in results], color="#3070c0")
+    top.axhline(1.0, color="black", lw=0.8)
+    top.set_ylabel("aggregate throughput\nautopilot / equal split")
+    marks = {"easy": "o", "tight": "s", "infeasible": "x", None: "."}
+    seen = set()
+    for k, r in enumerate(results):
+        n = len(r["slos"])
+        for j, s_ in enumerate(r["slos"]):
+            dx = k + (j - (n - 1) / 2) * 0.15
+            cls = s_.get("class")
+            low.plot([dx, dx], [100 * s_["equal"], 100 * s_["autopilot"]], color="#cccccc",
+                     lw=1, zorder=1)
+            low.scatter([dx], [100 * s_["equal"]], marker=marks.get(cls, "."), color="#999999",
+                        zorder=2, label=f"equal ({cls})" if ("e", cls) not in seen else None)
+            low.scatter([dx], [100 * s_["autopilot"]], marker=marks.get(cls, "."),
+                        color="#3070c0", zorder=3,
+                        label=f"autopilot ({cls})" if ("a", cls) not in seen else None)
+            seen |= {("e", cls), ("a", cls)}
+    low.axhline(100 * TARGET, color="black", lw=0.8, ls="--")
+    low.set_ylim(-3, 103)
+    low.set_ylabel("% of intervals after warm-up\nthe SLO is met")
+    low.set_xticks(x, [r["scenario"].removeprefix("scenario-") for r in results])
+    low.set_xlabel("scenario")
+    low.legend(fontsize=7, ncol=3, loc="lower left")
+    off = results[0]["seed_offset"] if results else 0
+    top.set_title(f"generated corpus, seed offset {off}: autopilot against the static "
+                  f"equal split", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected offsets such as 0,1,2, got {text!r}") \
+            from None
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one offset")
+    return out
+
+
+def load_corpus(arg: str, seed: int, count: int) -> tuple[Path, dict]:
+    """The corpus folder and its index: DIR's index.json, or one generated
+    into DIR (a temporary folder when `arg` is empty)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import scenarios
+    folder = Path(arg) if arg else Path(tempfile.mkdtemp(prefix="cachepilot-corpus-"))
+    index_file = folder / "index.json"
+    if index_file.is_file():
+        return folder, json.loads(index_file.read_text())
+    print(f"generating {count} scenarios (seed {seed}) into {folder} ...", flush=True)
+    return folder, scenarios.generate(folder, seed=seed, count=count)
+
+
+def _fmt_err(p: dict) -> str:
+    if not p or not p["n"]:
+        return "no prediction acted on"
+    kinds = ", ".join(f"{k} {100 * v['mean_signed']:+.1f}% (n={v['n']})"
+                      for k, v in p["by_kind"].items())
+    late = p["after_warmup"]
+    after = (f"; after warm-up {100 * late['mean_signed']:+.1f}% (n={late['n']}, median "
+             f"{100 * late['median_signed']:+.1f}%)" if late["n"] else "; none after warm-up")
+    return (f"{p['n']} acted on: mean signed error {100 * p['mean_signed']:+.1f}%, "
+            f"mean |error| {100 * p['mean_abs']:.1f}%, median {100 * p['median_signed']:+.1f}%"
+            f" ({kinds}){after}")
+
+
+def report(r: dict) -> None:
+    """Print one scenario's figures."""
+    ratio = r["ratio_vs_equal"]
+    extra = f", fixed headroom {ratio['fixed']:.2f}x" if "fixed" in ratio else ""
+    print(f"  aggregate vs equal split: autopilot {ratio['autopilot']:.2f}x{extra}")
+    for s in r["slos"]:
+        verdict = "-" if s["ok"] is None else "ok" if s["ok"] else "MISSED"
+        cls = f" [{s['class']}]" if s.get("class") else ""
+        fixed = (f"  fixed {100 * s['fixed']:5.1f}% (swings {s['fixed_swings']})"
+                 if "fixed" in s else "")
+        print(f"  SLO {s['tenant']:10} {s['slo']:>11,.0f}/s{cls} met: equal "
+              f"{100 * s['equal']:5.1f}%{fixed}  autopilot {100 * s['autopilot']:5.1f}% "
+              f"(swings {s['autopilot_swings']})")
+        gone = s["unreachable_intervals"]
+        which = ", ".join(map(str, gone[:8])) + (", ..." if len(gone) > 8 else "")
+        fixed = f"  fixed {100 * s['fixed_reachable']:5.1f}%" if "fixed" in s else ""
+        print(f"      {len(gone)} intervals out of reach with the whole node"
+              f"{f' ({which})' if gone else ''}; over the rest: equal "
+              f"{100 * s['equal_reachable']:5.1f}%{fixed}  autopilot "
+              f"{100 * s['autopilot_reachable']:5.1f}%  check {verdict}")
+    dec = r["decisions"]["autopilot"]
+    moved = ", ".join(f"{t} {d['switches']}/{d['reverts']}" for t, d in dec.items()
+                      if d["switches"] or d["reverts"])
+    trials = sum(d["trials_kept"] for d in dec.values())
+    print(f"  policy switches/reverts per tenant: {moved or 'none'}"
+          f"{f'; trials kept {trials}' if trials else ''}")
+    print(f"  throughput predictions: {_fmt_err(r['predictions']['autopilot'])}")
+    runs = ", ".join(f"{k} {v:.1f}" for k, v in r["seconds"].items())
+    print(f"  wall {sum(r['seconds'].values()):.1f} s ({runs}), CPU "
+          f"{sum(r['cpu_seconds'].values()):.1f} s, peak RSS {r['peak_rss_mib']:.0f} MiB",
+          flush=True)
+
+
+def summary_table(results: list[dict]) -> None:
+    print(f"{'scenario':12} {'ratio':>6} {'SLOs':>4} {'met auto':>8} {'met equal':>9} "
+          f"{'switch':>6} {'revert':>6} {'pred err':>8} {'(late)':>8} {'wall s':>7} "
+          f"{'CPU s':>6} {'RSS MiB':>7}")
+    for r in results:
+        slos = r["slos"]
+        met_a = met_e = "-"
+        if slos:
+            met_a = f"{100 * sum(s['autopilot'] for s in slos) / len(slos):.1f}%"
+            met_e = f"{100 * sum(s['equal'] for s in slos) / len(slos):.1f}%"
+        dec = r["decisions"]["autopilot"].values()
+        p = r["predictions"]["autopilot"]
+        err = f"{100 * p['mean_signed']:+.1f}%" if p["n"] else "-"
+        late = p["after_warmup"]
+        err_late = f"{100 * late['mean_signed']:+.1f}%" if late["n"] else "-"
+        print(f"{r['scenario']:12} {r['ratio_vs_equal']['autopilot']:6.2f} {len(slos):4d} "
+              f"{met_a:>8} {met_e:>9} "
+              f"{sum(d['switches'] for d in dec):6d} {sum(d['reverts'] for d in dec):6d} "
+              f"{err:>8} {err_late:>8} {sum(r['seconds'].values()):7.1f} "
+              f"{sum(r['cpu_seconds'].values()):6.1f} {r['peak_rss_mib']:7.0f}")
+    wall = sum(sum(r["seconds"].values()) for r in results)
+    cpu = sum(sum(r["cpu_seconds"].values()) for r in results)
+    peak = max((r["peak_rss_mib"] for r in results), default=0)
+    print(f"{len(results)} scenarios: {wall:.0f} s wall, {cpu:.0f} s CPU in the runs, "
+          f"largest peak RSS {peak:.0f} MiB")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--intervals", type=int, default=100)
-    ap.add_argument("--only", nargs="*", help="scenario names (default: all)")
+    ap.add_argument("--intervals", type=int, default=None,
+                    help="default 100; with --corpus, the corpus's own (60)")
+    ap.add_argument("--only", nargs="*", help="scenario names (default: all); in a corpus "
+                    "also by number, e.g. 03")
     ap.add_argument("--seed-offset", type=int, default=0, metavar="K",
                     help="add K to every sim seed (default 0: the configs' own)")
+    ap.add_argument("--seeds", type=_seeds, default=None, metavar="K,K,...",
+                    help="run every scenario at each of these seed offsets")
+    ap.add_argument("--corpus", nargs="?", const="", default=None, metavar="DIR",
+                    help="run the generated corpus in DIR (generated there, or in a "
+                    "temporary folder without DIR, when it holds no index.json)")
+    ap.add_argument("--corpus-seed", type=int, default=None, metavar="S",
+                    help="generator seed when the corpus is generated (default: "
+                    "experiments/scenarios.py's)")
+    ap.add_argument("--corpus-count", type=int, default=None, metavar="N")
+    ap.add_argument("--fixed", action="store_true",
+                    help="with --corpus, also run the fixed-headroom autopilot")
+    ap.add_argument("--in-process", action="store_true",
+                    help="run every scenario in this process (peak RSS is then the "
+                    "largest so far)")
+    ap.add_argument("--results", type=Path, default=RESULTS, metavar="DIR",
+                    help=f"where to write the JSON and PNG (default {RESULTS})")
     args = ap.parse_args(argv)
-    paths = sorted(SCENARIOS.glob("*.yaml"))
+    offsets = args.seeds if args.seeds is not None else [args.seed_offset]
+    entries: dict[str, dict] = {}
+    if args.corpus is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import scenarios
+        folder, index = load_corpus(
+            args.corpus, scenarios.DEFAULT_SEED if args.corpus_seed is None
+            else args.corpus_seed,
+            scenarios.DEFAULT_COUNT if args.corpus_count is None else args.corpus_count)
+        entries = {e["name"]: e for e in index["scenarios"]}
+        paths = [folder / e["file"] for e in index["scenarios"]]
+        intervals = args.intervals or index["intervals"]
+        runs = ALL_RUNS if args.fixed else CORPUS_RUNS
+        where, base = folder, "corpus"
+    else:
+        paths = sorted(SCENARIOS.glob("*.yaml"))
+        intervals = args.intervals or 100
+        runs = ALL_RUNS
+        where, base = SCENARIOS, "scenarios"
     if args.only:
-        paths = [p for p in paths if p.stem in args.only]
+        wanted = set(args.only)
+        paths = [p for p in paths
+                 if p.stem in wanted or p.stem.removeprefix("scenario-") in wanted]
         if not paths:
             print(f"bench_scenarios: no scenario named {' '.join(args.only)} in "
-                  f"{SCENARIOS}", file=sys.stderr)
+                  f"{where}", file=sys.stderr)
             return 2
-    results = []
-    for i, path in enumerate(paths, 1):
-        print(f"[{i}/{len(paths)}] {path.stem}: {args.intervals} intervals x 3 runs ...",
-              flush=True)
-        r = run_scenario(path, args.intervals, args.seed_offset)
-        results.append(r)
-        ratio = r["ratio_vs_equal"]
-        print(f"  aggregate vs equal split: autopilot {ratio['autopilot']:.2f}x, "
-              f"fixed headroom {ratio['fixed']:.2f}x")
-        for s in r["slos"]:
-            verdict = "-" if s["ok"] is None else "ok" if s["ok"] else "MISSED"
-            print(f"  SLO {s['tenant']:8} {s['slo']:>9,.0f}/s met: equal "
-                  f"{100 * s['equal']:5.1f}%  fixed {100 * s['fixed']:5.1f}% "
-                  f"(swings {s['fixed_swings']})  autopilot {100 * s['autopilot']:5.1f}% "
-                  f"(swings {s['autopilot_swings']})")
-            gone = s["unreachable_intervals"]
-            which = ", ".join(map(str, gone[:8])) + (", ..." if len(gone) > 8 else "")
-            print(f"      {len(gone)} intervals out of reach with the whole node"
-                  f"{f' ({which})' if gone else ''}; over the rest: equal "
-                  f"{100 * s['equal_reachable']:5.1f}%  fixed "
-                  f"{100 * s['fixed_reachable']:5.1f}%  autopilot "
-                  f"{100 * s['autopilot_reachable']:5.1f}%  check {verdict}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "scenarios" if not args.only else "scenarios-" + "-".join(p.stem for p in paths)
-    if args.seed_offset:
-        name += f"-seed{args.seed_offset}"
-    (RESULTS / f"{name}.json").write_text(json.dumps(
-        {"intervals": args.intervals, "target": TARGET, "seed_offset": args.seed_offset,
-         "scenarios": results}, indent=1))
-    plot(results, RESULTS / f"{name}.png")
-    passed = all(r["check_passed"] for r in results)
-    print(f"every SLO the equal split meets in >= {TARGET:.0%} of intervals is met by the "
-          f"autopilot in >= {TARGET:.0%}: {'yes' if passed else 'NO'}")
-    print(f"wrote {RESULTS / (name + '.json')} and .png")
-    return 0 if passed else 1
+    run = run_scenario if args.in_process else run_isolated
+    args.results.mkdir(parents=True, exist_ok=True)
+    passed_all = True
+    by_offset = {}
+    for offset in offsets:
+        results = []
+        for i, path in enumerate(paths, 1):
+            entry = entries.get(path.stem)
+            about = ""
+            if entry is not None:
+                about = (f" ({len(entry['nodes'])} node(s) "
+                         f"{'/'.join(str(n['memory_mib']) for n in entry['nodes'])} MiB, "
+                         f"{entry['tenants']} tenants, "
+                         f"{'every policy' if entry['every_policy'] else 'restricted policies'}"
+                         f", SLOs {', '.join(s['class'] for s in entry['slos'])})")
+            print(f"[{i}/{len(paths)}] {path.stem}{about}, seed offset {offset}: "
+                  f"{intervals} intervals x {len(runs)} runs ...", flush=True)
+            classes = {s["tenant"]: s["class"] for s in entry["slos"]} if entry else None
+            r = run(path, intervals, offset, runs, classes)
+            results.append(r)
+            report(r)
+        name = base if not args.only else base + "-" + "-".join(
+            p.stem.removeprefix("scenario-") for p in paths)
+        if offset:
+            name += f"-seed{offset}"
+        (args.results / f"{name}.json").write_text(json.dumps(
+            {"intervals": intervals, "target": TARGET, "seed_offset": offset,
+             "runs": list(runs), "corpus": str(where) if entries else None,
+             "corpus_index": ({k: v for k, v in index.items() if k != "scenarios"}
+                              if entries else None),
+             "scenarios": results}, indent=1))
+        (plot_corpus if entries else plot)(results, args.results / f"{name}.png")
+        passed = all(r["check_passed"] for r in results)
+        passed_all &= passed
+        by_offset[offset] = results
+        print(f"\nseed offset {offset}:")
+        summary_table(results)
+        print(f"every SLO the equal split meets in >= {TARGET:.0%} of intervals is met by "
+              f"the autopilot in >= {TARGET:.0%}: {'yes' if passed else 'NO'}")
+        print(f"wrote {args.results / (name + '.json')} and .png")
+    if len(offsets) > 1:
+        print("\naggregate autopilot / equal split per seed offset:")
+        print(f"{'scenario':12} " + " ".join(f"{o:>7}" for o in offsets) + f" {'mean':>7}")
+        for k, path in enumerate(paths):
+            ratios = [by_offset[o][k]["ratio_vs_equal"]["autopilot"] for o in offsets]
+            print(f"{path.stem:12} " + " ".join(f"{x:7.2f}" for x in ratios)
+                  + f" {sum(ratios) / len(ratios):7.2f}")
+    return 0 if passed_all else 1
 
 
 if __name__ == "__main__":

@@ -90,8 +90,8 @@ def test_a_node_with_less_memory_than_configured_gets_what_it_has(caplog):
     session = c.register(info)[0]
     warned = [e for e in c.log if e.kind == "memory"]
     assert [e.message for e in warned] == [
-        "node n1 registered 32 MiB, less than the 64 MiB the config gives it: its tenants "
-        "share 32 MiB"]
+        "node n1 registered 32.0 MiB, less than the 64.0 MiB the config gives it: its "
+        "tenants share 32.0 MiB"]
     synth = {f"t{i}": SynthTenant(f"t{i}", {"linux": power_curve("linux", 6000, 1.0, 0.0,
                                                                   16384, 30)})
              for i in range(2)}

@@ -31,6 +31,7 @@ from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, rate_for_threshold, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
 from cachepilot.core import phase
+from cachepilot.core.units import size
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import ApplyResult, Directive, NodeInfo, TenantReport
 
@@ -797,8 +798,8 @@ class LinuxBackend:
         except CgroupError as err:
             return ApplyResult(d.tenant, stats.effective_limit_bytes, applied_policy, False,
                                f"limit not changed: {err}", policy_ok, policy_msg)
-        log.info("tenant %s: limit %d -> %d bytes%s", d.tenant, stats.effective_limit_bytes,
-                 applied, f" ({'; '.join(notes)})" if notes else "")
+        log.info("tenant %s: limit %s -> %s%s", d.tenant, size(stats.effective_limit_bytes),
+                 size(applied), f" ({'; '.join(notes)})" if notes else "")
         if policy_ok and applied > stats.effective_limit_bytes:
             note = self._resize_policy(w, applied)
             if note:

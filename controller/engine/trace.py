@@ -20,10 +20,10 @@ import math
 import numpy as np
 import zstandard
 
+from cachepilot.core import units
 from cachepilot.models.mrc import PAGE_SIZE
 
 VERSION = 1
-MIB = 1 << 20
 
 # per-row arrays of the Round (engine/round.py) the trace keeps
 ROW_ARRAYS = ("limit_now", "equal", "ref", "lb", "ub", "current", "slo", "has_slo", "a", "b",
@@ -360,14 +360,7 @@ def limit_from_record(rec: dict) -> int:
 
 
 # -- the words ----------------------------------------------------------------
-def mib(b) -> str:
-    if b is None:
-        return "?"
-    return f"{b / (1 << 30):.2f} GiB" if b >= 10 << 30 else f"{b / MIB:.1f} MiB"
-
-
-def rate(v) -> str:
-    return "?" if v is None else f"{v:,.0f} ops/s" if v >= 100 else f"{v:.3g} ops/s"
+mib, rate = units.size, units.rate
 
 
 LIMIT_WORDS = {

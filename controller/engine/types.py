@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 
 from cachepilot.controller.engine.watchdog import Probation
+from cachepilot.core.units import size
 from cachepilot.protocol.types import Directive
 
 
@@ -147,7 +148,13 @@ class LogEntry:
 
     @property
     def message(self) -> str:
-        return f"{self.tenant}: {self.kind} {self.before} -> {self.after}: {self.reason}"
+        return f"{self.tenant}: {self.kind} {_words(self.before)} -> {_words(self.after)}: " \
+            f"{self.reason}"
+
+
+def _words(text: str) -> str:
+    """`before` / `after` for a person: a limit in bytes as MiB or GiB."""
+    return " ".join(size(int(w)) if w.isdigit() else w for w in text.split())
 
 
 @dataclass

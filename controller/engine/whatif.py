@@ -31,6 +31,7 @@ import numpy as np
 from cachepilot.controller.engine import model
 from cachepilot.controller.engine.round import recent_curves
 from cachepilot.controller.engine.types import EngineState, TenantState
+from cachepilot.core.units import size
 from cachepilot.models.mrc import PAGE_SIZE
 
 
@@ -105,7 +106,7 @@ def node_free(state: EngineState, config, node: str, reports, memory_bytes: int,
     `memory_bytes` and at `memory_bytes - free_bytes`."""
     if not 0 < free_bytes < memory_bytes:
         raise WhatIfError(f"node {node!r}: --free must be more than 0 and less than its "
-                          f"{memory_bytes} bytes")
+                          f"{size(memory_bytes)}")
     if not reports:
         raise WhatIfError(f"node {node!r} has not reported: no curves")
     before = _allocate(state, config, node, reports, memory_bytes, advisory)
