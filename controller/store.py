@@ -44,6 +44,7 @@ from cachepilot.core.errors import UserError
 LOG_KEEP = 200_000
 PRUNE_EVERY = 5_000
 TRACE_PRUNE_EVERY = 100     # rounds between prunings of old trace records
+TRACE_MEMORY = 256 << 20    # bytes of traces a store in memory keeps at most
 
 
 @dataclass
@@ -122,22 +123,26 @@ class StateStore(Protocol):
 class MemoryTraces:
     """Traces kept in this process: the in-memory store's, and an etcd
     store's (a day of every tenant's traces is not what etcd is for; a
-    replica keeps those of the rounds it decided)."""
+    replica keeps those of the rounds it decided).  At most `keep` rounds,
+    and at most TRACE_MEMORY bytes of them: the oldest go first."""
 
     def _traces(self):
         if not hasattr(self, "_trace_rounds"):
             self._trace_rounds, self._trace_of = {}, {}
             self._trace_lock = threading.Lock()
+            self._trace_bytes = 0
         return self._trace_rounds, self._trace_of
 
     def put_trace(self, rnd, tenants, blob, keep):
         rounds, of = self._traces()
         with self._trace_lock:
+            self._trace_bytes += len(blob) - len(rounds.get(rnd, b""))
             rounds[rnd] = blob
             for t in tenants:
                 of.setdefault(t, deque()).append(rnd)
-            while rounds and next(iter(rounds)) <= rnd - keep:    # oldest first
-                del rounds[next(iter(rounds))]
+            while rounds and (next(iter(rounds)) <= rnd - keep or
+                              self._trace_bytes > TRACE_MEMORY):    # oldest first
+                self._trace_bytes -= len(rounds.pop(next(iter(rounds))))
             for t in tenants:
                 ring = of[t]
                 while ring and ring[0] not in rounds:

@@ -194,6 +194,15 @@ def test_traces_are_kept_for_trace_rounds(tmp_path):
         assert store.read_trace("other") == (None, 0, 0)
 
 
+def test_traces_in_memory_are_bounded_in_bytes_too(monkeypatch):
+    from cachepilot.controller import store as store_mod
+    monkeypatch.setattr(store_mod, "TRACE_MEMORY", 1000)
+    m = MemoryStore()
+    for rnd in range(1, 50):
+        m.put_trace(rnd, ["t"], b"x" * 100, keep=10_000)
+    assert m.read_trace("t")[1:] == (40, 49)        # the newest ten of 100 bytes
+
+
 def test_a_recording_says_what_is_wrong_with_it(recorded, tmp_path):
     _, folder, _ = recorded
     with pytest.raises(UserError, match="not a zstd-compressed recording"):
