@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cachepilot.core.errors import UserError
+from cachepilot.core.units import size
 
 log = logging.getLogger("cachepilot.agent")
 
@@ -306,16 +307,24 @@ def _print_summary(result):
           f"{' MiB' if cg['limit_bytes'] else ''}")
     nf = result.get("nonfile")
     if nf:
-        print(f"  limit = cache + {nf['offset_bytes'] / 2**20:.1f} MiB non-file (of "
-              f"{nf['mapped_file_bytes'] / 2**20:.1f} MiB mapped file pages, "
-              f"{nf['mapped_referenced_bytes'] / 2**20:.1f} MiB in use); near that floor "
+        print(f"  limit = cache + {nf['offset_bytes'] / 2**20:.1f} MiB non-file: anonymous "
+              f"and shared memory, and the mapped file pages its processes touched while "
+              f"profiled ({nf['mapped_referenced_bytes'] / 2**20:.1f} MiB touched; "
+              f"{nf['mapped_file_bytes'] / 2**20:.1f} MiB mapped are charged here); near "
+              f"that floor "
               f"the real miss ratio lies between the curves at "
               f"{nf['floor_bytes'] / 2**20:.1f} MiB (anonymous and shared memory alone) "
               f"and {nf['peak_bytes'] / 2**20:.1f} MiB (all of it): --json's band")
     for c in result["curves"]:
         pts = list(zip(c["sizes"], c["miss_ratio"]))
         step = max(1, len(pts) // 8)
-        row = "  ".join(f"{s * 4096 >> 20}MiB:{m:.3f}" for s, m in pts[::step])
+        shown, last = [], None
+        for s, m in pts[::step]:
+            label = size(s * 4096)
+            if label != last:          # two sizes that round alike are shown once
+                shown.append(f"{label}: {m:.3f}")
+                last = label
+        row = "  ".join(shown)
         print(f"  {c['policy']:>8} ({c['method']}): {row}")
 
 
@@ -324,19 +333,31 @@ def _plot(result, out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
+    from cachepilot.models.mrc import MRC
+    from cachepilot.models.plot import same_groups, style
     band = result.get("band") or {}
     edges = [{c["policy"]: c for c in band.get(k, [])} for k in ("low", "high")]
-    for c in result["curves"]:
-        pts = [(s * 4096 / 2**20, m) for s, m in zip(c["sizes"], c["miss_ratio"]) if s > 0]
-        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=c["policy"])
+    banded = False
+    curves = [MRC.from_dict(c) for c in result["curves"]]
+    groups = same_groups(curves)
+    for i, (c, names) in enumerate(groups):
+        pts = [(s * 4096 / 2**20, m) for s, m in zip(c.sizes, c.miss_ratio) if s > 0]
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], label=" = ".join(names),
+                        **style(i))
         for edge in edges:
             # where the curve meets the non-file floor: what reclaim keeps
             # of the cgroup's other memory decides between the two edges
-            b = edge.get(c["policy"])
-            if b is not None and b["sizes"] != c["sizes"]:
+            b = edge.get(c.policy)
+            if b is not None and list(b["sizes"]) != list(c.sizes):
                 ax.plot([s * 4096 / 2**20 for s in b["sizes"] if s > 0],
                         [m for s, m in zip(b["sizes"], b["miss_ratio"]) if s > 0],
-                        color=line.get_color(), ls=":", lw=1)
+                        color=line.get_color(), ls=":", lw=1,
+                        label=None if banded else "band: what reclaim keeps of the "
+                                                  "non-file memory (dotted)")
+                banded = True
+    same = [" and ".join(n) for _, n in groups if len(n) > 1]
+    if same:
+        fig.text(0.01, 0.01, "identical, drawn once: " + "; ".join(same), fontsize=7)
     ax.set_xscale("log")        # curves span MiB to the node's memory
     ax.set_xlabel("memory limit (MiB, log scale)")
     ax.set_ylabel("miss ratio")

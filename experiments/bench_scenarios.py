@@ -219,6 +219,8 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
         slos.append(row)
     totals = {name: total for name, (_, total) in runs_.items()}
     names = [t.name for t in cfg.tenants]
+    per_tenant = {name: {rec["name"]: rec["throughput"] for rec in tenants}
+                  for name, (tenants, _) in runs_.items()}
     return {
         "scenario": path.stem,
         "config": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
@@ -226,6 +228,7 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
         "nodes": {n.name: n.memory_bytes for n in cfg.nodes},
         "tenants": len(cfg.tenants),
         "slos": slos, "aggregate_throughput": totals,
+        "tenant_throughput": per_tenant,     # run -> tenant -> mean after warm-up
         "ratio_vs_equal": {k: totals[k] / totals["equal"]
                            for k in ("fixed", "autopilot") if k in totals},
         "check_passed": all(r["ok"] is not False for r in slos),
@@ -314,7 +317,7 @@ def plot_corpus(results: list[dict], out: Path) -> None:
     low.set_ylabel("% of intervals after warm-up\nthe SLO is met")
     low.set_xticks(x, [r["scenario"].removeprefix("scenario-") for r in results])
     low.set_xlabel("scenario")
-    low.legend(fontsize=7, ncol=3, loc="lower left")
+    low.legend(fontsize=7, ncol=6, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     off = results[0]["seed_offset"] if results else 0
     top.set_title(f"generated corpus, seed offset {off}: autopilot against the static "
                   f"equal split", fontsize=10)
@@ -380,6 +383,11 @@ def report(r: dict) -> None:
               f"{f' ({which})' if gone else ''}; over the rest: equal "
               f"{100 * s['equal_reachable']:5.1f}%{fixed}  autopilot "
               f"{100 * s['autopilot_reachable']:5.1f}%  check {verdict}")
+    tput = r.get("tenant_throughput", {})
+    if "equal" in tput and "autopilot" in tput:
+        print("  per tenant, autopilot / equal split: " + ", ".join(
+            f"{t} {a / tput['equal'][t]:.2f}x" if tput["equal"][t] else f"{t} -"
+            for t, a in tput["autopilot"].items()))
     dec = r["decisions"]["autopilot"]
     moved = ", ".join(f"{t} {d['switches']}/{d['reverts']}" for t, d in dec.items()
                       if d["switches"] or d["reverts"])

@@ -267,7 +267,8 @@ def write_plots(cfg, result, folder: Path):
                              label=f"{t['name']} ({t['node']})")
         axes[1].plot(xs, [r["throughput"] for r in t["history"]], color=line.get_color())
         if t["slo"]:
-            axes[1].axhline(t["slo"], color=line.get_color(), linestyle=":", linewidth=0.8)
+            axes[1].axhline(t["slo"], color=line.get_color(), linestyle=":", linewidth=0.8,
+                            label=f"{t['name']}'s SLO")
         axes[2].step(xs, [policies.index(r["policy"]) + 0.03 * tenants.index(t)
                           for r in t["history"]], where="post", color=line.get_color())
     axes[0].set_ylabel("limit (MiB)")
@@ -277,6 +278,8 @@ def write_plots(cfg, result, folder: Path):
     axes[2].set_ylabel("policy")
     axes[2].set_xlabel("control interval")
     axes[0].legend(fontsize=7, ncol=2)
+    if any(t["slo"] for t in tenants):
+        axes[1].legend(fontsize=7, ncol=2, title="dotted: SLOs", title_fontsize=7)
     axes[0].set_title(f"cachepilot run: {result['throughput_ratio']:.2f}x the static "
                       f"equal split")
     fig.tight_layout()
