@@ -23,9 +23,8 @@ them, with:
     that the equal split holds below it in >= half those intervals and
     that, given its whole node in the same draws, meets it in >= 80 %) or
     infeasible (>= 3x and >= 1.1x the best interval of that whole-node
-    run, so no memory can meet it).  The class,
-    factor and both reference runs' figures are in the file's header
-    comment and in index.json.
+    run, so no memory can meet it).  The class, factor and both reference
+    runs' figures are in the file's header comment and in index.json.
 
 Scenario NN depends only on (--seed, NN): --count 30 writes the same first
 20 files as --count 20, and the same --seed writes byte-identical files
@@ -97,7 +96,7 @@ CONCURRENCY = (1, 2, 4, 8, 16)
 # a run's cost is about sum(accesses x policies) per interval; memory: each
 # of those caches holds up to min(its size, the pages the tenant touched)
 # entries.  Both limits were set by measurement (docs/scenarios.md): a
-# unit costs roughly 10-20 us of CPU per interval in run_autopilot, an
+# unit costs roughly 6-20 us of CPU per interval in run_autopilot, an
 # entry roughly 180 bytes of RSS.
 CPU_UNITS = 16_000         # sum over tenants of accesses_per_interval x policies
 MEM_ENTRIES = 8_000_000    # sum over tenants, policies, curve sizes of pages held
