@@ -20,7 +20,6 @@ and from the reports.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -533,12 +532,11 @@ class Controller(AdminOps):
         streaks, watchdog holds, the throughput model) from the shared
         store, as they were written by whichever replica served it last
         (`saved`, read by _read_adopted).  What this replica last saved of
-        them is forgotten: if it served the node before, the store has held
-        another's records of it since, so its own are written again at the
+        their directives is forgotten: if it served the node before, the
+        store has held another's since, so its own are written again at the
         next report, not up to SAVE_EVERY reports later."""
         for t in self.config.tenants_on(rec.name):
             self._last_saved.pop("d:" + t.name, None)
-            self._last_saved.pop("t:" + t.name, None)
         if saved is None:               # etcd away: start them from the reports
             self._note(rec.name, "", "adopt", f"node {rec.name}: its tenants' saved state "
                        f"could not be read ({why}); they start from the reports")
