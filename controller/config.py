@@ -342,6 +342,9 @@ class PhaseSpec(Strict):
     scan_length: Bytes = Field(16 << 20, gt=0)     # get-scan: bytes per scan
     trace: FilePath | None = None            # kind: trace
     trace_format: str | None = None
+    # kind: trace: page accesses of the trace skipped before the replay
+    # starts (it wraps round to the start at the end)
+    trace_offset: int = Field(0, ge=0)
     # Length of the phase in control intervals; None = until the end.
     intervals: int | None = Field(None, ge=1)
 

@@ -81,6 +81,7 @@ SCENARIOS = ROOT / "configs" / "scenarios"
 RESULTS = ROOT / "experiments" / "results"
 TARGET = 0.95           # the share of intervals
 SWING = 0.05            # of the node's memory: a move that counts toward a swing
+TRACE_SHIFT = 100_003      # page accesses a trace moves per seed offset
 ALL_RUNS = ("equal", "whole", "fixed", "autopilot")
 CORPUS_RUNS = ("equal", "whole", "autopilot")
 
@@ -174,6 +175,9 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
     for t in cfg.tenants:
         if t.workload is not None and t.workload.seed is not None:
             t.workload.seed += seed_offset
+        for ph in t.workload.phases if t.workload is not None else ():
+            if ph.kind == "trace":          # another stretch of the trace (it wraps)
+                ph.trace_offset += seed_offset * TRACE_SHIFT
     warmup = cfg.control.warmup_intervals if intervals > cfg.control.warmup_intervals else 0
     fixed_cfg = cfg.model_copy(deep=True)
     fixed_cfg.control.slo_headroom_sigmas = 0.0

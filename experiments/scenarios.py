@@ -40,10 +40,9 @@ minute of CPU in `run_autopilot` and its RSS modest: the sim's cost grows
 with accesses x allowed policies x curve sizes, its memory with the pages
 each miniature cache holds (see `cost`).
 
-Not possible in the sim as it is: replaying a trace from an offset.  A
-trace phase always starts at the trace's first request
-(sim/backend.py PhaseStream -> models/generators.py TraceStream take no
-offset or seed), so trace tenants are the same under every seed.
+A trace phase starts at an offset drawn over the trace's page accesses
+(`trace_offset`, which the replay wraps round), and bench_scenarios'
+--seed-offset moves it on.
 
 Usage: experiments/scenarios.py --out DIR [--seed S] [--count N]
                                 [--intervals N] [--traces DIR]
@@ -501,9 +500,11 @@ def build(seed: int, index: int, out_dir: Path, traces: Path = TRACES,
     rel = {name: os.path.relpath(Path(traces).resolve() / name, out_dir.resolve())
            for name in TRACE_FILES}
     d = Draw(seed, index)
+    offsets = Draw(seed, f"{index}:trace-offsets")
     for attempt in range(ATTEMPTS):
         scenario = _draw(d, index, policies, rel, intervals)
         _fit_budget(scenario, policies, intervals)
+        _trace_offsets(offsets, scenario, traces)
         refs = calibrate(_config(scenario, out_dir), intervals)
         slos = place_slos(d, scenario, refs, index)
         if slos is not None:
@@ -535,6 +536,27 @@ def build(seed: int, index: int, out_dir: Path, traces: Path = TRACES,
         "slos": slos,
     }
     return _text(name, seed, intervals, entry, document(scenario)), entry
+
+
+_TRACE_ACCESSES: dict[str, int] = {}
+
+
+def _trace_offsets(d: Draw, scenario: dict, traces: Path) -> None:
+    """Each trace phase starts at an offset drawn over its trace's page
+    accesses (from a stream of draws of its own, so the rest of a scenario
+    is what it was before offsets were drawn)."""
+    from cachepilot.models.traces import open_trace
+    for t in scenario["tenants"]:
+        for ph in t["workload"]["phases"]:
+            if ph["kind"] != "trace":
+                continue
+            name = Path(ph["trace"]).name
+            if name not in _TRACE_ACCESSES:
+                tr = open_trace(Path(traces) / name)
+                for _ in tr.chunks_with_tids():
+                    pass
+                _TRACE_ACCESSES[name] = max(1, tr.accesses)
+            ph["trace_offset"] = d.randint(0, _TRACE_ACCESSES[name] - 1)
 
 
 def _text(name: str, seed: int, intervals: int, entry: dict, doc: dict) -> str:

@@ -227,9 +227,10 @@ class Mix(KeyStream):
 
 
 class TraceStream(KeyStream):
-    """A trace replayed as a stream (from the start again when it ends)."""
+    """A trace replayed as a stream (from the start again when it ends),
+    from its `skip`-th page access on."""
 
-    def __init__(self, path, format: str | None = None, loop: bool = True):
+    def __init__(self, path, format: str | None = None, loop: bool = True, skip: int = 0):
         from cachepilot.models.traces import open_trace
         self.trace = open_trace(path, format)
         self.loop = loop
@@ -237,6 +238,7 @@ class TraceStream(KeyStream):
         self._it = None
         self._buf_keys = np.zeros(0, np.uint64)
         self._buf_tids = np.zeros(0, np.uint32)
+        self._skip = int(skip)
 
     def _refill(self):
         while True:
@@ -255,6 +257,14 @@ class TraceStream(KeyStream):
             return True
 
     def _next(self, n):
+        while self._skip:
+            while not len(self._buf_keys) and self._refill():
+                pass
+            if not len(self._buf_keys):
+                break
+            drop = min(self._skip, len(self._buf_keys))
+            self._buf_keys, self._buf_tids = self._buf_keys[drop:], self._buf_tids[drop:]
+            self._skip -= drop
         while len(self._buf_keys) < n and self._refill():
             pass
         k, t = self._buf_keys[:n], self._buf_tids[:n]
@@ -293,8 +303,9 @@ def mix(parts, seed: int = 0) -> Mix:
     return Mix(parts, seed)
 
 
-def trace_stream(path, format: str | None = None, loop: bool = True) -> TraceStream:
-    return TraceStream(path, format, loop)
+def trace_stream(path, format: str | None = None, loop: bool = True,
+                 skip: int = 0) -> TraceStream:
+    return TraceStream(path, format, loop, skip)
 
 
 def keys(stream: KeyStream, n: int) -> np.ndarray:

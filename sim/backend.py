@@ -85,7 +85,8 @@ class PhaseStream:
             self.registered = {"get_scan": np.array([gen.SCAN_TID], np.uint32)}
             self.threads = {gen.GET_TID: ("get", "kv get"), gen.SCAN_TID: ("scan", "kv scan")}
         elif kind == "trace":
-            self.gen = gen.trace_stream(phase.trace, phase.trace_format)
+            self.gen = gen.trace_stream(phase.trace, phase.trace_format,
+                                        skip=phase.trace_offset)
         else:
             raise UserError(f"sim: unknown workload kind {kind!r}")
 

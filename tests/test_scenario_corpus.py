@@ -140,3 +140,13 @@ def test_the_command_line_writes_the_corpus(traces, tmp_path, capsys):
     index = json.loads((tmp_path / "index.json").read_text())
     assert index["seed"] == 3 and index["count"] == 1
     assert "wrote 1 scenarios" in capsys.readouterr().out
+
+
+def test_a_trace_replays_from_its_offset_and_wraps(tmp_path):
+    from cachepilot.models import generators as gen
+    path = tmp_path / "t.txt"
+    path.write_text("\n".join(str(k) for k in range(10)) + "\n")
+    assert gen.trace_stream(path, skip=3).next(5).tolist() == [3, 4, 5, 6, 7]
+    # past the end it wraps round, as the replay itself does
+    assert gen.trace_stream(path, skip=13).next(9).tolist() == [3, 4, 5, 6, 7, 8, 9, 0, 1]
+    assert gen.trace_stream(path).next(2).tolist() == [0, 1]
