@@ -11,10 +11,12 @@ record is JSON-able; the state store keeps one per tenant
 """
 from __future__ import annotations
 
+import base64
 from collections import deque
 from dataclasses import asdict, fields
 
 import numpy as np
+import zstandard
 
 from cachepilot.controller.engine.types import (CURVE_HISTORY, OBS_HISTORY, EngineState,
                                                 LogEntry, Observations, TenantState)
@@ -33,7 +35,7 @@ def tenant_record(state: EngineState, name: str) -> dict:
     rec["version"] = RECORD_VERSION
     rec["held_until"] = dict(st.held_until)
     rec["probation"] = asdict(st.probation) if st.probation is not None else None
-    rec["recent_curves"] = [[_curve(c) for c in curves] for curves in st.recent_curves]
+    rec["recent_curves"] = pack_curves(st.recent_curves)
     rec["recent_obs"] = [list(o) for o in st.recent_obs]
     obs = state.obs
     if obs is not None and st.slot >= 0:
@@ -43,16 +45,41 @@ def tenant_record(state: EngineState, name: str) -> dict:
     return rec
 
 
-def _curve(c) -> dict:
-    return {"policy": c.policy, "method": c.method, "rate": float(c.rate),
-            "sizes": [int(s) for s in c.sizes], "miss_ratio": c.miss_ratio.tolist(),
-            "meta": c.meta or {}}
+def pack_curves(history) -> dict:
+    """The last reports' curves, compact: each curve's policy, method, rate
+    and meta in JSON, its points as the exact int64 sizes and float64 miss
+    ratios, all zstd-compressed (the sizes grids repeat from report to
+    report, so they cost little); a tenant's eight reports of five 50-point
+    curves are a few kilobytes rather than sixty of JSON numbers."""
+    head, parts = [], []
+    for curves in history:
+        head.append([[c.policy, c.method, float(c.rate), c.meta or {}, len(c.sizes)]
+                     for c in curves])
+        for c in curves:
+            parts += [np.asarray(c.sizes, dtype=np.int64).tobytes(),
+                      np.asarray(c.miss_ratio, dtype=np.float64).tobytes()]
+    return {"head": head, "points": base64.b64encode(
+        _ZC.compress(b"".join(parts))).decode() if parts else ""}
 
 
-def _mrc(d: dict) -> MRC:
-    return MRC.checked(np.asarray(d["sizes"], dtype=np.int64),
-                       np.asarray(d["miss_ratio"], dtype=np.float64), d["policy"],
-                       d["method"], float(d["rate"]), d.get("meta") or {})
+def unpack_curves(packed) -> list[list[MRC]]:
+    if not packed or not packed.get("head"):
+        return []
+    raw = zstandard.ZstdDecompressor().decompress(base64.b64decode(packed["points"]))
+    out, at = [], 0
+    for report in packed["head"]:
+        curves = []
+        for policy, method, rate, meta, n in report:
+            sizes = np.frombuffer(raw, dtype=np.int64, count=n, offset=at).copy()
+            at += 8 * n
+            miss = np.frombuffer(raw, dtype=np.float64, count=n, offset=at).copy()
+            at += 8 * n
+            curves.append(MRC.checked(sizes, miss, policy, method, float(rate), meta))
+        out.append(curves)
+    return out
+
+
+_ZC = zstandard.ZstdCompressor(level=3)
 
 
 def restore(state: EngineState, records: dict[str, dict], rounds: int, window: int) -> None:
@@ -72,8 +99,7 @@ def restore(state: EngineState, records: dict[str, dict], rounds: int, window: i
         if pb:
             known = {f.name for f in fields(Probation)}
             st.probation = Probation(**{k: v for k, v in pb.items() if k in known})
-        st.recent_curves = deque(([_mrc(c) for c in curves]
-                                  for curves in rec.get("recent_curves") or ()),
+        st.recent_curves = deque(unpack_curves(rec.get("recent_curves")),
                                  maxlen=CURVE_HISTORY)
         st.recent_obs = deque((tuple(o) for o in rec.get("recent_obs") or ()),
                               maxlen=OBS_HISTORY)
