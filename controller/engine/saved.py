@@ -58,8 +58,8 @@ def pack_curves(history) -> dict:
         for c in curves:
             parts += [np.asarray(c.sizes, dtype=np.int64).tobytes(),
                       np.asarray(c.miss_ratio, dtype=np.float64).tobytes()]
-    return {"head": head, "points": base64.b64encode(
-        _ZC.compress(b"".join(parts))).decode() if parts else ""}
+    return {"head": head, "points": base64.b64encode(zstandard.ZstdCompressor(level=3).compress(
+        b"".join(parts))).decode() if parts else ""}
 
 
 def unpack_curves(packed) -> list[list[MRC]]:
@@ -78,8 +78,6 @@ def unpack_curves(packed) -> list[list[MRC]]:
         out.append(curves)
     return out
 
-
-_ZC = zstandard.ZstdCompressor(level=3)
 
 
 def restore(state: EngineState, records: dict[str, dict], rounds: int, window: int) -> None:

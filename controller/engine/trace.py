@@ -38,7 +38,7 @@ class RoundTrace:
     """One round's trace (see the module doc)."""
 
     def __init__(self, R, decision, ctl):
-        self.R, self.decision, self.ctl = R, decision, ctl
+        self.R, self.directives, self.ctl = R, decision.directives, ctl
 
     def tenants(self) -> list[str]:
         return [spec.name for _, spec, _ in self.R.rows]
@@ -65,8 +65,7 @@ class RoundTrace:
         num["fitted"] = np.fromiter((t.fitted for t in sts), dtype=np.float64, count=n)
         num["streak"] = np.fromiter((t.streak for t in sts), dtype=np.float64, count=n)
         num["priority"] = R.column(lambda s, r: s.priority)
-        limits = {d.tenant: d.limit_bytes for ds in self.decision.directives.values()
-                  for d in ds}
+        limits = {d.tenant: d.limit_bytes for ds in self.directives.values() for d in ds}
         hold = R.phase_hold or [None] * n
         text = {
             "tenant": self.tenants(),
@@ -95,11 +94,12 @@ class RoundTrace:
     def encode(self) -> bytes:
         """The columns as one zstd-compressed blob (decode() reads it)."""
         cols = self.columns()
-        for part in ("num",):
-            cols[part] = {k: _pack(v) for k, v in cols[part].items()}
+        cols["num"] = {k: _pack(v) for k, v in cols["num"].items()}
         cols["bank"] = {k: _pack(v) if isinstance(v, np.ndarray) else v
                         for k, v in cols["bank"].items()}
-        return _Z.compress(json.dumps(cols, separators=(",", ":")).encode())
+        # a compressor a call: one object is not to be shared between threads
+        return zstandard.ZstdCompressor(level=1).compress(
+            json.dumps(cols, separators=(",", ":")).encode())
 
     def records(self) -> list[dict]:
         """Every tenant's record, in row order."""
@@ -117,9 +117,6 @@ REPORT_NUMBERS = {
     "file_bytes": lambda s, r: r.usage_file_bytes,
     "cpu_per_s": lambda s, r: r.cpu_per_s,
 }
-
-_Z = zstandard.ZstdCompressor(level=1)
-
 
 def _pack(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a, dtype=np.float64).tobytes()).decode()
