@@ -15,7 +15,8 @@ def register(subparsers):
     p.add_argument("--config", required=True)
     p.add_argument("--listen", help="address to listen on (default: the config's)")
     p.add_argument("--record", metavar="DIR",
-                   help="keep a recording of every round in DIR, for `cachepilot replay`")
+                   help="keep a recording of every round in DIR, for `cachepilot replay` "
+                        "(one already there is replaced)")
     p.add_argument("--replica", metavar="NAME",
                    help="with an etcd store: this replica's name among the others, its "
                         "own (default: the config's controller.replica, else the "

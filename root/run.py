@@ -46,7 +46,7 @@ def register(subparsers):
     p.add_argument("--seed", type=int, help="override the nodes' seeds")
     p.add_argument("--record", metavar="DIR",
                    help="keep a recording of the controller's rounds in DIR, for "
-                        "`cachepilot replay`")
+                        "`cachepilot replay` (one already there is replaced)")
     p.set_defaults(func=cmd_run)
 
 
