@@ -108,18 +108,28 @@ class Recorder:
                 self._file.close()
 
 
+FEED = 1 << 16          # compressed bytes fed to the decompressor at a time
+
+
 def _frames(raw: bytes, path) -> str:
     """The text of every whole frame; a last frame cut short (a controller
-    killed while writing it) is left out, as its round never finished."""
-    out, d = [], zstandard.ZstdDecompressor()
+    killed while writing it) is left out, as its round never finished.
+    Fed in pieces, so that what follows a frame (unused_data, copied at
+    every frame's end) is at most a piece, not the rest of the file: a
+    day's recording has tens of thousands of frames.  (models/traces'
+    ZstdStream reads frames the same way but refuses a cut last frame,
+    which a trace must not pass off as whole.)"""
+    out, frame, d = [], [], zstandard.ZstdDecompressor()
+    obj, view = d.decompressobj(), memoryview(raw)
     try:
-        while raw:
-            obj = d.decompressobj()
-            chunk = obj.decompress(raw)
-            if not obj.eof:
-                break
-            out.append(chunk)
-            raw = obj.unused_data
+        for at in range(0, len(raw), FEED):
+            piece = view[at:at + FEED]
+            while piece:
+                frame.append(obj.decompress(piece))
+                if not obj.eof:
+                    break
+                out += frame
+                frame, piece, obj = [], obj.unused_data, d.decompressobj()
         return b"".join(out).decode()
     except (zstandard.ZstdError, UnicodeDecodeError) as err:
         raise UserError(f"{path}: not a zstd-compressed recording ({err})") from None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from cachepilot.controller import recording
 from cachepilot.core.errors import UserError
+from cachepilot.core.units import size as _mib
 
 
 def register(subparsers):
@@ -64,9 +65,6 @@ def cmd_replay(args) -> int:
     return 0
 
 
-def _mib(b) -> str:
-    from cachepilot.core.units import size
-    return size(b)
 
 
 def replay(lines: list[dict], other=None) -> Replayed:

@@ -20,6 +20,7 @@ import math
 import numpy as np
 import zstandard
 
+from cachepilot.controller.engine.emit import _num
 from cachepilot.core import units
 from cachepilot.models.mrc import PAGE_SIZE
 
@@ -199,11 +200,6 @@ def _policy_rule(R, i: int) -> str:
     if ch.switched:
         return "trial" if ch.trial else "switch"
     return "keep"
-
-
-def _num(v):
-    """A float for JSON: None where it is not finite."""
-    return float(v) if v is not None and math.isfinite(v) else None
 
 
 def _bytes(pages):
