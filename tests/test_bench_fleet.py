@@ -178,7 +178,9 @@ def test_a_failover_step_leaves_no_work_folder(tmp_path, monkeypatch):
         made.append(Path(real(dir=tmp_path, **kw)))
         return str(made[-1])
     monkeypatch.setattr(bench_fleet.tempfile, "mkdtemp", mkdtemp)
-    args = argparse.Namespace(interval=1.0, warmup=1, intervals=2, replicas=2, seed=1,
+    # four measured intervals, as measure_failover runs it: with two, a
+    # loaded machine could end the step before the 1 s lease ran out
+    args = argparse.Namespace(interval=1.0, warmup=1, intervals=4, replicas=2, seed=1,
                               points=20, agent_procs=1, connections="per-node", py_spy=None,
                               keep=False)
     figures = bench_fleet.run_step(2, 2, args, kill_leader=True)
