@@ -94,6 +94,10 @@ def _keys(keys) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
+# accesses a MiniSim logs to build its deferred caches from (13 bytes
+# each at most: key, tid, counted flag); past them it builds them all
+LOG_MAX_ACCESSES = 1 << 20
+
 # bit 31 of a simulated access's tid: a thread in the policy's tid map
 # (CP_TID_REGISTERED in the application-informed policies; kernel tids
 # never have it)
@@ -321,6 +325,17 @@ class MiniSim:
     miniatures then see those threads' accesses marked, the others'
     unmarked.
 
+    Deferred caches.  A cache whose policy has no admit_folio hook caches
+    every miss and evicts only to make room, so until it first fills its
+    hits are the stream's re-references, whatever the policy and size.
+    Such a cache is built only once the stream's distinct keys are about
+    to outgrow it: until then its counts are those (`_cold`), and it is
+    built by replaying the batches fed so far (`_log`), which leaves it
+    exactly as feeding it all along would have.  The sizes beyond what
+    the stream has touched (most of a curve's at a high rate) so take no
+    memory until they can make a difference.  The log is bounded: past
+    LOG_MAX_ACCESSES every deferred cache is built.
+
     Counted threads.  A tenant's throughput may count some of its threads'
     operations only: a store's GETs, not the scan beside them.  After
     :meth:`count_threads` every access still moves every miniature cache,
@@ -339,11 +354,21 @@ class MiniSim:
         self.threshold = rate_threshold(rate)
         self.mini_sizes = np.maximum(
             1, np.round(self.rate * self.sizes)).astype(np.int64)
-        self._caches = {}      # (policy, mini size) -> Cache
-        for p in self.policies:
-            for m in np.unique(self.mini_sizes).tolist():
-                self._caches[(p, m)] = Cache(p, m, scale=1.0 / self.rate)
-        self._window = {k: None for k in self._caches}   # stats at its start
+        self._caches = {}      # (policy, mini size) -> Cache, once built
+        self._deferred = []    # (policy, mini size) not built yet, smallest first
+        for m in np.unique(self.mini_sizes).tolist():
+            for p in self.policies:
+                if _runtime.admits(p):
+                    self._caches[(p, m)] = self._new_cache(p, m)
+                else:
+                    self._deferred.append((p, m))
+        # stats at the window's start
+        self._window = {k: None for k in [*self._caches, *self._deferred]}
+        self._log = []         # batches fed while a cache is deferred
+        self._logged = 0       # accesses in the log
+        self._seen = np.empty(0, np.uint64)   # distinct keys in the log, sorted
+        self._cold = dict.fromkeys(("accesses", "misses", "counted_accesses",
+                                    "counted_misses"), 0)   # a deferred cache's stats
         self._registered: dict[str, np.ndarray] = {}   # policy -> sorted tids
         self._counted: np.ndarray | None = None         # None: every thread
         self.sampled = 0           # sampled accesses in the current window
@@ -414,6 +439,8 @@ class MiniSim:
             if self._counted is not None:
                 plain = tids & np.uint32(TID_REGISTERED - 1)
                 counted = np.isin(plain, self._counted).view(np.uint8)
+        if self._deferred:
+            self._defer(keys, marked, tids, counted)
         for (policy, _), cache in self._caches.items():
             # arguments already checked above
             cache._c.access(keys, marked.get(policy, tids), counted)
@@ -433,6 +460,8 @@ class MiniSim:
         """Start a new counting window; cache contents are kept."""
         for k, cache in self._caches.items():
             self._window[k] = cache.stats
+        for k in self._deferred:
+            self._window[k] = dict(self._cold)
         if self.chain is not None:
             self.chain.reset_counts()
         self.sampled = 0
@@ -457,7 +486,9 @@ class MiniSim:
             ratios = []
             misses_full = []
             for m in self.mini_sizes.tolist():
-                st, st0 = self._caches[(p, m)].stats, self._window[(p, m)]
+                cache = self._caches.get((p, m))
+                st = cache.stats if cache is not None else self._cold
+                st0 = self._window[(p, m)]
                 acc = st[prefix + "accesses"] - (st0[prefix + "accesses"] if st0 else 0)
                 miss = st[prefix + "misses"] - (st0[prefix + "misses"] if st0 else 0)
                 if scaled:
@@ -494,7 +525,50 @@ class MiniSim:
 
     def caches(self) -> dict:
         """The miniature caches, keyed by (policy, miniature size)."""
+        self._build(len(self._deferred))
         return dict(self._caches)
+
+    def _new_cache(self, policy: str, mini_size: int) -> Cache:
+        return Cache(policy, mini_size, scale=1.0 / self.rate)
+
+    def _defer(self, keys, marked, tids, counted):
+        """Before a batch reaches the caches: build the deferred caches it
+        could fill (the distinct keys would outnumber their pages), and
+        log and count the batch for the others."""
+        uniq, first = np.unique(keys, return_index=True)
+        new = np.isin(uniq, self._seen, assume_unique=True, invert=True)
+        distinct = len(self._seen) + int(new.sum())
+        if self._logged + len(keys) > LOG_MAX_ACCESSES:
+            self._build(len(self._deferred))
+        else:
+            self._build(sum(1 for _, m in self._deferred if m < distinct))
+        if not self._deferred:
+            return
+        self._log.append((keys, marked, tids, counted))
+        self._logged += len(keys)
+        self._seen = np.insert(self._seen, np.searchsorted(self._seen, uniq[new]), uniq[new])
+        cold = first[new]          # the batch's first accesses to new keys: its misses
+        self._cold["accesses"] += len(keys)
+        self._cold["misses"] += len(cold)
+        self._cold["counted_accesses"] += len(keys) if counted is None else int(counted.sum())
+        self._cold["counted_misses"] += len(cold) if counted is None \
+            else int(counted[cold].sum())
+
+    def _build(self, n: int):
+        """Build the n smallest deferred caches by replaying the log; with
+        none left deferred, drop the log."""
+        for policy, m in self._deferred[:n]:
+            cache = self._new_cache(policy, m)
+            for keys, marked, tids, counted in self._log:
+                cache._c.access(keys, marked.get(policy, tids), counted)
+            st = cache.stats
+            assert all(st[k] == v for k, v in self._cold.items()), \
+                f"{policy}: a deferred cache of {m} pages replayed other counts"
+            self._caches[(policy, m)] = cache
+        del self._deferred[:n]
+        if not self._deferred:
+            self._log, self._logged = [], 0
+            self._seen = np.empty(0, np.uint64)
 
 
 def minisim_mrc(keys, policies, sizes, rate: float, tids=None) -> list[MRC]:

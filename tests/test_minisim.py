@@ -160,3 +160,40 @@ def test_mark_registered_sets_bit_31_on_exactly_those_threads():
     tids = np.array([5, 7, 5 | rt.TID_REGISTERED, 9], dtype=np.uint32)
     out = rt.mark_registered(tids, np.array([5], np.uint32))
     assert out.tolist() == [5 | rt.TID_REGISTERED, 7, 5 | rt.TID_REGISTERED, 9]
+
+
+def test_deferred_caches_give_the_curves_of_caches_built_at_once(monkeypatch):
+    """Caches of policies without an admit hook are built only when the
+    stream's distinct keys are about to outgrow them, by replaying what
+    was fed before: every window's curves are those of caches fed from the
+    start (LOG_MAX_ACCESSES 0 builds them all at the first batch), with
+    threads registered and counted, the counted set changing midway."""
+    from cachepilot.models import generators as gen
+    keys, tids = gen.get_scan(3_000, skew=0.8, scan_fraction=0.3, scan_pages=500,
+                              scan_space=20_000, seed=4).next(40_000)
+    policies = ["get_scan", "lfu", "s3fifo", "admit_filter", "mru"]
+    sizes = [100, 1_000, 5_000, 20_000, 60_000]
+
+    def windows(log_max):
+        monkeypatch.setattr(rt, "LOG_MAX_ACCESSES", log_max)
+        sim = rt.MiniSim(policies, sizes, 1.0)
+        sim.register_threads("get_scan", [gen.SCAN_TID])
+        out, deferred = [], []
+        for i, (k, t) in enumerate(zip(np.array_split(keys, 20), np.array_split(tids, 20))):
+            if i == 10:
+                sim.count_threads([gen.GET_TID])
+            sim.feed_unsampled(k, t)
+            deferred.append(len(sim._deferred))
+            out.append([(c.policy, c.miss_ratio.tolist(), c.meta["est_misses"])
+                        for c in sim.curves()])
+            sim.reset_counts()
+        return out, deferred
+
+    lazy, deferred = windows(rt.LOG_MAX_ACCESSES)
+    eager, none = windows(0)
+    assert lazy == eager
+    assert not any(none)
+    # the larger sizes stay deferred while the stream has not filled them,
+    # admit_filter's (an admit hook) never are
+    assert deferred[0] > 0 and deferred[-1] > 0 and deferred[-1] < deferred[0]
+    assert all(p != "admit_filter" for p, _ in rt.MiniSim(policies, sizes, 1.0)._deferred)

@@ -321,6 +321,24 @@ static PyObject *mod_policies(PyObject *self, PyObject *args)
 	return list;
 }
 
+/* Whether a policy has an admit_folio hook: without one every miss is
+ * cached, so until its cache first fills, what hits depends on the
+ * stream alone (models/runtime.py's MiniSim defers such caches). */
+static PyObject *mod_admits(PyObject *self, PyObject *args)
+{
+	const struct cp_policy_file *file;
+	const char *name, *reg_name;
+
+	if (!PyArg_ParseTuple(args, "s", &name))
+		return NULL;
+	file = cp_find_policy(name, &reg_name);
+	if (!file) {
+		PyErr_Format(PyExc_ValueError, "unknown policy %s", name);
+		return NULL;
+	}
+	return PyBool_FromLong(file->ops->admit_folio != NULL);
+}
+
 /* Load a policy built as its own shared object; returns its name.  The
  * object stays loaded for the life of the process. */
 static PyObject *mod_load_library(PyObject *self, PyObject *args)
@@ -388,6 +406,8 @@ static PyMethodDef module_methods[] = {
 	  "sample_index(keys_u64_buffer, threshold) -> u64 index bytes" },
 	{ "policies", mod_policies, METH_VARARGS,
 	  "policies(include_loaded=False) -> registered policy names" },
+	{ "admits", mod_admits, METH_VARARGS,
+	  "admits(name) -> whether the policy has an admit_folio hook" },
 	{ "load_library", mod_load_library, METH_VARARGS,
 	  "load_library(path, tag) -> registered policy name" },
 	{ NULL }
