@@ -73,7 +73,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cachepilot.controller.config import load_config
+from cachepilot.controller.config import ControlSpec, load_config
 from cachepilot.run import run_autopilot, run_static_equal, run_static_whole, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -166,10 +166,15 @@ def _peak_rss_mib() -> float:
 
 
 def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
-                 runs: tuple = ALL_RUNS, classes: dict | None = None) -> dict:
+                 runs: tuple = ALL_RUNS, classes: dict | None = None,
+                 control: dict | None = None) -> dict:
     """`runs`: which of equal, whole, fixed, autopilot to run (equal and
-    whole always run).  `classes`: tenant -> its SLO's class, when known."""
+    whole always run).  `classes`: tenant -> its SLO's class, when known.
+    `control`: fields of the control section to override (--set)."""
     cfg = load_config(path)
+    if control:
+        cfg.control = type(cfg.control).model_validate(
+            {**cfg.control.model_dump(), **control})
     for n in cfg.nodes:
         n.seed += seed_offset
     for t in cfg.tenants:
@@ -244,17 +249,19 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
     }
 
 
-def run_isolated(path: Path, intervals: int, seed_offset: int, runs: tuple,
-                 classes: dict | None) -> dict:
-    """run_scenario in a fresh process of its own, so that its peak RSS is
-    the scenario's alone (ru_maxrss never falls in a process)."""
+def run_isolated(jobs: list[tuple], workers: int = 1):
+    """run_scenario(*job) for each job, each in a fresh process of its own
+    (so that its peak RSS is the scenario's alone: ru_maxrss never falls in
+    a process), `workers` at a time; yields the results in the jobs' order."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:
-        r = pool.submit(run_scenario, path, intervals, seed_offset, runs, classes).result()
-    r["isolated"] = True
-    return r
+        futures = [pool.submit(run_scenario, *job) for job in jobs]
+        for f in futures:
+            r = f.result()
+            r["isolated"] = True
+            yield r
 
 
 def plot(results: list[dict], out: Path) -> None:
@@ -328,6 +335,15 @@ def plot_corpus(results: list[dict], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def _control_field(text: str) -> tuple[str, object]:
+    """FIELD=VALUE for --set, the value read as YAML (3, 0.5, true, linux)."""
+    import yaml
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    return key.strip(), yaml.safe_load(value)
 
 
 def _seeds(text: str) -> list[int]:
@@ -456,7 +472,20 @@ def main(argv=None) -> int:
                     "largest so far)")
     ap.add_argument("--results", type=Path, default=RESULTS, metavar="DIR",
                     help=f"where to write the JSON and PNG (default {RESULTS})")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="scenarios run at once, each in its own process (default 1)")
+    ap.add_argument("--set", dest="control", action="append", default=[],
+                    type=_control_field, metavar="FIELD=VALUE",
+                    help="override a control field in every scenario (YAML value), "
+                    "e.g. --set autopilot_k=3; repeatable")
     args = ap.parse_args(argv)
+    control = dict(args.control)
+    if control:
+        try:
+            ControlSpec.model_validate(control)
+        except ValueError as e:
+            print(f"bench_scenarios: --set: {e}", file=sys.stderr)
+            return 2
     offsets = args.seeds if args.seeds is not None else [args.seed_offset]
     entries: dict[str, dict] = {}
     if args.corpus is not None:
@@ -484,13 +513,18 @@ def main(argv=None) -> int:
             print(f"bench_scenarios: no scenario named {' '.join(args.only)} in "
                   f"{where}", file=sys.stderr)
             return 2
-    run = run_scenario if args.in_process else run_isolated
     args.results.mkdir(parents=True, exist_ok=True)
     passed_all = True
     by_offset = {}
     for offset in offsets:
-        results = []
-        for i, path in enumerate(paths, 1):
+        results, jobs = [], []
+        for path in paths:
+            entry = entries.get(path.stem)
+            classes = {s["tenant"]: s["class"] for s in entry["slos"]} if entry else None
+            jobs.append((path, intervals, offset, runs, classes, control))
+        done = (run_scenario(*job) for job in jobs) if args.in_process \
+            else run_isolated(jobs, max(1, args.jobs))
+        for i, (path, r) in enumerate(zip(paths, done), 1):
             entry = entries.get(path.stem)
             about = ""
             if entry is not None:
@@ -500,9 +534,7 @@ def main(argv=None) -> int:
                          f"{'every policy' if entry['every_policy'] else 'restricted policies'}"
                          f", SLOs {', '.join(s['class'] for s in entry['slos'])})")
             print(f"[{i}/{len(paths)}] {path.stem}{about}, seed offset {offset}: "
-                  f"{intervals} intervals x {len(runs)} runs ...", flush=True)
-            classes = {s["tenant"]: s["class"] for s in entry["slos"]} if entry else None
-            r = run(path, intervals, offset, runs, classes)
+                  f"{intervals} intervals x {len(runs)} runs", flush=True)
             results.append(r)
             report(r)
         name = base if not args.only else base + "-" + "-".join(
@@ -512,6 +544,7 @@ def main(argv=None) -> int:
         (args.results / f"{name}.json").write_text(json.dumps(
             {"intervals": intervals, "target": TARGET, "seed_offset": offset,
              "runs": list(runs), "corpus": str(where) if entries else None,
+             "control": control,
              "corpus_index": ({k: v for k, v in index.items() if k != "scenarios"}
                               if entries else None),
              "scenarios": results}, indent=1))

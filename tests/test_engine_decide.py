@@ -121,13 +121,14 @@ def test_unmeetable_slos_are_served_by_priority_and_reported():
     assert v.predicted == pytest.approx(loop.true_throughput("x"), rel=0.02)
 
 
-def test_an_slo_no_size_meets_weighs_its_gains_but_starves_no_one():
+def test_an_slo_no_size_meets_is_no_claim_on_memory():
     # x's throughput is bound by its hits (CPU): its curve improves up to
     # half the node, yet the whole node would raise its throughput by a
     # tenth, and its SLO asks for three times its best.  z gains steeply.
-    # Raised ahead of z to where its curve flattens, x would take memory
-    # that costs z far more than it gives x; weighed at 2x in the marginal
-    # stage, x gets more than without its SLO and z keeps nearly all.
+    # An SLO out of reach buys nothing with more memory than its gains earn
+    # (weighed double, such an SLO hoarded 221 of 256 MiB in the scenario
+    # corpus while its throughput did not move): x gets what it would get
+    # without its SLO, and the violation is reported.
     synth = {"x": tenant("x", 0.5, 1.0, floor=0.02, t_hit=2e-4, t_miss=2e-4),
              "z": tenant("z", 0.9, 1.6, t_hit=1e-6, t_miss=4e-4)}
     best_x = synth["x"].throughput(float(synth["x"].curves["linux"].at(PAGES)))
@@ -148,17 +149,8 @@ def test_an_slo_no_size_meets_weighs_its_gains_but_starves_no_one():
     assert [v.tenant for v in d.violations] == ["x"]
     assert "infeasible" in d.violations[0].reason
     assert "no size meets it" in loop.decisions[-1].directives["n1"][0].reason
-    # the SLO bought x memory ...
-    assert loop.limit["x"] > 1.2 * plain.limit["x"]
-    # ... but not up to where its curve flattens, and not at z's expense
-    flat = float(synth["x"].curves["linux"].size_for(0.02 + 0.01)) * 4096
-    assert loop.limit["x"] < 0.75 * flat
-    assert loop.true_throughput("z") > 0.85 * plain.true_throughput("z")
-    # a larger weight buys x more; a weight of 1 makes the SLO no claim
-    heavier, _ = run(True, slo_shortfall_weight=4.0)
-    assert heavier.limit["x"] > 1.1 * loop.limit["x"]
-    unweighted, _ = run(True, slo_shortfall_weight=1.0)
-    assert unweighted.limit["x"] == pytest.approx(plain.limit["x"], rel=0.02)
+    assert loop.limit["x"] == pytest.approx(plain.limit["x"], rel=0.02)
+    assert loop.true_throughput("z") == pytest.approx(plain.true_throughput("z"), rel=0.02)
 
 
 def test_a_cliff_is_bought_with_the_margin_for_a_sampled_curves_size_error():
@@ -1158,12 +1150,12 @@ def test_an_slo_whose_curve_is_still_warming_keeps_its_memory():
     assert min(flat) < 0.8 * (GiB // 2)            # an own floor: cut
 
 
-def test_a_warming_slo_that_misses_grows_and_gives_the_memory_back_once_warm():
+def test_a_warming_slo_is_held_until_its_curve_sizes_it():
     # make e2e's kv: its SLO needs 70 % of the node once warm, it starts at
     # half, and its curves stay cold (out of the SLO's reach) for rounds.
-    # Held where it was, it missed its SLO until its curve warmed; it must
-    # grow at once, by a step a round, and once warm be sized on its curve,
-    # the rest going back to z.
+    # While cold it keeps what it holds (not cut for z, and not grown on a
+    # need nobody knows yet beyond what its throughput earns); once warm it
+    # is sized on its curve.
     warm = tenant("x", 0.6, 1.0, floor=0.005, t_hit=2e-6, t_miss=2e-4)
     need = 0.7 * PAGES
     slo = warm.throughput(float(warm.curves["linux"].at(need)))
@@ -1186,11 +1178,10 @@ def test_a_warming_slo_that_misses_grows_and_gives_the_memory_back_once_warm():
                for r in reasons[FLOOR_ROUNDS:first_feasible])
     assert "needs" in reasons[-1] and "still warming" not in reasons[-1]
     assert first_feasible >= 3, "x's curve was never cold: nothing was tested"
-    # grown past its warm need before its curve could say what that is:
-    # from the round its floor has been seen to fall for FLOOR_ROUNDS
-    assert limits[FLOOR_ROUNDS] >= need
-    assert all(x >= need for x in limits[FLOOR_ROUNDS:first_feasible])
-    # once warm, sized on its curve: not the whole node
+    # never cut while warming (grown only where its throughput earns it)
+    held = limits[FLOOR_ROUNDS - 1]
+    assert min(limits[FLOOR_ROUNDS:first_feasible]) >= held
+    # once warm, sized on its curve (not the whole node), and met
     assert limits[-1] < 0.8 * PAGES
     assert loop.true_throughput("x") >= slo
 

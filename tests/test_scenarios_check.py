@@ -77,3 +77,25 @@ def test_a_scenario_reports_both_shares_and_checks_the_reachable_one(tmp_path):
     if row["required"]:
         assert row["ok"] == (row["autopilot_reachable"] >= bench_scenarios.TARGET)
     assert r["check_passed"] == (row["ok"] is not False)
+
+
+def test_set_overrides_a_control_field_and_refuses_a_bad_one(tmp_path, capsys):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(_scenario(500_000)))
+    plain = bench_scenarios.run_scenario(path, 4)
+    r = bench_scenarios.run_scenario(path, 4, control={"warmup_intervals": 1})
+    assert plain["warmup_intervals"] == 2 and r["warmup_intervals"] == 1
+    for bad in ("no_such_field=1", "autopilot_k=0", "autopilot_k"):
+        with pytest.raises(SystemExit) if "=" not in bad else _nothing():
+            code = bench_scenarios.main(["--set", bad, "--results", str(tmp_path)])
+            assert code == 2
+    err = capsys.readouterr().err
+    assert "no_such_field" in err and "autopilot_k" in err
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

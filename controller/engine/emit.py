@@ -97,7 +97,6 @@ class _Columns:
         self.extra_mib = np.round((R.target - R.x_lo) * to_mib).astype(np.int64).tolist()
         self.target_mib = np.round(R.target * to_mib).astype(np.int64).tolist()
         self.hysteresis_bytes = (ctl.hysteresis * R.mem_pages * PAGE_SIZE).tolist()
-        self.shortfall_weight = ctl.slo_shortfall_weight
 
 
 def _reason(R: Round, col: _Columns, i: int) -> str:
@@ -114,14 +113,13 @@ def _reason(R: Round, col: _Columns, i: int) -> str:
     elif col.has_slo[i]:
         if col.granted[i] and not col.need_known[i]:
             why.append(f"SLO {col.slo[i]:g}/s: its curve is still warming (its floor "
-                       f"falling), so no size is known to meet it yet: held, and grown "
-                       f"while it misses")
+                       f"falling), so no size is known to meet it yet: held")
         elif col.granted[i]:
             why.append(f"SLO {col.slo[i]:g}/s needs {col.need_mib[i]} MiB under "
                        f"{R.row_policy[col.alloc_row[i]]}")
-        elif not col.feasible[i] and col.slo[i] > 0 and col.shortfall_weight != 1:
-            why.append(f"SLO {col.slo[i]:g}/s not met: no size meets it; its gains "
-                       f"count {col.shortfall_weight:g}x")
+        elif not col.feasible[i] and col.slo[i] > 0:
+            why.append(f"SLO {col.slo[i]:g}/s not met: no size meets it; its memory "
+                       f"is weighed by throughput")
         else:
             why.append(f"SLO {col.slo[i]:g}/s not met")
     hold = R.phase_hold[i] if R.phase_hold else None

@@ -91,6 +91,7 @@ class Round:
     headroom: np.ndarray = None      # the headroom's fraction of the SLO
     feasible_now: np.ndarray = None  # this round's own verdict (feasible: in force)
     shrink_held: np.ndarray = None   # step_limits: a shrink not yet confirmed
+    filling: np.ndarray = None       # size_bounds: its page cache is still filling
     infeasible_share: np.ndarray = None  # share of recent rounds no size met the SLO
     # allocate_memory
     target: np.ndarray = None
@@ -386,6 +387,26 @@ def size_bounds(R: Round, ctl) -> None:
     R.current = np.where(R.limit_now > 0, R.limit_now, R.ub)   # no limit: all it may have
     R.slo = R.column(lambda s, r: s.slo.min_throughput if s.slo is not None else 0.0)
     R.has_slo = R.column(lambda s, r: s.slo is not None, dtype=bool)
+    _track_filling(R)
+
+
+def _track_filling(R: Round) -> None:
+    """R.filling: per row, whether the tenant's page cache is still
+    filling -- it grew since the last report, stays below the limit and
+    nothing was evicted.  Every miss of such a cache is a first read, and
+    the reuse that would make its pages worth keeping has not come round
+    yet (a loop's first pass): its curve says nothing yet of what less
+    memory would cost, and cut on it, it never gets the memory that would
+    show it.  Such a tenant keeps its limit (allocate_memory) until its
+    cache stops growing or evicts."""
+    usage = R.column(lambda s, r: r.usage_file_bytes) / PAGE_SIZE
+    removals = R.column(lambda s, r: r.removals_per_s)
+    before = np.fromiter((-1.0 if t.usage_pages is None else t.usage_pages
+                          for t in R.tstates), dtype=np.float64, count=R.n)
+    R.filling = (R.limit_now > 0) & (removals <= 0) & (usage > before) & \
+        (usage < R.limit_now) & ~np.asarray([bool(h) for h in R.held], dtype=bool)
+    for t, u in zip(R.tstates, usage.tolist()):
+        t.usage_pages = u
 
 
 def choose_policies(R: Round, ctl) -> None:
@@ -723,7 +744,6 @@ def _debounce_feasibility(R: Round, ctl) -> None:
 
 FLOOR_ROUNDS = 2        # rounds over which a curve's floor is seen to fall
 FLOOR_FALL = 0.05       # ... by more than this share of itself: still warming
-WARM_GROWTH = 0.25      # of its node: the most a warming SLO that misses grows a round
 
 
 def _hold_warming(R: Round, ctl) -> tuple[np.ndarray, np.ndarray]:
@@ -731,40 +751,26 @@ def _hold_warming(R: Round, ctl) -> tuple[np.ndarray, np.ndarray]:
     size meets whose curve's floor fell by more than FLOOR_FALL over the
     last FLOOR_ROUNDS rounds (or that is too new to tell).  Such a floor
     is the cache's cold misses (pages read for the first time), and they
-    fall as it warms, so the verdict says nothing yet.  Judged on them, a
-    tenant with the top SLO lost memory in its first rounds and missed its
-    SLO once warm, where the equal split met it (bench_scenarios); held
-    where it was, make e2e's kv stayed at its equal share, 20 % under its
-    SLO, for the twelve rounds its curve took to warm.  So such a tenant
-    keeps its memory while it meets its SLO (or is too new to tell), and
-    while it misses with its floor seen to fall it grows a step a round
-    (max_step_fraction of its node, at most WARM_GROWTH) with what the
-    node has once every SLO has its need: SLOs are served first, and the
-    memory goes back once its curve is warm and sizes it.  A floor that
-    has stopped falling is the tenant's own, and the SLO out of reach
-    gets its gains weighed instead (allocate_memory)."""
+    fall as it warms, so the verdict says nothing yet: the tenant keeps
+    the memory it holds, and its SLO comes before throughput for it, until
+    its curve is warm and sizes it.  It is not grown meanwhile: a need
+    nobody knows is no claim on another tenant's memory (grown a step a
+    round while it missed, such an SLO took a loop's memory the round its
+    first pass came round, bench_scenarios corpus scenario 04).  A floor
+    that has stopped falling is the tenant's own, and the SLO out of reach
+    competes for memory by throughput like any tenant (allocate_memory)."""
     need, need_safe = R.need.copy(), R.need_safe.copy()
     rows = np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve)
     floor_of = R.bank.ys[R.bank.end(R.alloc_row[rows])] if len(rows) else np.zeros(0)
-    grow = min(ctl.max_step_fraction, WARM_GROWTH)
     for i, floor in zip(rows.tolist(), floor_of.tolist()):
         st = R.tstates[i]
         floors = (list(st.floors) + [floor])[-(FLOOR_ROUNDS + 1):]
         st.floors = floors
-        # a tenant too new to have FLOOR_ROUNDS rounds behind it is warming
-        # too, but only one whose floor was seen to fall grows
-        seen = len(floors) > FLOOR_ROUNDS
-        falling = not seen or floors[-1] < (1 - FLOOR_FALL) * floors[0]
+        # a tenant too new to have FLOOR_ROUNDS rounds behind it is warming too
+        falling = len(floors) <= FLOOR_ROUNDS or floors[-1] < (1 - FLOOR_FALL) * floors[0]
         if R.feasible[i] or not falling:
             continue
-        thr = R.rows[i][2].throughput
-        missing = seen and thr is not None and math.isfinite(thr) and thr < R.slo[i]
-        # what it holds as its need; the step as its headroom, which is
-        # raised toward with what the node has left once every SLO that fits
-        # has its need (allocate.serve_slos)
-        need[i] = float(np.clip(R.current[i], R.lb[i], R.ub[i]))
-        step = grow * R.mem_pages[R.node_of[i]] if missing else 0.0
-        need_safe[i] = float(np.clip(R.current[i] + step, need[i], R.ub[i]))
+        need[i] = need_safe[i] = float(np.clip(R.current[i], R.lb[i], R.ub[i]))
     return need, need_safe
 
 
@@ -778,7 +784,8 @@ def allocate_memory(R: Round, ctl) -> None:
     order = np.arange(R.n)            # rows are already in (node, name) order
     need, need_safe = _hold_warming(R, ctl)
     R.phase_hold = _hold_new_phase(R)
-    held = np.fromiter((h is not None for h in R.phase_hold), dtype=bool, count=R.n)
+    held = np.fromiter((h is not None for h in R.phase_hold), dtype=bool, count=R.n) | \
+        R.filling
     R.x_lo, R.granted = allocate.serve_slos(
         node_of, R.mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
         need, R.has_slo & has_curve, R.column(lambda s, r: s.priority), order,
@@ -800,12 +807,6 @@ def allocate_memory(R: Round, ctl) -> None:
         t_eq = model.throughput(a_w, b_w, R.bank.miss_at(R.alloc_row[cr], R.equal[cr]))
         k = np.where(np.isfinite(t_eq) & (t_eq > 0), t_eq, 1.0)
         a_w, b_w = a_w * k, b_w * k
-    # an SLO no size meets: its gains count slo_shortfall_weight times
-    # (throughput(a / w, b / w, m) = w throughput(a, b, m)), so it wins what
-    # moves it toward the SLO but cannot starve a tenant that gains more
-    w = np.where(R.has_slo[cr] & (R.slo[cr] > 0) & ~R.feasible[cr],
-                 ctl.slo_shortfall_weight, 1.0)
-    a_w, b_w = a_w / w, b_w / w
     R.target[cr] = allocate.distribute(node_of[cr], budget, R.x_lo[cr], R.ub[cr],
                                        pxs, pys, a_w, b_w)
     if ctl.reallocation_gain > 0:

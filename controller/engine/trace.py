@@ -31,7 +31,7 @@ ROW_ARRAYS = ("limit_now", "equal", "ref", "lb", "ub", "current", "slo", "has_sl
               "spread", "m_spread", "has_curve", "alloc_row", "run_row", "target", "x_lo",
               "granted", "new", "pred_target", "pred_new", "pred_old", "m_new", "feasible",
               "feasible_now", "headroom", "need", "need_safe", "target_wanted", "kept",
-              "shrink_held")
+              "shrink_held", "filling")
 STEP_ARRAYS = ("base", "want", "scale", "stepped", "settled")
 
 
@@ -304,6 +304,8 @@ def _target_rule(v, t, hold) -> str:
         if not math.isfinite(v["need"]):
             return "slo-warming"
         return "slo-headroom" if x_lo > v["need"] + 0.5 else "slo-need"
+    if v.get("filling") == 1.0 and x_lo > v["lb"] + 0.5:
+        return "filling-hold"
     if hold is not None and x_lo > v["lb"] + 0.5:
         return "phase-hold"
     return "floor" if x_lo <= v["lb"] + 0.5 else "throughput"
@@ -378,6 +380,8 @@ TARGET_WORDS = {
     "slo-warming": "held for its SLO while its curve is still warming",
     "slo-headroom": "its SLO's need {need} plus headroom, to {safe}",
     "slo-need": "its SLO's need {need} (no memory left for headroom)",
+    "filling-hold": "held at {after_slos}: its cache is still filling (nothing evicted "
+                    "yet), so no curve says yet what less memory would cost it",
     "phase-hold": "held at {after_slos}: its phase changed and its curve does not yet "
                   "read what it misses",
     "floor": "its floor {floor}: nothing else on the node wants memory less",

@@ -65,6 +65,10 @@ class TenantState:
     # PHASE_FACTOR says its operations changed (a phase), and the model's
     # observations of the old ones go (engine/round.py fit_models)
     ops_per_access: float | None = None
+    # the page cache it held at its last report (pages): a cache that grew
+    # since, with nothing evicted, is still filling (engine/round.py
+    # _track_filling)
+    usage_pages: float | None = None
     # the tenant round its latest phase began, while its limit is held for
     # it (engine/round.py _hold_new_phase); None when none is held
     phase_since: int | None = None
