@@ -404,13 +404,19 @@ static struct folio *free_pop(struct cp_instance *inst)
 }
 
 /* Sized to the cache (plus a margin of free folios, see free_push) and
- * doubling, so the many tiny caches of miniature simulations stay small. */
+ * doubling, so the many tiny caches of miniature simulations stay small;
+ * never past the capacity and that margin, which is all a full cache
+ * uses (a doubling would leave up to half the pool idle for good). */
 static int pool_grow(struct cp_instance *inst)
 {
 	__u64 count = inst->pool_size ? inst->pool_size :
 		      (inst->capacity < 4096 ? inst->capacity : 4096) + 64;
+	__u64 enough = inst->capacity + 64;
 	struct folio *base;
 	int i;
+
+	if (inst->pool_size < enough && count > enough - inst->pool_size)
+		count = enough - inst->pool_size;
 
 	if (inst->nr_chunks == inst->cap_chunks) {
 		int cap = inst->cap_chunks ? inst->cap_chunks * 2 : 8;
