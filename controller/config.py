@@ -61,6 +61,24 @@ class ModelPrior(Strict):
 Mode = Literal["recommend", "enforce"]
 
 
+# control fields the engine had once, and what became of each (issue 45:
+# a dozen tunables; docs/design.md lists the round's fixed figures)
+_FIXED = "now a fixed figure of the engine (docs/design.md); delete the line"
+REMOVED_CONTROL = {
+    "autopilot_memory_threshold": _FIXED, "autopilot_doubt": _FIXED,
+    "autopilot_trials": _FIXED, "watchdog_intervals": _FIXED, "watchdog_margin": _FIXED,
+    "watchdog_cooldown": _FIXED, "slo_headroom": _FIXED, "slo_headroom_sigmas": _FIXED,
+    "slo_feasibility_rounds": _FIXED, "slo_feedback_step": _FIXED,
+    "shrink_after_rounds": _FIXED, "model_min_points": _FIXED, "model_min_spread": _FIXED,
+    "calibration_window": "curve calibration is gone (it was off by default and did not "
+                          "pay on the scenario corpus); delete the line",
+    "calibration_max_age": "curve calibration is gone; delete the line",
+    "calibration_currency": "curve calibration is gone; delete the line",
+    "slo_shortfall_weight": "an SLO no size meets is weighed by throughput like any "
+                            "tenant; delete the line",
+}
+
+
 class ControlSpec(Strict):
     interval_s: float = Field(1.0, gt=0)
     # "recommend": decide and log every round, show the directives in
@@ -97,97 +115,37 @@ class ControlSpec(Strict):
     # row -- a cache_ext policy costs CPU on every access, which no curve
     # shows, so it has to earn it.  None: no policy is preferred.
     autopilot_baseline: str | None = "linux"
-    # For a tenant with an SLO, a policy whose throughput ties with the
-    # best (within half of `autopilot_threshold`) but that meets the SLO in
-    # more than this fraction less memory than the policy in force earns a
-    # switch, and one saving more than half of it over the baseline is not
-    # left for the baseline.  Read off where curves are flat, a size is far
-    # noisier than a throughput, hence a wider bar.  0 turns this off.
-    autopilot_memory_threshold: float = Field(0.15, ge=0)
-    # A challenger policy (neither running nor the baseline) is scored as
-    # if its curve missed this much more (a miss ratio): its lead must
-    # outlast an error that small in a curve.  0 scores every curve as it is.
-    autopilot_doubt: float = Field(0.01, ge=0, le=1)
-    # Where no switch is due but a challenger's curve as it is (without the
-    # doubt) leads by half the threshold, try it: switch on a probation that
-    # keeps it only if the tenant then serves at least half the threshold
-    # more than the policy in force did at the same limit just before
-    # (engine/watchdog.py).  One trial a tenant a phase; none while an SLO
-    # is met.
-    autopilot_trials: bool = True
-    # Model watchdog (engine/watchdog.py): after a switch, watch the first
-    # `watchdog_intervals` intervals the new policy is reported running; if
-    # its mean observed miss ratio exceeds what the old policy's curve
-    # predicted by more than `watchdog_margin`, switch back and keep the
-    # tenant off the new policy for `watchdog_cooldown` rounds.
-    watchdog_intervals: int = Field(3, ge=1)
-    watchdog_margin: float = Field(0.05, ge=0, le=1)
-    watchdog_cooldown: int = Field(20, ge=0)
-    # Curve calibration (engine/calibrate.py), off by default: the
-    # autopilot and the watchdog read each policy's curve shifted by its
-    # mean error against the miss ratio observed while it ran, over its
-    # last `calibration_window` reports (0: raw curves), forgetting
-    # evidence older than `calibration_max_age` of the tenant's rounds.
-    # Off because the cgroup's miss ratio is not the application's
-    # currency where only some of its reads count (make e2e's kv: the
-    # kernel missed less in total than s3fifo and served fewer GETs).
-    calibration_window: int = Field(0, ge=0)
-    calibration_max_age: int = Field(30, ge=1)
-    # What calibration weighs a policy by: "miss_ratio", its curve's error
-    # against the cgroup's miss ratio; or "throughput", the ratio of the
-    # tenant's own operations per second while it ran to what the model
-    # made of its curve -- the application's currency, for tenants whose
-    # reads do not all count alike.  The watchdog then judges a switch by
-    # throughput too, `watchdog_margin` read as a fraction of it.
-    calibration_currency: Literal["miss_ratio", "throughput"] = "miss_ratio"
     # What memory beyond the SLOs maximises: "throughput", the sum of the
     # tenants' modelled operations per second; or "relative", the sum of
     # each tenant's throughput relative to what it would get at an equal
     # share of its node -- for tenants that count different operations
     # (a GET and a 4 KiB read are not worth the same).
     objective: Literal["throughput", "relative"] = "throughput"
-    # Size SLO tenants, where the node has the memory (after every SLO's
-    # plain need), for min_throughput x (1 + headroom): the headroom is
-    # `slo_headroom_sigmas` times the observed relative spread of the
-    # tenant's throughput around its model, and at least `slo_headroom`.
-    slo_headroom: float = Field(0.05, ge=0, le=1)
-    slo_headroom_sigmas: float = Field(1.0, ge=0, le=10)
-    # Whether an SLO can be met at all is judged every round on a noisy
-    # curve and model; a change of that verdict takes effect only after
-    # this many rounds in a row agree, so a tenant's memory does not swing
-    # between its SLO's need and its curve's best every other round.
-    slo_feasibility_rounds: int = Field(3, ge=1, le=100)
-    # The share of intervals an SLO is to be met in.  Curves and models
-    # err where no spread shows it (a sampled curve's tail, a bias), so an
-    # SLO tenant's safe size also follows what happened: an interval it
-    # missed while holding its safe size adds `slo_feedback_step` (a
-    # fraction of its node's memory) x the share, one it met takes away
-    # the step x (1 - share) -- settling where it misses 1 - share of the
-    # intervals (0: off).
+    # The share of intervals an SLO is to be met in: an SLO tenant's safe
+    # size follows its misses toward where it misses 1 - share of the
+    # intervals it held that size in (engine/round.py _slo_feedback).
     slo_target_share: float = Field(0.95, gt=0, lt=1)
-    slo_feedback_step: float = Field(0.05, ge=0, le=0.5)
-    # A tenant whose SLO no size meets takes no memory ahead of the others:
-    # in the marginal stage its modelled gains count this many times, so it
-    # wins the memory that moves it toward its SLO unless another tenant
-    # would gain more than that many times as much from it (1: none).
-    slo_shortfall_weight: float = Field(2.0, ge=1, le=100)
-    # An SLO tenant's limit shrinks only as far as the targets of this many
-    # rounds in a row agree (1: at once); growth is never delayed, and a
-    # tenant without an SLO shrinks at once.
-    shrink_after_rounds: int = Field(2, ge=1, le=100)
     # Intervals after start that SLO attainment does not count.
     warmup_intervals: int = Field(5, ge=0)
     # Never set a limit below anonymous usage + this margin.
     anon_margin_bytes: Bytes = 16 << 20
-    # Throughput model: use the fitted model once it has this many
-    # observations spanning at least this much miss ratio.
-    model_min_points: int = Field(5, ge=2)
-    model_min_spread: float = Field(0.05, ge=0, le=1)
-    model_window: int = Field(64, ge=2)   # observations kept per tenant
+    # Throughput model: observations kept per tenant (engine/model.py).
+    model_window: int = Field(64, ge=2)
     # Sampled curves are read as if every size needed this many standard
     # errors of its estimate more memory (engine/curves.py): memory given
     # to reach a cliff that is really a little further on buys nothing.
     curve_error_sigmas: float = Field(2.0, ge=0, le=10)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data):
+        """A field the engine no longer has is named with what became of
+        it, rather than refused as merely unknown."""
+        if isinstance(data, dict):
+            for key in data:
+                if key in REMOVED_CONTROL:
+                    raise ValueError(f"control.{key} was removed: {REMOVED_CONTROL[key]}")
+        return data
     # A node with no report for this many intervals is lost.
     lost_after_intervals: int = Field(3, ge=1)
     # With replicas on etcd (controller/fleet.py), the leader plans the

@@ -8,7 +8,7 @@ three ways, same seeds, side by side:
     equal      the static equal split, kernel default policy
     fixed      the autopilot as it was before item 7: a fixed 5 % SLO
                headroom, an SLO's feasibility taken as each round judges it
-               (slo_headroom_sigmas 0, slo_feasibility_rounds 1)
+               (the round's SLO_HEADROOM_SIGMAS 0, FEASIBILITY_ROUNDS 1)
     autopilot  the autopilot as configured (headroom from the tenant's
                observed spread, feasibility debounced)
 
@@ -165,12 +165,36 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # KiB on Linux
 
 
+class figures:
+    """The round's fixed figures (engine/round.py constants) set as given
+    for a `with` block, then put back: how a run switches a rule off."""
+
+    def __init__(self, **values):
+        from cachepilot.controller.engine import round as rnd
+        self.rnd, self.values, self.saved = rnd, values, {}
+
+    def __enter__(self):
+        for k, v in self.values.items():
+            if not hasattr(self.rnd, k):
+                raise ValueError(f"engine/round.py has no figure {k}")
+            self.saved[k] = getattr(self.rnd, k)
+            setattr(self.rnd, k, v)
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            setattr(self.rnd, k, v)
+        return False
+
+
 def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
                  runs: tuple = ALL_RUNS, classes: dict | None = None,
-                 control: dict | None = None) -> dict:
+                 control: dict | None = None, fixed: dict | None = None) -> dict:
     """`runs`: which of equal, whole, fixed, autopilot to run (equal and
     whole always run).  `classes`: tenant -> its SLO's class, when known.
-    `control`: fields of the control section to override (--set)."""
+    `control`: fields of the control section to override (--set);
+    `fixed`: the round's fixed figures to set for the autopilot run
+    (experiments/ablate_engine.py)."""
     cfg = load_config(path)
     if control:
         cfg.control = type(cfg.control).model_validate(
@@ -184,19 +208,18 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
             if ph.kind == "trace":          # another stretch of the trace (it wraps)
                 ph.trace_offset += seed_offset * TRACE_SHIFT
     warmup = cfg.control.warmup_intervals if intervals > cfg.control.warmup_intervals else 0
-    fixed_cfg = cfg.model_copy(deep=True)
-    fixed_cfg.control.slo_headroom_sigmas = 0.0
-    fixed_cfg.control.slo_feasibility_rounds = 1
     logs = {}
 
-    def autopilot(which, c):
-        history, log, _ = run_autopilot(c, intervals)
+    def autopilot(which, c, values):
+        with figures(**values):
+            history, log, _ = run_autopilot(c, intervals)
         logs[which] = log
         return history
     todo = (("equal", lambda: run_static_equal(cfg, intervals)),
             ("whole", lambda: run_static_whole(cfg, intervals)),
-            ("fixed", lambda: autopilot("fixed", fixed_cfg)),
-            ("autopilot", lambda: autopilot("autopilot", cfg)))
+            ("fixed", lambda: autopilot("fixed", cfg, {"SLO_HEADROOM_SIGMAS": 0.0,
+                                                       "FEASIBILITY_ROUNDS": 1})),
+            ("autopilot", lambda: autopilot("autopilot", cfg, fixed or {})))
     runs_, seconds, cpu = {}, {}, {}
     for name, fn in todo:
         if name not in runs and name not in ("equal", "whole"):

@@ -81,7 +81,7 @@ def test_a_restarted_controller_has_its_slos_modes_and_holds(tmp_path):
     st = c.engine.state.tenants["n1-t0"]
     st.held_until = {"fifo": 60}
     st.probation = Probation(new="fifo", old="lru", since=3)
-    st.calib["fifo"] = [[1, -0.03], [2, -0.02]]      # what fifo did when it ran
+    st.m_errors = [-0.03, -0.02]                 # what its curve got wrong
     c.report("n1", session, 2, reports, [])      # the round's records go to the store
     rounds = c.rounds
     c.close()
@@ -92,7 +92,7 @@ def test_a_restarted_controller_has_its_slos_modes_and_holds(tmp_path):
     st = again.engine.state.tenants["n1-t0"]
     assert st.held_until == {"fifo": 60}
     assert (st.probation.new, st.probation.old) == ("fifo", "lru")
-    assert st.calib["fifo"] == [[1, -0.03], [2, -0.02]]
+    assert st.m_errors == [-0.03, -0.02]
     assert again.rounds == rounds
     view = {t.name: t for t in again.tenants().tenants}
     assert list(view["n1-t0"].held_off) == ["fifo"]

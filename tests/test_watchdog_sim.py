@@ -17,6 +17,7 @@ import pytest
 from cachepilot.sim.backend import SimBackend
 from cachepilot import run as run_mod
 from cachepilot.controller.config import config_from_dict
+from cachepilot.controller.engine import round as round_mod
 from cachepilot.models.mrc import MRC
 
 K, MARGIN, COOLDOWN = 3, 0.05, 8
@@ -25,29 +26,28 @@ INTERVALS = 20
 
 
 class LyingSim(SimBackend):
-    """The sim backend, except that VICTIM's curve for LIAR is a lie."""
+    """The sim backend, except that VICTIM's curves for LIARS are lies."""
+    LIARS = (LIAR,)
 
     def collect(self):
         reports = super().collect()
         for r in reports:
             if r.tenant == VICTIM:
                 r.curves = [MRC(c.sizes, np.full(len(c.sizes), 0.01), c.policy, c.method,
-                                c.rate, dict(c.meta)) if c.policy == LIAR else c
+                                c.rate, dict(c.meta)) if c.policy in self.LIARS else c
                             for c in r.curves]
         return reports
 
 
-def config():
+def config(policies=("mru", LIAR)):
     service = {"t_hit_s": 1e-5, "t_miss_s": 1e-4, "concurrency": 4}
     return config_from_dict({
-        "control": {"autopilot_k": 2, "watchdog_intervals": K, "watchdog_margin": MARGIN,
-                    "watchdog_cooldown": COOLDOWN, "anon_margin_bytes": 0,
-                    "max_step_fraction": 0.25},
+        "control": {"autopilot_k": 2, "anon_margin_bytes": 0, "max_step_fraction": 0.25},
         "controller": {"insecure": True, "listen": "127.0.0.1:0"},
         "nodes": [{"name": "n", "memory_bytes": "32MiB", "backend": "sim", "seed": 5}],
         "tenants": [
             {"name": VICTIM, "node": "n", "floor_bytes": "2MiB", "ceiling_bytes": "24MiB",
-             "policies": ["mru", LIAR], "initial_policy": "mru",
+             "policies": list(policies), "initial_policy": "mru",
              "workload": {"accesses_per_interval": 20000, "service": service,
                           "phases": [{"kind": "loop", "footprint": "48MiB"}]}},
             {"name": "neighbour", "node": "n", "floor_bytes": "2MiB", "policies": ["lru"],
@@ -57,10 +57,19 @@ def config():
         ]}, "watchdog-sim.yaml")
 
 
+def _patch(mp, backend):
+    """The sim backend that lies, and the round's watchdog figures as this
+    file's (a shorter cooldown than the engine's, to see its end)."""
+    mp.setattr(run_mod, "SimBackend", backend)
+    for name, v in (("WATCHDOG_INTERVALS", K), ("WATCHDOG_MARGIN", MARGIN),
+                    ("WATCHDOG_COOLDOWN", COOLDOWN)):
+        mp.setattr(round_mod, name, v)
+
+
 @pytest.fixture(scope="module")
 def run():
     mp = pytest.MonkeyPatch()
-    mp.setattr(run_mod, "SimBackend", LyingSim)
+    _patch(mp, LyingSim)
     try:
         history, log, controller = run_mod.run_autopilot(config(), INTERVALS)
     finally:
@@ -120,3 +129,28 @@ def test_each_revert_is_counted_for_prometheus(run):
     text = controller.metrics.exposition().decode()
     line = f'cachepilot_watchdog_reverts_total{{tenant="{VICTIM}"}} {float(reverts)}'
     assert line in text, [x for x in text.splitlines() if "reverts" in x]
+
+
+class TwoLiars(LyingSim):
+    LIARS = (LIAR, "lfu")
+
+
+def test_a_sibling_that_lies_the_same_way_is_not_tried_after_a_revert():
+    """fifo and lfu both claim the victim would barely miss.  Once fifo's
+    switch is undone, lfu's claim -- the same kind of curve from the same
+    stream -- is held off as long: one revert, not one per sibling."""
+    mp = pytest.MonkeyPatch()
+    _patch(mp, TwoLiars)
+    try:
+        history, log, _ = run_mod.run_autopilot(config(("mru", LIAR, "lfu")), INTERVALS)
+    finally:
+        mp.undo()
+    mine = [e for e in log if e.tenant == VICTIM]
+    first = [e for e in mine if e.kind == "watchdog"]
+    assert first, "no switch was undone: nothing tested"
+    w = first[0].round
+    assert INTERVALS >= w + COOLDOWN + 1
+    tried = [e for e in mine if e.kind == "policy" and e.round > w
+             and e.detail.get("after") in (LIAR, "lfu")]
+    assert all(e.round > w + COOLDOWN for e in tried), [(e.round, e.message) for e in tried]
+    assert sum(e.kind == "watchdog" for e in mine if e.round <= w + COOLDOWN) == 1

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from cachepilot.controller.engine.round import Round
+from cachepilot.controller.engine.round import FEASIBILITY_ROUNDS, Round
 from cachepilot.controller.engine.types import (Decision, EngineState, LogEntry,
                                                 TenantPlan, Violation)
 from cachepilot.models.mrc import PAGE_SIZE
@@ -46,7 +46,7 @@ def emit(state: EngineState, R: Round, ctl) -> Decision:
                      else "not enough memory on the node after higher-priority SLOs"
                      if col.feasible_now[i] else
                      f"no memory meets it this round; its last need stays until "
-                     f"{ctl.slo_feasibility_rounds} rounds in a row agree")
+                     f"{FEASIBILITY_ROUNDS} rounds in a row agree")
             share = col.infeasible_share[i]
             if share > 0:
                 cause += (f"; no memory meets it in {share:.0%} of the last "

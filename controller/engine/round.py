@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cachepilot.controller.engine import allocate, calibrate, model, watchdog
+from cachepilot.controller.engine import allocate, model, watchdog
 from cachepilot.controller.engine.autopilot import PolicyChoice, choose_policy
 from cachepilot.controller.engine.curves import CurveBank
 from cachepilot.controller.engine.types import EngineState, Observations, TenantState
@@ -78,8 +78,6 @@ class Round:
     need_high: np.ndarray = None     # in), the curve erring low / high
     choices: list[PolicyChoice] = field(default_factory=list)
     verdicts: list = field(default_factory=list)      # watchdog.Verdict or None
-    calib: list = field(default_factory=list)         # per row: policy -> curve offset
-    served: list = field(default_factory=list)        # per row: policy -> served/model
     before_pol: list[str] = field(default_factory=list)  # the policy a switch leaves
     alloc_row: np.ndarray = None     # bank row the allocation reads, or -1
     has_curve: np.ndarray = None
@@ -157,6 +155,23 @@ def gather_rows(state: EngineState, reports, specs, node_specs, node_memory,
     return R
 
 
+# The round's fixed figures: each was a control field once, and none moved
+# the scenario corpus enough to be worth an operator's attention
+# (docs/design.md has the list and what each is worth).
+MODEL_MIN_POINTS = 5        # observations before a tenant's own model replaces the prior
+MODEL_MIN_SPREAD = 0.05     # ... spanning at least this much miss ratio
+DOUBT = 0.01                # miss ratio a challenger's curve is scored worse by (_doubt)
+MEMORY_THRESHOLD = 0.15     # SLO memory a tied policy must save to earn a switch
+WATCHDOG_INTERVALS = 3      # running reports a switch is judged over (engine/watchdog.py)
+WATCHDOG_MARGIN = 0.05      # miss ratio a switch may do worse than staying, before undone
+WATCHDOG_COOLDOWN = 20      # tenant rounds a policy undone (and its siblings) stays off
+SLO_HEADROOM = 0.05         # the least headroom an SLO is sized with (of its throughput)
+SLO_HEADROOM_SIGMAS = 1.0   # ... else this many of its throughput's spread around the model
+FEASIBILITY_ROUNDS = 3      # rounds in a row that turn an SLO's feasibility verdict
+FEEDBACK_STEP = 0.05        # of its node: what an SLO miss adds to the safe size (_slo_feedback)
+SHRINK_ROUNDS = 2           # rounds of targets in a row an SLO tenant's shrink waits for
+
+
 def fit_models(state: EngineState, R: Round, ctl) -> None:
     """Add this round's (miss ratio, seconds per op) observations and refit
     every tenant's throughput model (engine/model.py)."""
@@ -174,7 +189,6 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
             st.slot = obs.new_slot()
         st.node = R.nodes[ni]
         st.rounds += 1
-        calibrate.observe(st, r, ctl.calibration_window, ctl.calibration_currency)
         st.running = r.policy
         st.recent_curves.append(r.curves)
         st.recent_obs.append((r.policy, float(r.limit_bytes), float(r.miss_ratio),
@@ -192,9 +206,9 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     obs.add(slots[valid], m_obs[valid], 1.0 / thr_obs[valid])
     R.a, R.b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
                                  priors[:, 0], priors[:, 1],
-                                 ctl.model_min_points, ctl.model_min_spread)
+                                 MODEL_MIN_POINTS, MODEL_MIN_SPREAD)
     R.spread = model.relative_spread(obs.m[slots], obs.y[slots], obs.count[slots], R.a, R.b,
-                                     ctl.model_min_points)
+                                     MODEL_MIN_POINTS)
     for t, ai, bi, fi, sp in zip(R.tstates, R.a.tolist(), R.b.tolist(), fitted.tolist(),
                                  R.spread.tolist()):
         t.a, t.b, t.fitted, t.spread = ai, bi, fi, sp
@@ -222,6 +236,7 @@ def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
             # new phase may have one of its own
             st.recent_obs.clear()
             st.trial_done = False
+            st.held_until = {}
             if st.probation is not None and st.probation.trial:
                 st.probation = None
 
@@ -415,34 +430,17 @@ def choose_policies(R: Round, ctl) -> None:
     policy that will be in force (the new one when switching, else the one
     running; on an advisory node always the one running)."""
     bank = R.bank
-    by_served = ctl.calibration_currency == "throughput"
-    R.calib = [calibrate.offsets(st, [*R.allowed_of[i], r.policy], ctl.calibration_max_age)
-               if ctl.calibration_window and not by_served else {}
-               for i, (st, (_, _, r)) in enumerate(zip(R.tstates, R.rows))]
-    R.served = [calibrate.factors(st, [*R.allowed_of[i], r.policy], ctl.calibration_max_age)
-                if ctl.calibration_window and by_served else {}
-                for i, (st, (_, _, r)) in enumerate(zip(R.tstates, R.rows))]
     if bank.n:
         at = np.minimum(R.ref, R.ub)[R.row_tenant]
-        off = np.fromiter((R.calib[t].get(p, 0.0) for t, p in
-                           zip(R.row_tenant.tolist(), R.row_policy)),
-                          dtype=np.float64, count=bank.n)
         # read as measured: the error's stretch is for buying memory, and
         # it reads every curve at a smaller size than the one compared at
-        m = np.clip(bank.miss_at(np.arange(bank.n), at, raw=True) + off, 0.0, 1.0)
-        # a policy that served its tenant: the model times what it served
-        # over the model (throughput(a/c, b/c, m) = c throughput(a, b, m)),
-        # its hooks' cost in that already; any other: its hooks estimated
-        served = np.fromiter((R.served[t].get(p, np.nan) for t, p in
-                              zip(R.row_tenant.tolist(), R.row_policy)),
-                             dtype=np.float64, count=bank.n)
-        has = np.isfinite(served)
-        c = np.where(has, served, 1.0)
-        a_h = R.a[R.row_tenant] * np.where(has, 1.0, hook_factors(R)) / c
-        b_r = (R.b[R.row_tenant] + np.where(has, 0.0, miss_costs(R))) / c
+        m = np.clip(bank.miss_at(np.arange(bank.n), at, raw=True), 0.0, 1.0)
+        # each policy's hooks estimated against the running one's
+        a_h = R.a[R.row_tenant] * hook_factors(R)
+        b_r = R.b[R.row_tenant] + miss_costs(R)
         R.score = model.throughput(a_h, b_r, m + _doubt(R, ctl))
         R.score_raw = model.throughput(a_h, b_r, m)
-        R.need_low, R.need_high = _policy_needs(R, a_h, off, b_r)
+        R.need_low, R.need_high = _policy_needs(R, a_h, b_r)
     else:
         R.score = R.score_raw = R.need_low = R.need_high = np.zeros(0)
     R.alloc_row = np.full(R.n, -1, dtype=np.int64)
@@ -461,7 +459,7 @@ def choose_policies(R: Round, ctl) -> None:
         advice = R.advisory[ni] or R.recommend[i]
         cur, ch, verdict = _choose(R.tstates[i], r, advice, R.allowed_of[i],
                                    {p: score_l[k] for p, k in mine.items()},
-                                   current_l[i], ctl, R.calib[i], R.served[i],
+                                   current_l[i], ctl,
                                    {p: (low_l[k], high_l[k]) for p, k in mine.items()}
                                    if has_slo_l[i] else None,
                                    slo_l[i] if has_slo_l[i] else None,
@@ -496,10 +494,10 @@ def _doubt(R: Round, ctl) -> np.ndarray:
     baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
                            dtype=bool, count=R.bank.n)
     running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
-    return np.where(running | baseline, 0.0, ctl.autopilot_doubt)
+    return np.where(running | baseline, 0.0, DOUBT)
 
 
-def _policy_needs(R: Round, a_h: np.ndarray, off: np.ndarray, b_r: np.ndarray):
+def _policy_needs(R: Round, a_h: np.ndarray, b_r: np.ndarray):
     """Per bank row, the least size (pages) at which its policy meets the
     tenant's SLO, read on the same curve and hook-stretched model its score
     is, as a range: (if the curve errs low, if it errs high), by the miss
@@ -509,7 +507,7 @@ def _policy_needs(R: Round, a_h: np.ndarray, off: np.ndarray, b_r: np.ndarray):
     (autopilot.choose_policy) must hold across that range: where a curve
     is flat, a small error in it is a large one in size."""
     s = R.slo[R.row_tenant]
-    m_star = model.miss_ratio_for(a_h, b_r, s) - off
+    m_star = model.miss_ratio_for(a_h, b_r, s)
     err = np.maximum(R.m_spread[R.row_tenant] if R.m_spread is not None else 0.0, NEED_ERROR)
     rows = np.arange(R.bank.n)
     out = []
@@ -523,8 +521,8 @@ NEED_ERROR = 0.01       # miss ratio: the least error assumed of any curve
 
 
 def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str],
-            scores: dict[str, float], limit_pages: float, ctl, calib: dict[str, float],
-            served: dict[str, float], needs: dict[str, tuple[float, float]] | None = None,
+            scores: dict[str, float], limit_pages: float, ctl,
+            needs: dict[str, tuple[float, float]] | None = None,
             slo: float | None = None, raw_scores: dict[str, float] | None = None):
     """One tenant's policy for this round: (the policy in force, the
     choice, the watchdog's verdict or None).
@@ -547,48 +545,48 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
         return cur, choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold,
                                   ctl.autopilot_k, baseline=ctl.autopilot_baseline,
                                   needs=needs,
-                                  memory_threshold=ctl.autopilot_memory_threshold), None
+                                  memory_threshold=MEMORY_THRESHOLD), None
     cur = r.policy
-    pb = st.probation
-    verdict = watchdog.check(st, r, limit_pages, ctl.watchdog_intervals,
-                             ctl.watchdog_margin, ctl.watchdog_cooldown,
-                             calib.get(pb.old, 0.0) if pb is not None else 0.0,
-                             slo, (st.a, st.b), ctl.calibration_currency
-                             if ctl.calibration_window else "miss_ratio",
-                             served.get(pb.old, 1.0) if pb is not None else 1.0,
+    verdict = watchdog.check(st, r, limit_pages, WATCHDOG_INTERVALS, WATCHDOG_MARGIN,
+                             WATCHDOG_COOLDOWN, slo, (st.a, st.b),
                              ctl.autopilot_threshold / 2)
     if verdict is not None and not verdict.kept and verdict.old in allowed:
         st.streak, st.streak_policy = 0, None
+        _hold_siblings(st, verdict, allowed, ctl.autopilot_baseline)
         return cur, PolicyChoice(verdict.old, True, verdict.old, 0.0,
                                  f"watchdog: back to {verdict.old}: {verdict.reason}"), verdict
     reference = watchdog.trial_reference(st, cur, r.limit_bytes,
                                          st.rounds - ctl.warmup_intervals) \
-        if ctl.autopilot_trials and st.probation is None and not st.trial_done else None
+        if st.probation is None and not st.trial_done else None
     if reference is not None and slo is not None and not reference[1] < slo:
         reference = None    # a met SLO (or one it cannot tell) is not risked on a trial
     ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
                        watchdog.held_off(st), ctl.autopilot_baseline, needs,
-                       ctl.autopilot_memory_threshold, raw_scores, reference is not None)
-    if ch.switched and cur in allowed and cur in scores and \
-            calibrate.awaited(st, cur, ctl.calibration_window, ctl.calibration_currency):
-        # not before the policy in force has been seen to run: the streak
-        # stands, and the first round with its evidence decides
-        st.streak, st.streak_policy = ctl.autopilot_k - 1, ch.policy
-        return cur, PolicyChoice(cur, False, ch.best, ch.gain,
-                                 f"{ch.reason}; waits until {cur} has been seen running"), \
-            verdict
-    if ch.switched and any(abs(calib.get(p, 0.0)) >= 0.005 for p in (cur, ch.policy)):
-        ch.reason += (f" (curves calibrated by what ran: {cur} {calib.get(cur, 0.0):+.3f}, "
-                      f"{ch.policy} {calib.get(ch.policy, 0.0):+.3f})")
-    if ch.switched and served:
-        ch.reason += (" (scored by what each served over the model: " + ", ".join(
-            f"{p} x{served[p]:.3f}" for p in (cur, ch.policy) if p in served) + ")")
+                       MEMORY_THRESHOLD, raw_scores, reference is not None)
     if ch.switched and cur in allowed:
         watchdog.start(st, ch.policy, cur, reference if ch.trial else None)
         st.trial_done = st.trial_done or ch.trial
     if verdict is not None and verdict.kept:
         ch.reason = f"{ch.reason}; {verdict.reason}" if ch.reason != "keep" else verdict.reason
     return cur, ch, verdict
+
+
+def _hold_siblings(st: TenantState, verdict, allowed: list[str],
+                   baseline: str | None) -> None:
+    """A switch undone holds off, beside the policy that failed, every
+    other challenger (neither the policy gone back to nor the baseline)
+    as long: their curves come from the same sampled stream through the
+    same kind of miniature simulation, and one that overpromised for this
+    tenant says the rest may too.  Tried one after another, siblings that
+    overpromise the same way cost the tenant a revert each (issue 45's web
+    tenant: six switches and six reverts in 60 intervals).  The holds end
+    with the phase (_follow_phases): a new phase is new evidence."""
+    until = st.held_until.get(verdict.new)
+    if until is None:
+        return
+    for p in allowed:
+        if p not in (verdict.old, baseline, verdict.new):
+            st.held_until[p] = max(st.held_until.get(p, until), until)
 
 
 def size_slos(R: Round, ctl) -> None:
@@ -619,7 +617,7 @@ def size_slos(R: Round, ctl) -> None:
     _debounce_feasibility(R, ctl)
     R.need_safe = R.need.copy()
     spread = R.spread if R.spread is not None else np.zeros(R.n)
-    R.headroom = np.maximum(ctl.slo_headroom, ctl.slo_headroom_sigmas * spread)
+    R.headroom = np.maximum(SLO_HEADROOM, SLO_HEADROOM_SIGMAS * spread)
     R.headroom = np.minimum(R.headroom, MAX_HEADROOM)
     m_spread = R.m_spread if R.m_spread is not None else np.zeros(R.n)
     hr = np.flatnonzero(R.feasible & has_slo & (slo > 0) & R.has_curve &
@@ -629,7 +627,7 @@ def size_slos(R: Round, ctl) -> None:
         # and below the SLO's miss ratio by the curve's own observed error
         m_star = model.miss_ratio_for(a[hr], b[hr], slo[hr])
         m_safe = np.where(m_star >= 0, np.minimum(
-            m_safe, m_star - ctl.slo_headroom_sigmas * m_spread[hr]), m_safe)
+            m_safe, m_star - SLO_HEADROOM_SIGMAS * m_spread[hr]), m_safe)
         safe = _recent_size_for(R, hr, m_safe, ctl)
         safe = np.where(m_safe < 0, np.inf, safe)
         R.need_safe[hr] = np.where(np.isfinite(safe), np.clip(safe, R.need[hr], ub[hr]),
@@ -645,7 +643,7 @@ def _slo_feedback(R: Round, ctl) -> None:
     a stochastic-approximation step toward the size at which the SLO is
     missed in 1 - slo_target_share of the intervals: up on a miss, down a
     little on each met interval, never below nothing."""
-    step = ctl.slo_feedback_step
+    step = FEEDBACK_STEP
     rows = np.flatnonzero(R.feasible & R.has_slo & (R.slo > 0) & R.has_curve)
     for i in rows.tolist():
         st = R.tstates[i]
@@ -718,7 +716,7 @@ def _debounce_feasibility(R: Round, ctl) -> None:
     and one judged infeasible stays served as infeasible.  R.infeasible_share
     is, per row, the share of its last SLO_HISTORY rounds whose own verdict
     was that no size meets the SLO (reported with its violations)."""
-    k = ctl.slo_feasibility_rounds
+    k = FEASIBILITY_ROUNDS
     R.infeasible_share = np.zeros(R.n)
     for i in np.flatnonzero(R.has_slo & (R.slo > 0) & R.has_curve).tolist():
         st = R.tstates[i]
@@ -880,7 +878,7 @@ def _confirm_shrinks(R: Round, ctl) -> None:
     consecutive rounds.  A tenant without an SLO gives memory up at once
     (an SLO's growth does not wait for it), growth is never delayed, and
     the step and safety bounds still apply after this."""
-    k = ctl.shrink_after_rounds
+    k = SHRINK_ROUNDS
     R.shrink_held = np.zeros(R.n, dtype=bool)
     for i in np.flatnonzero(R.has_curve & R.has_slo).tolist():
         st = R.tstates[i]

@@ -82,14 +82,6 @@ class TenantState:
     pred_policy: str | None = None
     pred_pages: float | None = None
     m_errors: list[float] = field(default_factory=list)
-    # engine/calibrate.py: per policy, its curve's recent errors against
-    # the observed miss ratio while it ran ([tenant round, error], ...),
-    # and the tenant round the running policy started running
-    calib: dict[str, list] = field(default_factory=dict)
-    calib_since: int = 0
-    # ... and, calibrating by throughput, per policy the log of its observed
-    # throughput over the model's (engine/calibrate.py), [tenant round, log]
-    served: dict[str, list] = field(default_factory=dict)
     # the curves of the last reports (what-if reads their mean: one
     # interval's curve is not the long-run miss ratio of a workload whose
     # period is longer than an interval); not saved -- reports bring them
@@ -105,7 +97,7 @@ class TenantState:
     def copy(self) -> "TenantState":
         """A copy that shares nothing a round changes.  The round replaces
         its histories (slo_history, floors, recent_targets, m_errors, and
-        the lists in calib and served) rather than changing them in place,
+        and the lists in its dicts) rather than changing them in place,
         and never changes a report's curves, so those are shared; the
         containers it does change in place are copied
         (tests/test_engine_pure.py holds the round to this).  A round
@@ -115,8 +107,6 @@ class TenantState:
         d = new.__dict__
         d.update(self.__dict__)
         d["held_until"] = dict(self.held_until) if self.held_until else {}
-        d["calib"] = dict(self.calib) if self.calib else {}
-        d["served"] = dict(self.served) if self.served else {}
         d["recent_curves"] = deque(self.recent_curves, maxlen=CURVE_HISTORY)
         d["recent_obs"] = deque(self.recent_obs, maxlen=OBS_HISTORY)
         if self.probation is not None:

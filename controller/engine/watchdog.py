@@ -12,12 +12,11 @@ node carries out goes on probation:
     tenant held (its limit, or less while its cache is still filling), for
     the new policy and for the old one;
   * if the mean observed miss ratio exceeds the old policy's mean predicted
-    miss ratio (its curve, corrected by how far that curve erred while the
-    old policy ran: engine/calibrate.py) by more than `watchdog_margin`,
+    miss ratio by more than the margin (engine/round.py WATCHDOG_MARGIN),
     the new policy did worse than staying would have: decide() switches
     back to the old policy, logs the three numbers, and the autopilot may
-    not pick the new policy again for `watchdog_cooldown` of the tenant's
-    rounds;
+    not pick the new policy again -- nor its siblings (engine/round.py
+    _hold_siblings) -- for a cooldown of the tenant's rounds;
   * for a tenant with an SLO, the same happens when its mean observed
     throughput under the new policy falls short of the SLO where the
     old policy's prediction, through the tenant's fitted model, meets it:
@@ -25,15 +24,6 @@ node carries out goes on probation:
     miss ratio, a shortfall of 0.02 in it can be a tenth of the
     throughput, and it is counted in the tenant's own operations, which
     its miss ratio may not be -- a reader that scans beside its lookups).
-
-Where calibration weighs policies by throughput (engine/calibrate.py),
-throughput is the currency here too: the switch is undone when the mean
-observed throughput under the new policy falls below the old policy's
-modelled throughput -- its curve through the model, times what it served
-over the model while it ran -- by more than `watchdog_margin` of it.  The
-cgroup's miss ratio is not judged then: under a policy that serves a
-key-value store's lookups and lets its scanner miss, it rises while the
-application gains.
 
 Intervals in which the new policy is not reported running (the directive
 not applied yet, or refused) do not count, nor do intervals whose report
@@ -212,21 +202,14 @@ def curve_at_held(report, limit_pages: float) -> float | None:
 
 
 def check(st, report, limit_pages: float, intervals: int, margin: float,
-          cooldown: int, old_offset: float = 0.0, slo: float | None = None,
-          model=None, currency: str = "miss_ratio",
-          old_factor: float = 1.0, keep_gain: float = 0.0) -> Verdict | None:
+          cooldown: int, slo: float | None = None, model=None,
+          keep_gain: float = 0.0) -> Verdict | None:
     """Count this report toward st's probation, if it has one.
 
-    old_offset: the old policy's curve error while it ran
-    (engine/calibrate.py), added to what its curve predicts, so the new
-    policy is judged against what the old one really did.  slo: the
-    tenant's minimum throughput, if it has one; model: its fitted (a, b)
-    (seconds per operation a + b x miss ratio), which turns the old
-    policy's predicted miss ratio into a throughput.  currency:
-    "throughput" judges the switch by the tenant's throughput against the
-    old policy's modelled throughput times old_factor (what it served over
-    the model while it ran), `margin` a fraction of it.  keep_gain: the
-    gain a trial must measure to be kept.
+    slo: the tenant's minimum throughput, if it has one; model: its
+    fitted (a, b) (seconds per operation a + b x miss ratio), which turns
+    the old policy's predicted miss ratio into a throughput.  keep_gain:
+    the gain a trial must measure to be kept.
 
     Returns a Verdict (and holds the new policy off for `cooldown` rounds)
     when the probation ends with the new policy worse than the old policy's
@@ -243,16 +226,14 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     at = held_pages(report, curves[pb.new], limit_pages)
     pb.observed.append(float(m))
     pb.predicted_new.append(float(curves[pb.new].at(at)))
-    pb.predicted_old.append(min(max(float(curves[pb.old].at(at)) + old_offset, 0.0), 1.0))
+    pb.predicted_old.append(min(max(float(curves[pb.old].at(at)), 0.0), 1.0))
     thr = report.throughput
-    by_served = currency == "throughput"
-    if (slo or by_served) and model is not None and thr is not None and \
-            math.isfinite(thr) and thr >= 0:
+    if slo and model is not None and thr is not None and math.isfinite(thr) and thr >= 0:
         a, b = model
         t_old = a + b * pb.predicted_old[-1]
         if t_old > 0:
             pb.throughput.append(float(thr))
-            pb.throughput_old.append((old_factor if by_served else 1.0) / t_old)
+            pb.throughput_old.append(1.0 / t_old)
     if len(pb.observed) < intervals:
         return None
     st.probation = None
@@ -264,8 +245,6 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
         old = math.fsum(pb.throughput_old) / len(pb.throughput_old)
         if slo and got < slo <= old:
             cost_slo = (slo, got, old)
-        if by_served:
-            worse = got < old * (1.0 - margin)
     if not worse and cost_slo is None:
         return None
     st.held_until[pb.new] = st.rounds + cooldown
@@ -273,8 +252,6 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
                 margin, cooldown)
     if cost_slo is not None:
         v.slo, v.throughput, v.throughput_old = cost_slo
-    elif by_served and got is not None:
-        v.throughput, v.throughput_old = got, old
     return v
 
 
