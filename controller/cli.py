@@ -27,7 +27,12 @@ def register(subparsers):
                         "controller.advertise, else the listen address; needed when that "
                         "is a wildcard such as 0.0.0.0)")
     p.set_defaults(func=cmd_controller)
+    _register_admin(subparsers)
 
+
+def _register_admin(subparsers):
+    """`cachepilot admin ACTION`: the subcommands that talk to a running
+    controller."""
     p = subparsers.add_parser("admin", help="talk to a running controller")
     p.add_argument("--config", required=True,
                    help="the controller's config (address, CA, admin certificate or token)")

@@ -105,9 +105,9 @@ class ControlSpec(Strict):
     shed_after: float = Field(0.3, gt=0)
     shed_max_rounds: int = Field(2, ge=0)
     # Policy autopilot: switch only when the predicted relative throughput
-    # gain exceeds `autopilot_threshold` in `autopilot_k` intervals before as
-    # many intervals have not shown it (engine/autopilot.py).
+    # gain exceeds this (engine/autopilot.py) ...
     autopilot_threshold: float = Field(0.05, ge=0)
+    # ... in this many intervals before as many intervals have not shown it.
     autopilot_k: int = Field(3, ge=1)
     # The policy that runs no hooks: the kernel's own.  A tenant on another
     # policy goes back to it when that policy no longer beats it by more
@@ -135,6 +135,14 @@ class ControlSpec(Strict):
     # errors of its estimate more memory (engine/curves.py): memory given
     # to reach a cliff that is really a little further on buys nothing.
     curve_error_sigmas: float = Field(2.0, ge=0, le=10)
+    # A node with no report for this many intervals is lost.
+    lost_after_intervals: int = Field(3, ge=1)
+    # With replicas on etcd (controller/fleet.py), the leader plans the
+    # fleet's consolidation every this many intervals from the demands each
+    # replica publishes for its nodes (0: never).
+    plan_every_intervals: int = Field(30, ge=0)
+    # Prior for tenants that do not give their own.
+    prior: ModelPrior = ModelPrior()
 
     @model_validator(mode="before")
     @classmethod
@@ -146,14 +154,6 @@ class ControlSpec(Strict):
                 if key in REMOVED_CONTROL:
                     raise ValueError(f"control.{key} was removed: {REMOVED_CONTROL[key]}")
         return data
-    # A node with no report for this many intervals is lost.
-    lost_after_intervals: int = Field(3, ge=1)
-    # With replicas on etcd (controller/fleet.py), the leader plans the
-    # fleet's consolidation every this many intervals from the demands each
-    # replica publishes for its nodes (0: never).
-    plan_every_intervals: int = Field(30, ge=0)
-    # Prior for tenants that do not give their own.
-    prior: ModelPrior = ModelPrior()
 
 
 class ControllerSpec(Strict):

@@ -177,6 +177,42 @@ def _least_pages(prober: _Prober, target: float, hi_pages: int) -> int | None:
     return hi
 
 
+def _needs(spec, allowed: list[str], target: float, cap: int, index: int,
+           seed_offset: int) -> tuple[str, dict[str, float]]:
+    """(where they came from, per allowed policy the bytes at which the
+    tenant misses at most `target` in its worst phase, inf where none up
+    to `cap` does): read off its curves_file, or probed on its workload."""
+    per_policy: dict[str, float] = {}
+    if spec.curves_file is not None:
+        curves = {c.policy: c for c in _load_curves(spec.curves_file, spec.name)}
+        for p in allowed:
+            c = curves.get(p)
+            if c is None:
+                continue
+            need = c.size_for(min(target, 1.0)) if target >= 0 else None
+            per_policy[p] = math.inf if need is None else need * PAGE_SIZE
+        return "curves_file", per_policy
+    if spec.workload is None:
+        raise UserError(f"tenant {spec.name!r}: the planner needs its curves: give "
+                        f"a `workload` or a `curves_file`")
+    w = spec.workload
+    seed = (w.seed if w.seed is not None else index) + seed_offset
+    for p in allowed:
+        worst = 0
+        for k, phase in enumerate(w.phases):
+            if target < 0:
+                worst = math.inf
+                break
+            prober = _Prober(phase, seed * 1009 + k, w.accesses_per_interval, p)
+            pages = _least_pages(prober, target, cap // PAGE_SIZE)
+            if pages is None:
+                worst = math.inf
+                break
+            worst = max(worst, pages * PAGE_SIZE)
+        per_policy[p] = worst
+    return "workload", per_policy
+
+
 def tenant_demands(config, headroom: float = 0.10, policies: list[str] | None = None,
                    seed_offset: int = 0x5EED) -> list[Demand]:
     """Each tenant's demand (see the module doc).  `policies`: what the hosts
@@ -204,36 +240,7 @@ def tenant_demands(config, headroom: float = 0.10, policies: list[str] | None = 
         service = _service(config, spec)
         slo = spec.slo.min_throughput
         target = _target_miss(service, slo * (1 + headroom))
-        per_policy = {}
-        if spec.curves_file is not None:
-            source = "curves_file"
-            curves = {c.policy: c for c in _load_curves(spec.curves_file, spec.name)}
-            for p in allowed:
-                c = curves.get(p)
-                if c is None:
-                    continue
-                need = c.size_for(min(target, 1.0)) if target >= 0 else None
-                per_policy[p] = math.inf if need is None else need * PAGE_SIZE
-        elif spec.workload is not None:
-            source = "workload"
-            w = spec.workload
-            seed = (w.seed if w.seed is not None else i) + seed_offset
-            for p in allowed:
-                worst = 0
-                for k, phase in enumerate(w.phases):
-                    if target < 0:
-                        worst = math.inf
-                        break
-                    prober = _Prober(phase, seed * 1009 + k, w.accesses_per_interval, p)
-                    pages = _least_pages(prober, target, cap // PAGE_SIZE)
-                    if pages is None:
-                        worst = math.inf
-                        break
-                    worst = max(worst, pages * PAGE_SIZE)
-                per_policy[p] = worst
-        else:
-            raise UserError(f"tenant {spec.name!r}: the planner needs its curves: give "
-                            f"a `workload` or a `curves_file`")
+        source, per_policy = _needs(spec, allowed, target, cap, i, seed_offset)
         if not per_policy:
             raise UserError(f"tenant {spec.name!r}: no curve for any allowed policy "
                             f"({', '.join(allowed)})")

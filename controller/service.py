@@ -902,6 +902,22 @@ def plan_loop(controller, stop: threading.Event, every: float) -> None:
             log.exception("consolidation plan failed; planning again in %g s", every)
 
 
+def _start_watches(config, controller, stop: threading.Event, watch_lost: bool) -> None:
+    """The service's background threads: the lost-node watch (checking
+    more often than the loss horizon, so a lost node is noticed within one
+    interval of crossing it) and, on a fleet, the leader's planning."""
+    def watch():
+        period = max(0.05, config.control.interval_s / 2)
+        while not stop.wait(period):
+            controller.check_lost()
+    if watch_lost:
+        threading.Thread(target=watch, name="lost-node-watch", daemon=True).start()
+    every = config.control.plan_every_intervals * config.control.interval_s
+    if controller.fleet is not None and every > 0:
+        threading.Thread(target=plan_loop, args=(controller, stop, every), name="fleet-plan",
+                         daemon=True).start()
+
+
 def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
           watch_lost: bool = True, store: StateStore | None = None,
           record: str | None = None) -> Served:
@@ -947,19 +963,7 @@ def serve(config, listen: str | None = None, engine=None, max_workers: int = 8,
         controller.fleet = _join_fleet(config, address, port, server, controller)
     server.start()
     stop = threading.Event()
-
-    def watch():
-        # Check more often than the loss horizon so a lost node is noticed
-        # within one interval of crossing it.
-        period = max(0.05, config.control.interval_s / 2)
-        while not stop.wait(period):
-            controller.check_lost()
-    if watch_lost:
-        threading.Thread(target=watch, name="lost-node-watch", daemon=True).start()
-    every = config.control.plan_every_intervals * config.control.interval_s
-    if controller.fleet is not None and every > 0:
-        threading.Thread(target=plan_loop, args=(controller, stop, every), name="fleet-plan",
-                         daemon=True).start()
+    _start_watches(config, controller, stop, watch_lost)
     if spec.metrics_port is not None:
         controller.metrics.serve(spec.metrics_port)
     host = address.rsplit(":", 1)[0]

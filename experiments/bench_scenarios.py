@@ -167,23 +167,30 @@ def _peak_rss_mib() -> float:
 
 class figures:
     """The round's fixed figures (engine/round.py constants) set as given
-    for a `with` block, then put back: how a run switches a rule off."""
+    for a `with` block, then put back: how a run switches a rule off.  A
+    key NAME is engine/round.py's; MODULE:NAME another engine module's
+    (e.g. watchdog:trial_reference)."""
 
     def __init__(self, **values):
-        from cachepilot.controller.engine import round as rnd
-        self.rnd, self.values, self.saved = rnd, values, {}
+        import importlib
+        self.targets, self.saved = [], []
+        for key, v in values.items():
+            mod, _, name = key.rpartition(":")
+            module = importlib.import_module(f"cachepilot.controller.engine.{mod or 'round'}")
+            if not hasattr(module, name):
+                raise ValueError(f"{module.__name__} has no {name}")
+            self.targets.append((module, name, v))
 
     def __enter__(self):
-        for k, v in self.values.items():
-            if not hasattr(self.rnd, k):
-                raise ValueError(f"engine/round.py has no figure {k}")
-            self.saved[k] = getattr(self.rnd, k)
-            setattr(self.rnd, k, v)
+        for module, name, v in self.targets:
+            self.saved.append((module, name, getattr(module, name)))
+            setattr(module, name, v)
         return self
 
     def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(self.rnd, k, v)
+        for module, name, v in reversed(self.saved):
+            setattr(module, name, v)
+        self.saved = []
         return False
 
 

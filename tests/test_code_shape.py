@@ -1,6 +1,6 @@
 """Shape rules the code keeps so that a reader can follow it.
 
-- No function in controller/ runs longer than 80 lines, and the control
+- No function in controller/ runs longer than 60 lines, and the control
   round, decide(), is at most 40: a round is a sequence of named steps
   (controller/engine/round.py), not one long body.
 - No module does work when it is imported (a bare call at module level):
@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("root", "core", "models", "protocol", "sim", "agent", "controller")
 GENERATED = ("_pb2.py", "_pb2_grpc.py")
-MAX_CONTROLLER_FUNCTION = 80
+MAX_CONTROLLER_FUNCTION = 60
 MAX_DECIDE = 40
 
 

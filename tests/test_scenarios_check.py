@@ -99,3 +99,13 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_figures_set_the_rounds_figures_for_a_block_and_put_them_back():
+    from cachepilot.controller.engine import round as rnd, watchdog
+    before, trial = rnd.DOUBT, watchdog.trial_reference
+    with bench_scenarios.figures(DOUBT=0.5, **{"watchdog:trial_reference": None}):
+        assert rnd.DOUBT == 0.5 and watchdog.trial_reference is None
+    assert rnd.DOUBT == before and watchdog.trial_reference is trial
+    with pytest.raises(ValueError, match="has no NO_SUCH_FIGURE"):
+        bench_scenarios.figures(NO_SUCH_FIGURE=1)
