@@ -131,9 +131,10 @@ class ControlSpec(Strict):
     anon_margin_bytes: Bytes = 16 << 20
     # Throughput model: observations kept per tenant (engine/model.py).
     model_window: int = Field(64, ge=2)
-    # Sampled curves are read as if every size needed this many standard
-    # errors of its estimate more memory (engine/curves.py): memory given
-    # to reach a cliff that is really a little further on buys nothing.
+    # How many standard errors of doubt a curve is read with: sampled
+    # curves as if every size needed that many more of its estimate
+    # (engine/curves.py), and a challenger policy as missing that many of
+    # its spread over the last windows more (engine/round.py _doubt).
     curve_error_sigmas: float = Field(2.0, ge=0, le=10)
     # A node with no report for this many intervals is lost.
     lost_after_intervals: int = Field(3, ge=1)

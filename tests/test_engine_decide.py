@@ -1274,3 +1274,35 @@ def test_a_met_slo_is_not_risked_on_a_trial():
     assert set(ran) == {"linux"}
     ran, loop = _doubt_run(0.045, 0.045, steps=20, slo=170_000)
     assert ran[-1] == "s3fifo" and _log(loop, "trial")
+
+
+class _Bursty(SynthTenant):
+    """mru's curve as a loop longer than the window shows it: one report
+    reads it missing nothing, the next missing everything, and so on."""
+
+    def report(self, limit_bytes, policy, interval_s=1.0):
+        self.extra["k"] = self.extra.get("k", 0) + 1
+        shown = 0.0 if self.extra["k"] % 2 else 1.0
+        self.shown = {"linux": self.curves["linux"], "mru": flat_curve("mru", shown)}
+        return super().report(limit_bytes, policy, interval_s)
+
+
+def test_a_curve_that_swings_from_window_to_window_is_scored_by_its_windows():
+    # mru's best window says it misses nothing where linux misses 0.3; over
+    # its windows it misses half.  Read window by window, its lead held in
+    # every other round and it was switched to (corpus scenario 04's loop);
+    # read over its windows, it never leads.  A steady lead still switches.
+    truth = {"linux": flat_curve("linux", 0.3), "mru": flat_curve("mru", 0.5)}
+    synth = {"a": _Bursty("a", truth, t_hit=1e-6, t_miss=1e-4)}
+    loop = Loop(make([{"name": "a", "node": "n1", "policies": ["linux", "mru"]}],
+                     autopilot_k=2, warmup_intervals=0), synth)
+    for _ in range(20):
+        loop.step()
+    assert not _log(loop, "policy") and not _log(loop, "watchdog")
+    steady = {"linux": flat_curve("linux", 0.3), "mru": flat_curve("mru", 0.1)}
+    synth = {"a": SynthTenant("a", steady, t_hit=1e-6, t_miss=1e-4)}
+    loop = Loop(make([{"name": "a", "node": "n1", "policies": ["linux", "mru"]}],
+                     autopilot_k=2, warmup_intervals=0), synth)
+    for _ in range(6):
+        loop.step()
+    assert loop.policy["a"] == "mru"

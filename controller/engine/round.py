@@ -74,6 +74,7 @@ class Round:
     # choose_policies
     score: np.ndarray = None         # per bank row: modelled throughput at ref
     score_raw: np.ndarray = None     # ... without the challengers' doubt
+    m_sd: np.ndarray = None          # per bank row: its miss ratio's deviation over windows
     need_low: np.ndarray = None      # per bank row: least size meeting the SLO (hooks
     need_high: np.ndarray = None     # in), the curve erring low / high
     choices: list[PolicyChoice] = field(default_factory=list)
@@ -161,6 +162,8 @@ def gather_rows(state: EngineState, reports, specs, node_specs, node_memory,
 MODEL_MIN_POINTS = 5        # observations before a tenant's own model replaces the prior
 MODEL_MIN_SPREAD = 0.05     # ... spanning at least this much miss ratio
 DOUBT = 0.01                # miss ratio a challenger's curve is scored worse by (_doubt)
+WINDOWS = 8                 # reports' curves a policy is scored over (_window_spread)
+WINDOW_SHIFT = 0.05         # miss ratio the running policy's curve moves by in a new phase
 MEMORY_THRESHOLD = 0.15     # SLO memory a tied policy must save to earn a switch
 WATCHDOG_INTERVALS = 3      # running reports a switch is judged over (engine/watchdog.py)
 WATCHDOG_MARGIN = 0.05      # miss ratio a switch may do worse than staying, before undone
@@ -433,8 +436,9 @@ def choose_policies(R: Round, ctl) -> None:
     if bank.n:
         at = np.minimum(R.ref, R.ub)[R.row_tenant]
         # read as measured: the error's stretch is for buying memory, and
-        # it reads every curve at a smaller size than the one compared at
-        m = np.clip(bank.miss_at(np.arange(bank.n), at, raw=True), 0.0, 1.0)
+        # it reads every curve at a smaller size than the one compared at;
+        # each policy by its curves of the last reports (_window_spread)
+        m, R.m_sd = _window_spread(R, at)
         # each policy's hooks estimated against the running one's
         a_h = R.a[R.row_tenant] * hook_factors(R)
         b_r = R.b[R.row_tenant] + miss_costs(R)
@@ -481,20 +485,79 @@ def choose_policies(R: Round, ctl) -> None:
     R.has_curve = R.alloc_row >= 0
 
 
+def _window_spread(R: Round, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per bank row, the mean and the standard deviation of its policy's
+    miss ratio at `at` over the tenant's last reports' curves of its
+    current phase (this report's among them; one curve: its value, no
+    deviation).  One interval's curve is one window of a workload whose
+    behaviour over longer periods it may not show: under mru a loop longer
+    than the window reads as missing nothing in one window and everything
+    a few windows on, as the loop comes round, and a switch on the best
+    window bought a tenant nothing (corpus scenario 04).  The deviation
+    across windows measures that, and the sampling's own noise with it.
+    The phase is told by the running policy's own curve: the windows
+    before the last one in which it read more than WINDOW_SHIFT from now
+    are another phase's, and a new phase is followed as soon as its own
+    windows lead."""
+    hist = [recent_curves(st, r)[-WINDOWS:] for st, (_, _, r) in zip(R.tstates, R.rows)]
+    first = _phase_windows(R, hist, at)
+    curves, owner = [], []
+    for k, (t, p) in enumerate(zip(R.row_tenant.tolist(), R.row_policy)):
+        mine = [c for cs in hist[t][first[t]:] for c in cs if c.policy == p]
+        curves.extend(mine)
+        owner.extend([k] * len(mine))
+    owner = np.asarray(owner, dtype=np.int64)
+    bank = CurveBank(curves)
+    m = np.clip(bank.miss_at(np.arange(bank.n), at[owner], raw=True), 0.0, 1.0)
+    count = np.maximum(np.bincount(owner, minlength=R.bank.n), 1)
+    mean = np.bincount(owner, weights=m, minlength=R.bank.n) / count
+    sq = np.bincount(owner, weights=(m - mean[owner]) ** 2, minlength=R.bank.n)
+    return mean, np.sqrt(sq / np.maximum(count - 1, 1))
+
+
+def _phase_windows(R: Round, hist: list, at: np.ndarray) -> list[int]:
+    """Per row, the first of its windows (`hist`) in the running policy's
+    present phase: after the last whose curve of the running policy read
+    more than WINDOW_SHIFT from this report's, at the tenant's `at`."""
+    curves, owner, index = [], [], []
+    row_at = np.zeros(R.n)
+    row_at[R.row_tenant] = at
+    for i, (_, _, r) in enumerate(R.rows):
+        for j, cs in enumerate(hist[i]):
+            c = next((c for c in cs if c.policy == r.policy), None)
+            if c is not None:
+                curves.append(c)
+                owner.append(i)
+                index.append(j)
+    first = [0] * R.n
+    if not curves:
+        return first
+    bank = CurveBank(curves)
+    m = bank.miss_at(np.arange(bank.n), row_at[np.asarray(owner)], raw=True).tolist()
+    now = {}
+    for i, j, v in zip(owner, index, m):
+        now[i] = v                      # the newest window comes last
+    for i, j, v in zip(owner, index, m):
+        if abs(v - now[i]) > WINDOW_SHIFT:
+            first[i] = j + 1
+    return first
+
+
 def _doubt(R: Round, ctl) -> np.ndarray:
     """Per bank row, the miss ratio its policy is scored worse by: a
-    challenger (neither the policy running nor the baseline) by
-    `autopilot_doubt`.  A lead that so small an error in a curve could
-    make is no lead: curves of policies that have not run err more than
-    the one that runs, and a tenant at a low miss ratio reads a gain of
-    several per cent in a difference of 0.005.  The baseline is scored as
-    it is: going back to it is about the hooks' CPU, not about trusting a
-    curve.  (A fixed figure, not the tenant's observed curve error: that
-    error is largest right after a phase change, when a switch is due.)"""
+    challenger (neither the policy running nor the baseline) by DOUBT plus
+    `curve_error_sigmas` of its curve's spread over the tenant's last
+    windows (_window_spread).  A lead that so small an error in a curve
+    could make is no lead: curves of policies that have not run err more
+    than the one that runs, and a tenant at a low miss ratio reads a gain
+    of several per cent in a difference of 0.005; a curve that swings from
+    window to window is worth what its windows say together, and no more
+    than its worse ones.  The baseline is scored as it is: going back to
+    it is about the hooks' CPU, not about trusting a curve."""
     baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
                            dtype=bool, count=R.bank.n)
     running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
-    return np.where(running | baseline, 0.0, DOUBT)
+    return np.where(running | baseline, 0.0, DOUBT + ctl.curve_error_sigmas * R.m_sd)
 
 
 def _policy_needs(R: Round, a_h: np.ndarray, b_r: np.ndarray):
