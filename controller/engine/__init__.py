@@ -2,33 +2,16 @@
 
     decide(state, reports, config) -> (Decision, new_state)
 
-`reports` maps a node id to the TenantReports it sent this interval; only
-live nodes are passed (a lost node's memory has left the pool), and nodes
-and tenants may come and go between rounds.  `state` (EngineState) carries
-the throughput models, autopilot streaks and last targets.  decide() never
-changes the state it is given: it works on a fork (EngineState.fork) and
-returns it, so what-if and replay call it and throw the new state away.
-Each decision carries a trace (engine/trace.py): per tenant, the inputs the
-round read, each step's output and the rule that set the limit and policy.
-
-The policy in force is the one the node reports running (read back from the
-kernel), not the one last directed: a directive that was refused or not yet
-applied changes nothing.  On an advisory node -- one that cannot swap
-policies, such as a host whose kernel lacks cache_ext -- the engine still
-chooses and logs the policy it would run, and keeps its autopilot streak on
-that recommendation (so it does not recommend the same switch again every
-K rounds), but sizes the tenant on the curve of the policy actually running.
-
-Same state + same reports + same config -> same decision: rows are taken in
-sorted order and nothing is random.
-
-A round is a sequence of named steps over one Round (engine/round.py), the
-way Senpai's tick() reads: gather the rows, fit the throughput models
-(engine/model.py), bank the curves, bound the sizes, choose policies (the
-watchdog, engine/watchdog.py, then the autopilot, engine/autopilot.py),
-size the SLOs on the chosen curves, allocate (SLOs by priority, the rest by
-marginal throughput: engine/allocate.py), step the limits, predict, and
-emit directives, violations and the log (engine/emit.py).
+`reports` maps a live node to its TenantReports this interval; nodes and
+tenants may come and go.  decide() never changes the state it is given:
+it works on a fork (EngineState.fork) and returns it, so what-if and
+replay call it and throw the new state away.  The policy in force is the
+one the node reports running, not the one last directed; on an advisory
+node (no cache_ext) the engine still chooses and logs a policy but sizes
+on the one running.  Same state, reports and config: same decision.
+The round is a list of named steps over one Round (engine/round.py);
+docs/design.md describes it on one page.  Each decision carries a trace
+(engine/trace.py) from which `admin explain` rebuilds it.
 """
 from __future__ import annotations
 

@@ -1,45 +1,19 @@
-"""Dividing each node's memory among its tenants.
+"""Dividing each node's memory among its tenants: three pure functions over
+arrays (a row per tenant, sizes in 4 KiB pages, `node` the row's node).
 
-Three stages, each a pure function over arrays (one row per tenant; sizes
-in 4 KiB pages as floats; `node` gives each row's node index):
-
-1. serve_slos: every tenant starts at its lower bound (floor, or anonymous
-   usage + margin, whichever is higher).  Tenants with a feasible SLO are
-   then raised to the least size meeting it, highest priority first, and
-   within a priority the smallest extra need first (so the most SLOs fit);
-   then, with what is left, to the size meeting it with headroom
-   (control.slo_headroom), so that noise in one interval does not miss it.
-   A need that does not fit is skipped rather than half-served: half an
-   SLO's memory buys no attainment and would starve the next tenant.  An
-   SLO no size can meet is weighed in stage 2 instead (its gains count
-   more there, control.slo_shortfall_weight): raised ahead of everyone to
-   where its curve flattens, it took memory that bought it nothing where
-   its throughput was bound by CPU, not misses.
-
-2. distribute: what is left goes where modelled aggregate throughput gains
-   most.  Each tenant's throughput-vs-size points are read on the curve's
-   concave (throughput) hull; taking hull segments greedily by slope is
-   optimal for such separable concave gains.  A node's few tenants walk
-   their hulls in Python; a whole round's thousand use the greedy's
-   Lagrangian dual: a price per page, bisected per node, at which each
-   tenant's best point (throughput - price x size) just fills the node,
-   the tenants whose choice changes at that price sharing the remainder in
-   order of their segment's slope -- the greedy's last, partial segment.
-   (28 halvings leave the price known to 4e-9 of the steepest slope; two
-   hull segments of one tenant closer than that are taken as one.)  Memory
-   nobody gains from is handed out in proportion to each tenant's headroom
-   below its ceiling, so the cache is not left idle.
-
-3. step_limit: limits move toward the targets, but no node moves more than
-   max_step_fraction of its memory between its tenants in one interval:
-   the limits raised add up to at most the step, and so do the limits
-   lowered (memory taken from one tenant and given to another moves once).
-   Every tenant's move is scaled by the same factor (a convex combination of
-   old and target limits, so a node whose limits fit keeps fitting); raising
-   a tenant to its safety bound is never delayed and uses the step first.  A wanted change smaller than the
-   hysteresis (a fraction of node memory) is not made at all.  If a safety
-   raise leaves the node's limits adding up to more than the node, the
-   shrinking tenants pay for it at once, beyond the step if need be.
+1. serve_slos: every tenant at its lower bound; feasible SLOs raised to
+   their need by priority (smallest extra need first within one), then
+   toward their headroom with what is left.  A need that does not fit is
+   skipped, not half-served.
+2. distribute: the rest where modelled throughput gains most, on each
+   curve's concave hull: the greedy over hull segments, steepest first,
+   which is optimal for such gains (a node's few tenants walk it in
+   Python; a round's thousand use its Lagrangian dual, bisected per
+   node).  Memory nobody gains from goes by headroom under the ceiling.
+3. step_limit: limits move toward the targets by at most
+   max_step_fraction of the node's memory in one interval, every move
+   scaled alike; moves within the hysteresis are not made; a safety raise
+   is never delayed, and shrinking tenants pay for it.
 """
 from __future__ import annotations
 

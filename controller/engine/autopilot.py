@@ -1,51 +1,20 @@
 """Policy autopilot: when to switch a tenant's eviction policy.
 
-Each round every allowed policy with a curve is scored by the modelled
-throughput it would give at the tenant's current size.  The best one
+Every allowed policy with a curve is scored by the modelled throughput it
+would give at the tenant's current size (engine/round.py reads it over
+the tenant's recent windows, a challenger with its doubt).  The best
 replaces the policy in force only when it beats it by more than
-`autopilot_threshold` (relative) in `autopilot_k` rounds before as many
-rounds have not shown it: a single noisy window never flips a policy, a
-real phase change does within K windows, and a lead that dips under the
-threshold now and then (a sampled curve, a noisy fit) still counts -- with
-K = 2, two rounds out of three.  A policy the tenant is not (or no longer)
-allowed is left at once.  Policies the watchdog holds off
-(engine/watchdog.py) are treated as not allowed for as long as it holds
-them.  Ties go to the policy in force, then to the alphabetically first,
-so the choice is deterministic.
-
-For a tenant with an SLO, throughput at its size is not all a policy is
-worth: two policies that tie there (a loop that fits either way) may meet
-the SLO at very different sizes, and the memory the thriftier one leaves
-goes to the node's other tenants.  Among the policies whose score is
-within half the threshold of the best, one whose SLO need is smaller than
-the need of the policy in force by more than `autopilot_memory_threshold`
-(relative) earns a switch the same way, in K rounds.
-
-One policy is preferred, the baseline (the kernel's own): it runs no BPF
-hooks, and a cache_ext policy's hooks cost CPU on every access that no
-curve shows -- a file cached whole scores the same under every policy,
-yet runs slower under any but the kernel's.  A tenant on another policy
-goes back to the baseline once that policy's lead over it stays within
-half the threshold for K rounds, unless it meets the tenant's SLO in
-more than half the memory threshold less memory than the baseline; the
-halves are the dead bands that keep a lead near either threshold from
-switching back and forth.
-
-A challenger is scored as if its curve missed a little more than it says
-(the doubt, engine/round.py _doubt), so a lead that small an error could
-make does not switch.  At a low miss ratio that is every lead: a tenant
-bound by its disk at a miss ratio of 0.1 reads a 10 % gain in a
-difference of 0.01.  Where no switch is due but a challenger leads by
-half the threshold on its curve as it is (`raw_scores`: without the
-doubt), the autopilot may *try* it (`can_try`: the tenant has a
-reference, the old policy's outcome over its last reports at this
-limit), after the same K rounds: the switch goes on a probation that
-judges it by what the tenant then serves against that reference
-(engine/watchdog.py), and undoes it, the challenger held off, unless it
-served half the threshold more -- what the curve promised at the least,
-and what a challenger must lead the baseline by to stay.  Whether a
-tenant may be tried is the round's to say (engine/round.py _choose: one
-trial a phase, none while an SLO is met).
+`autopilot_threshold` in `autopilot_k` rounds before as many rounds have
+not shown it: one noisy window never flips a policy, a phase change does
+within K windows.  Ties go to the policy in force, then the
+alphabetically first.  Three more ways to switch, each counted the same:
+for an SLO tenant, a policy tied in throughput that meets the SLO in
+clearly less memory (_thriftiest); back to the baseline, the kernel's
+own policy with no hooks, once no other earns its hooks' CPU
+(_back_to_baseline); and a *trial* of a challenger only its doubt holds
+back, judged by the watchdog on what the tenant then serves (_to_try).
+A policy the tenant may no longer use, or that the watchdog holds off,
+is left at once.
 """
 from __future__ import annotations
 

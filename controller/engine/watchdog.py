@@ -1,58 +1,17 @@
 """Model watchdog: undo a policy switch that does worse than promised.
 
-The autopilot switches a tenant's eviction policy because the curves say
-the new policy misses less.  A curve can be wrong -- a miniature simulation
-that models a policy badly, a sample that missed part of the workload --
-and then the switch costs what it was meant to gain.  So every switch the
-node carries out goes on probation:
-
-  * over the first `watchdog_intervals` intervals in which the node reports
-    the new policy *running*, the watchdog averages the observed miss ratio
-    and what the curves of those same reports predict at the memory the
-    tenant held (its limit, or less while its cache is still filling), for
-    the new policy and for the old one;
-  * if the mean observed miss ratio exceeds the old policy's mean predicted
-    miss ratio by more than the margin (engine/round.py WATCHDOG_MARGIN),
-    the new policy did worse than staying would have: decide() switches
-    back to the old policy, logs the three numbers, and the autopilot may
-    not pick the new policy again -- nor its siblings (engine/round.py
-    _hold_siblings) -- for a cooldown of the tenant's rounds;
-  * for a tenant with an SLO, the same happens when its mean observed
-    throughput under the new policy falls short of the SLO where the
-    old policy's prediction, through the tenant's fitted model, meets it:
-    a switch that cost a met SLO is undone whatever the margin (at a low
-    miss ratio, a shortfall of 0.02 in it can be a tenth of the
-    throughput, and it is counted in the tenant's own operations, which
-    its miss ratio may not be -- a reader that scans beside its lookups).
-
-Intervals in which the new policy is not reported running (the directive
-not applied yet, or refused) do not count, nor do intervals whose report
-lacks either curve; a later switch replaces the probation.  The comparison
-is with the old policy's prediction, not the new one's: a new policy that
-misses its own promise but still beats the old policy is kept.
-
-A *trial* (engine/autopilot.py: a challenger whose curve leads by half
-the threshold only as long as its doubt is not counted) is judged otherwise:
-against what the old policy was seen to do just before it, not against
-any curve -- the curves could not tell the two apart, so only what ran
-can.  Its first running report (the switch mid-interval, a cache the
-old policy filled) is not counted; each later one is compared with the
-old policy's mean outcome over the reports before the switch, moved by
-what the old policy's curve says a limit moved since then changes (a
-difference of one curve at two nearby sizes, whose errors largely
-cancel; a limit moved more than TRIAL_LIMIT_MOVE does not count).  The
-currency is the tenant's own throughput where it reports one, else its
-miss ratio through its fitted model.  The trial is kept when the mean
-gain is at least `keep_gain` (the autopilot's dead band: what the
-challenger must keep leading the baseline by); otherwise, or when no
-verdict came within TRIAL_SLACK rounds of the `intervals` wanted, it is
-undone and the challenger held off like any failed switch.  A kept
-trial returns a Verdict too (kept=True), logged as kind "trial", so the
-decision log says what it served.
-
-Cooldowns count the tenant's own decision rounds (`TenantState.rounds`),
-so they do not depend on how many nodes share the controller.  Nothing
-here is random: the same reports give the same verdicts.
+A curve can be wrong (a miniature simulation that models a policy badly,
+a sample that missed part of the workload), and then a switch costs what
+it was meant to gain.  So every switch the node carries out goes on
+probation: over its first running reports, the tenant's observed miss
+ratio is set beside what the old policy's curve predicted at the memory
+it held; worse by more than a margin, or an SLO missed that the old
+policy was predicted to meet, and the switch is undone and the policy
+held off for a cooldown of the tenant's rounds (check()).  A *trial* (a
+lead only the autopilot's doubt hides) is judged on what the tenant
+served against what the old policy served just before it
+(_check_trial()).  Only reports of the new policy running count; nothing
+here is random.
 """
 from __future__ import annotations
 
@@ -257,8 +216,17 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
 
 def _check_trial(st, report, limit_pages: float, intervals: int, keep_gain: float,
                  cooldown: int, model) -> Verdict | None:
-    """Count this report toward st's trial (module doc); a Verdict once it
-    is decided, kept or not."""
+    """Count this report toward st's trial; a Verdict once it is decided,
+    kept or not.  The curves could not tell the two policies apart, so
+    only what ran can: each running report but the first (the switch
+    mid-interval, a cache the old policy filled) is set beside the old
+    policy's mean outcome over the reports before the switch, moved by
+    what the old policy's curve says the limit's move since then changes
+    (a move over TRIAL_LIMIT_MOVE does not count).  The currency is the
+    tenant's throughput where it reports one, else its miss ratio through
+    its model.  Kept where the mean gain is at least `keep_gain`;
+    otherwise, or with no verdict within TRIAL_SLACK rounds of those
+    wanted, undone and the challenger held off like any failed switch."""
     pb = st.probation
     pb.running_reports += 1
     curves = {c.policy: c for c in report.curves}
