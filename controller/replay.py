@@ -44,6 +44,9 @@ class Replayed:
     rounds: int = 0                 # node rounds: a decide() call over k nodes counts k
     directives: int = 0
     changes: list[dict] = field(default_factory=list)
+    # control fields the recording set that this engine no longer has
+    # (controller/config.py REMOVED_CONTROL): name -> recorded value
+    ignored: dict = field(default_factory=dict)
 
 
 def cmd_replay(args) -> int:
@@ -52,8 +55,12 @@ def cmd_replay(args) -> int:
     out = replay(recording.read(args.recording), other)
     if args.json:
         print(json.dumps({"rounds": out.rounds, "directives": out.directives,
-                          "differ": len(out.changes), "changes": out.changes}, indent=1))
+                          "differ": len(out.changes), "changes": out.changes,
+                          "ignored_control": out.ignored}, indent=1))
         return 0
+    if out.ignored:
+        print("the recording's control sets fields this engine no longer has, ignored: " +
+              ", ".join(f"{k}={v}" for k, v in sorted(out.ignored.items())))
     for c in out.changes[:max(args.show, 0)]:
         print(f"round {c['round']} {c['tenant']} ({c['node']}): "
               f"limit {_mib(c['limit_before'])} -> {_mib(c['limit_after'])}, "
@@ -76,7 +83,7 @@ def replay(lines: list[dict], other=None) -> Replayed:
     for line in lines[1:]:
         kind = line.get("type")
         if kind == "config":
-            recorded = _config(line)
+            recorded = _config(line, out.ignored)
             first = first or recorded
             cfg = recorded if other is None else _with_slos(other, first, recorded)
         elif kind == "restore":
@@ -115,10 +122,18 @@ def _need(cfg) -> None:
         raise UserError("the recording has a round before any configuration line")
 
 
-def _config(line: dict):
-    from cachepilot.controller.config import config_from_dict
-    return config_from_dict({k: line[k] for k in recording.ENGINE_SECTIONS if k in line},
-                            "the recording's configuration")
+def _config(line: dict, ignored: dict):
+    """The recorded configuration, less the control fields this engine no
+    longer has (kept in `ignored`): a recording made before they became
+    fixed figures still replays, and says what it set."""
+    from cachepilot.controller.config import REMOVED_CONTROL, config_from_dict
+    data = {k: line[k] for k in recording.ENGINE_SECTIONS if k in line}
+    control = dict(data.get("control") or {})
+    for k in [k for k in control if k in REMOVED_CONTROL]:
+        ignored[k] = control.pop(k)
+    if "control" in data:
+        data["control"] = control
+    return config_from_dict(data, "the recording's configuration")
 
 
 def _with_slos(other, first, now):

@@ -71,6 +71,20 @@ def test_a_recorded_run_replays_with_nothing_differing(recorded):
     assert (folder / recording.FILE).stat().st_size < 3 << 20
 
 
+def test_a_recording_made_before_a_field_became_fixed_replays_and_says_so(tmp_path):
+    # experiments/results/run_demo.recording was made when the control
+    # section still had the fields issue 45 turned into fixed figures: it
+    # replays, and the replay names what it ignored
+    rec = ROOT / "experiments" / "results" / "run_demo.recording"
+    rc, out = cli("replay", rec, "--json")
+    got = json.loads(out)
+    assert rc == 0 and got["rounds"] == 60 and got["directives"] == 240
+    assert got["ignored_control"]["watchdog_cooldown"] == 20
+    assert got["ignored_control"]["calibration_window"] == 0
+    rc, out = cli("replay", rec, "--show", "0")
+    assert "no longer has, ignored: autopilot_doubt=0.01" in out
+
+
 def test_another_config_lists_what_changes(recorded, tmp_path):
     _, folder, _ = recorded
     doc = yaml.safe_load(DEMO.read_text())
