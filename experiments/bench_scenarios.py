@@ -107,17 +107,35 @@ def met_share(rows: list[dict], slo: float, skip: list[int]) -> float:
     return sum(kept) / len(kept) if kept else 1.0
 
 
-def decision_counts(log, tenants) -> dict[str, dict]:
+def decision_counts(log, tenants, phases: dict | None = None) -> dict[str, dict]:
     """Per tenant, from the autopilot's decision log: policy switches (kind
     "policy"), watchdog reverts (kind "watchdog": a switch undone), trials
-    kept (kind "trial") and limit moves (kind "limit")."""
+    kept (kind "trial"), limit moves (kind "limit") and the phase changes
+    the engine saw (kind "phase"); beside them `phases`, the phase changes
+    its workload makes within the run (from the config), that a switch
+    may have been called for by."""
     kinds = {"policy": "switches", "watchdog": "reverts", "trial": "trials_kept",
-             "limit": "limit_moves"}
+             "limit": "limit_moves", "phase": "phases_seen"}
     out = {t: dict.fromkeys(kinds.values(), 0) for t in tenants}
+    for t in out:
+        out[t]["phases"] = (phases or {}).get(t, 0)
     for e in log:
         key = kinds.get(e.kind)
         if key is not None and e.tenant in out:
             out[e.tenant][key] += 1
+    return out
+
+
+def workload_phases(cfg, intervals: int) -> dict[str, int]:
+    """Per tenant, how many phase changes its workload makes within
+    `intervals` (a phase beginning after the first interval)."""
+    out = {}
+    for t in cfg.tenants:
+        start, n = 0, 0
+        for ph in (t.workload.phases if t.workload is not None else [])[:-1]:
+            start += ph.intervals or 0
+            n += 0 < start < intervals
+        out[t.name] = n
     return out
 
 
@@ -271,7 +289,8 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
         "ratio_vs_equal": {k: totals[k] / totals["equal"]
                            for k in ("fixed", "autopilot") if k in totals},
         "check_passed": all(r["ok"] is not False for r in slos),
-        "decisions": {k: decision_counts(log, names) for k, log in logs.items()},
+        "decisions": {k: decision_counts(log, names, workload_phases(cfg, intervals))
+                      for k, log in logs.items()},
         "predictions": {k: prediction_errors(log, len(cfg.nodes), warmup)
                         for k, log in logs.items()},
         "seconds": seconds, "cpu_seconds": cpu,
@@ -439,10 +458,11 @@ def report(r: dict) -> None:
             f"{t} {a / tput['equal'][t]:.2f}x" if tput["equal"][t] else f"{t} -"
             for t, a in tput["autopilot"].items()))
     dec = r["decisions"]["autopilot"]
-    moved = ", ".join(f"{t} {d['switches']}/{d['reverts']}" for t, d in dec.items()
-                      if d["switches"] or d["reverts"])
+    moved = ", ".join(f"{t} {d['switches']}/{d['reverts']} ({d.get('phases', 0)} phase "
+                      f"changes)" for t, d in dec.items() if d["switches"] or d["reverts"])
     trials = sum(d["trials_kept"] for d in dec.values())
-    print(f"  policy switches/reverts per tenant: {moved or 'none'}"
+    print(f"  policy switches/reverts per tenant (beside its workload's phase changes): "
+          f"{moved or 'none'}"
           f"{f'; trials kept {trials}' if trials else ''}")
     print(f"  throughput predictions: {_fmt_err(r['predictions']['autopilot'])}")
     runs = ", ".join(f"{k} {v:.1f}" for k, v in r["seconds"].items())
@@ -453,7 +473,8 @@ def report(r: dict) -> None:
 
 def summary_table(results: list[dict]) -> None:
     print(f"{'scenario':12} {'ratio':>6} {'SLOs':>4} {'met auto':>8} {'met equal':>9} "
-          f"{'switch':>6} {'revert':>6} {'pred err':>8} {'(late)':>8} {'wall s':>7} "
+          f"{'switch':>6} {'revert':>6} {'phases':>6} {'pred err':>8} {'(late)':>8} "
+          f"{'wall s':>7} "
           f"{'CPU s':>6} {'RSS MiB':>7}")
     for r in results:
         slos = r["slos"]
@@ -469,6 +490,7 @@ def summary_table(results: list[dict]) -> None:
         print(f"{r['scenario']:12} {r['ratio_vs_equal']['autopilot']:6.2f} {len(slos):4d} "
               f"{met_a:>8} {met_e:>9} "
               f"{sum(d['switches'] for d in dec):6d} {sum(d['reverts'] for d in dec):6d} "
+              f"{sum(d.get('phases', 0) for d in dec):6d} "
               f"{err:>8} {err_late:>8} {sum(r['seconds'].values()):7.1f} "
               f"{sum(r['cpu_seconds'].values()):6.1f} {r['peak_rss_mib']:7.0f}")
     wall = sum(sum(r["seconds"].values()) for r in results)

@@ -109,3 +109,15 @@ def test_figures_set_the_rounds_figures_for_a_block_and_put_them_back():
     assert rnd.DOUBT == before and watchdog.trial_reference is trial
     with pytest.raises(ValueError, match="has no NO_SUCH_FIGURE"):
         bench_scenarios.figures(NO_SUCH_FIGURE=1)
+
+
+def test_workload_phases_count_the_changes_within_the_run():
+    cfg = config_from_dict({
+        "nodes": [{"name": "n", "memory_bytes": "64MiB", "backend": "sim"}],
+        "tenants": [
+            {"name": "a", "node": "n", "workload": {"phases": [
+                {"kind": "zipf", "intervals": 10}, {"kind": "loop", "intervals": 30},
+                {"kind": "uniform"}]}},
+            {"name": "b", "node": "n", "workload": {"phases": [{"kind": "zipf"}]}}]})
+    assert bench_scenarios.workload_phases(cfg, 60) == {"a": 2, "b": 0}
+    assert bench_scenarios.workload_phases(cfg, 20) == {"a": 1, "b": 0}
