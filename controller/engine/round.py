@@ -534,9 +534,7 @@ def _phase_windows(R: Round, hist: list, at: np.ndarray) -> list[int]:
         return first
     bank = CurveBank(curves)
     m = bank.miss_at(np.arange(bank.n), row_at[np.asarray(owner)], raw=True).tolist()
-    now = {}
-    for i, j, v in zip(owner, index, m):
-        now[i] = v                      # the newest window comes last
+    now = dict(zip(owner, m))           # the newest window comes last
     for i, j, v in zip(owner, index, m):
         if abs(v - now[i]) > WINDOW_SHIFT:
             first[i] = j + 1
