@@ -13,18 +13,14 @@ statistics the application prints anyway, and serves
 on http://ADDRESS:PORT/metrics.  The agent's PrometheusSource turns the
 counter into operations per second.
 
-Each format is one small pure parser plus a tiny accumulator:
+Output that is not a statistic is passed through (_pump).  Each format is
+one small pure parser plus a tiny accumulator:
 
   db_bench  RocksDB db_bench (7.8) with --stats_interval_seconds=N: the
             per-thread progress lines it writes to stderr.
   fio       fio (3.33) with --status-interval=N --output-format=json: the
             stream of JSON documents on stdout.
   lines     every line of the child's stdout is one operation.
-
-Output that is not a statistic is passed through: the child's stdout to the
-exporter's stdout, its stderr to the exporter's stderr, so the application's
-final report is not lost (for fio, the last JSON document -- its final
-report -- is written to stdout when fio exits).
 """
 from __future__ import annotations
 
@@ -284,7 +280,11 @@ class AppState:
 
 def _pump(pipe, state: AppState, stream: str, out):
     """Read the child's pipe line by line until EOF; pass what is no
-    statistic through to `out` (a binary stream)."""
+    statistic through to `out` (a binary stream): the child's stdout to the
+    exporter's stdout, its stderr to the exporter's stderr, so the
+    application's final report is not lost (for fio, the last JSON document
+    -- its final report -- is written to stdout when fio exits:
+    run_exporter)."""
     for raw in iter(pipe.readline, b""):
         line = raw.decode("utf-8", errors="replace")
         other = state.feed(line, stream)

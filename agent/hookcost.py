@@ -5,36 +5,18 @@ not what the policy costs on the accesses that hit: every hit runs the
 policy's `folio_accessed` hook (a BPF call, map lookups, list moves), and
 the kernel's own policy runs none.  For a tenant whose hits are bound by
 its CPU, that cost decides between two policies whose curves nearly agree
-(a file cached whole, a hot set that fits), and no curve can show it.
-
-So the agent measures it once, when it starts, on the node itself: a child
-process in a scratch memory cgroup under the agent's first root reads
-cached 4 KiB pages of a small file, first under no policy, then under each
-policy in turn (alternating, the least of five rounds: a busy machine can
-only make a round slower), and the difference in
-its own CPU time per read is the policy's cost per hit in nanoseconds.
-The agent puts it on each curve it reports (meta `hook_ns_per_access`);
-the controller weighs it against the tenant's own CPU per access
-(controller/engine/round.py, choose_policies).
-
-A read that misses costs a policy more: its insertion hook, and once the
+(a file cached whole, a hot set that fits), and no curve can show it.  A
+read that misses costs a policy more: its insertion hook, and once the
 cache is full its eviction, both in the reading thread before the read
-returns (experiments/bench_policy_reclaim.py measures a missed read under
-each policy against the kernel's own).  So the agent measures that too,
-the same way: a child in the scratch cgroup, held to what it uses besides
-page cache plus MISS_ROOM_PAGES, reads pages of a larger file that it has
-never read (every read a miss, and after the first MISS_ROOM_PAGES every
-miss an eviction; read-ahead off), and the difference in its CPU time per
-read is the policy's cost per miss (meta `hook_ns_per_miss`).  The
-controller adds it to every miss of the tenant's model, where it counts
-for little against a disk's milliseconds and decides against a fast
-disk's microseconds.
+returns.
 
-The file lives in `cache_ext.calibrate_dir`, which must be on a disk file
-system (tmpfs pages are shared memory, which cache_ext does not track).
-Anything that fails (no such folder, a policy the kernel refuses) leaves
-that policy without a figure, and the controller scores it on its curve
-alone, as before.
+So the agent measures both once, when it starts, on the node itself
+(`measure` says how), and puts them on each curve it reports (meta
+`hook_ns_per_access` and `hook_ns_per_miss`).  The controller weighs the
+first against the tenant's own CPU per access and adds the second to every
+miss of the tenant's model (controller/engine/round.py, choose_policies).
+A policy that could not be measured has no figure, and the controller
+scores it on its curve alone.
 """
 from __future__ import annotations
 
@@ -212,7 +194,28 @@ def measure(actuator: PolicyActuator, root: str | os.PathLike, policies: list[st
     <root>/cachepilot-calibrate and the files <folder>/cachepilot-calibrate
     {.dat,-miss.dat}.  Raises CalibrationError when nothing can be measured
     at all; a miss loop that fails leaves the misses without figures (the
-    reason in `miss_failed`), the hits' figures standing."""
+    reason in `miss_failed`), the hits' figures standing.
+
+    Hits: a child process in the scratch memory cgroup (the agent passes
+    its first root) reads cached 4 KiB pages of a small file, first under
+    no policy, then under each policy in turn (alternating, the least of
+    `rounds`: a busy machine can only make a round slower), and the
+    difference in its own CPU time per read is the policy's cost per hit
+    in nanoseconds.
+
+    Misses: a child in the scratch cgroup, held to what it uses besides
+    page cache plus MISS_ROOM_PAGES, reads pages of a larger file that it
+    has never read (every read a miss, and after the first MISS_ROOM_PAGES
+    every miss an eviction; read-ahead off), and the difference in its CPU
+    time per read is the policy's cost per miss.  Against a disk's
+    milliseconds it counts for little; against a fast disk's microseconds
+    it decides.  (experiments/bench_policy_reclaim.py measures a missed
+    read under each policy against the kernel's own.)
+
+    `folder` is `cache_ext.calibrate_dir`, which must be on a disk file
+    system (tmpfs pages are shared memory, which cache_ext does not track).
+    Anything that fails for one policy (a policy the kernel refuses) leaves
+    that policy without a figure (`failed`, `miss_failed`)."""
     folder = Path(folder)
     scratch = Path(root) / SCRATCH
     data, miss_data = folder / f"{SCRATCH}.dat", folder / f"{SCRATCH}-miss.dat"

@@ -3,50 +3,22 @@ number of accesses a second (config `sampling.samples_per_s`).
 
 A curve's error follows the sampled accesses it rests on, and so does the
 agent's CPU (every sampled access runs through one miniature cache per
-policy and size).  One rate for all tenants spends both badly: a tenant
-that reads 40,000 pages a second gets hundreds of samples an interval,
-more than its curve needs, and one that reads 800 gets a handful, too few
-to tell its policies apart.  So each tenant's rate is its share of a
-budget over its own speed, on a ladder of powers of two so that small
-changes in speed never move it, and never so low that the miniature
-cache at the tenant's limit shrinks to a handful of pages.
+policy and size).  One rate for all tenants spends both badly: a fast
+tenant gets more samples than its curve needs, a slow one too few to tell
+its policies apart.  So each tenant's rate is its share of a budget over
+its own speed, on a ladder of powers of two so that small changes in speed
+never move it, and never so low that the miniature cache at the tenant's
+limit shrinks to a handful of pages.
 
 A builder's state is tied to its rate (a miniature cache holds the pages
-sampled at that rate), so a new rate means a new builder, and a new
-builder's miniatures start empty while the tenant's page cache is full: a
-curve from them reads every page as a miss until the tenant has touched
-as many pages as its limit holds, which for a slow tenant takes minutes.
-A tenant starts at the top rate (Sampling.start_rate), since moving down
-is warm at once and moving up is not; its first interval's speed sets the
-rate at once; later a rate moves only when its tenant's speed has asked
-for one at least RETUNE_FACTOR away.
-The two directions differ (agent/backends/linux.py does both):
-- down (the tenant got faster): after one interval, since every interval
-  at the old rate costs the agent RETUNE_FACTOR times its budget or more
-  (search's passes, once cached, read 41,000 pages a second at 1/32 and
-  took the agent 27 s of a 10 s interval).  The new builder is fed the
-  tenant's last intervals again (Replay: as many as REPLAY_SAMPLES keys
-  hold, at least REPLAY_INTERVALS), one window an interval as they came;
-  it keeps the keys under its own, lower threshold and starts as warm as
-  that history makes it;
-  A tenant that speeds up by far within an interval does not wait for
-  its end: once the samples of the interval under way come to
-  RETUNE_FACTOR intervals' budget (RateTuner.shed), the agent moves it
-  down at the next slice, from what it sampled so far.  At the e2e's start, kv and
-  search read 300 pages a second (rate 1/4), then search's cached passes
-  46,000: an interval at 1/4 cost the agent 43 s of a 10 s interval, and
-  the stall skewed every tenant's operations per page read.  Shedding
-  early is the decision the interval's end would take, taken sooner;
-- up (the tenant got slower, or, under a fixed starting rate, its first
-  interval asked for more): after RETUNE_INTERVALS intervals in a row (the
-  first at once).  The keys kept were sampled at the old, lower rate, too few
-  for the new one, so the new builder counts beside the old, whose curves
-  are reported until the new one is warm (`warm`): it has seen as many
-  distinct pages as the tenant's limit holds, or nearly as many as the
-  old one has, after HANDOVER_WINDOWS windows at least and
-  MAX_HANDOVER_WINDOWS at most.
-Either way no report carries a cold curve, nor one that lost what the
-builder before it saw.
+sampled at that rate), so a new rate means a new builder, whose miniatures
+start empty while the tenant's page cache is full.  So rates move seldom:
+down after one interval (or within one, when the tenant speeds up by far),
+the new builder warmed from a replay of the last intervals; up only after
+RETUNE_INTERVALS intervals, the old builder reporting until the new one is
+warm.  No report carries a cold curve, nor one that lost what the builder
+before it saw.  The rules: RateTuner; the runs behind them:
+docs/internals.md#agent-rates.
 """
 from __future__ import annotations
 
@@ -76,7 +48,33 @@ def ladder(rate: float, lo: float, hi: float) -> float:
 
 @dataclass
 class RateTuner:
-    """Decides one tenant's sampling rate from how fast it reads."""
+    """Decides one tenant's sampling rate from how fast it reads.
+
+    A tenant starts at the top rate (Sampling.start_rate), since moving down
+    is warm at once and moving up is not; its first interval's speed sets
+    the rate at once; later a rate moves only when its tenant's speed has
+    asked for one at least RETUNE_FACTOR away.  The two directions differ
+    (agent/backends/linux.py does both):
+
+    - down (the tenant got faster): after one interval, since every
+      interval at the old rate costs the agent RETUNE_FACTOR times its
+      budget or more.  The new builder is fed the tenant's last intervals
+      again (Replay: as many as REPLAY_SAMPLES keys hold, at least
+      REPLAY_INTERVALS), one window an interval as they came; it keeps the
+      keys under its own, lower threshold and starts as warm as that
+      history makes it.  A tenant that speeds up by far within an interval
+      does not wait for its end: once the samples of the interval under way
+      come to RETUNE_FACTOR intervals' budget (`shed`), the agent moves it
+      down at the next slice, from what it sampled so far -- the decision
+      the interval's end would take, taken sooner;
+    - up (the tenant got slower, or, under a fixed starting rate, its first
+      interval asked for more): after RETUNE_INTERVALS intervals in a row
+      (the first at once).  The keys kept were sampled at the old, lower
+      rate, too few for the new one, so the new builder counts beside the
+      old, whose curves are reported until the new one is warm (`warm`): it
+      has seen as many distinct pages as the tenant's limit holds, or nearly
+      as many as the old one has, after HANDOVER_WINDOWS windows at least
+      and MAX_HANDOVER_WINDOWS at most."""
     samples_per_s: float
     min_rate: float
     max_rate: float

@@ -11,31 +11,10 @@ operator looked up by hand, which go stale as soon as the application
 restarts or its thread pool grows.  Here the operator names the threads by
 a rule in the tenant's config (`policy_threads`: in the controller's
 config, which sends it to the node, or a stand-alone agent's; the schema
-is in protocol/tenant.py):
-
-    tenants:
-      - name: kv
-        cgroup: kv
-        policy_threads:
-          get_scan: {scan_threads: {comm: "db_scan*"}}
-          admit_filter: {bypass_threads: {comm: "rocksdb:low*"}}
-
+is in protocol/tenant.py, an example in docs/internals.md#agent-threads),
 which `policy_tids` matches among the tasks of the tenant's cgroup; the
 linux backend runs it every interval so the maps follow the application.
-
-A rule (`ThreadRule`) has `comm`, an fnmatch glob matched against the
-thread's name (/proc/PID/task/TID/comm: at most 15 bytes, the kernel
-truncates longer names), and/or `cmdline`, a glob matched against its
-process's command line (/proc/PID/cmdline, NULs turned into spaces, the
-trailing one dropped).  With both, a thread must match both.  Matching is
-case-sensitive.
-
-Only the cgroup's own threads are candidates (v2 `cgroup.threads`, v1
-`tasks`), not those of its descendants, as the sampler attributes accesses
-to the leaf cgroup.  Threads that exit while they are being looked at are
-skipped; a cgroup that is gone raises `cgroups.CgroupGone`.  The cgroup
-directory and the /proc root are arguments, so tests can point them at file
-trees laid out like the kernel's.
+How a rule matches: `match`.
 """
 from __future__ import annotations
 
@@ -155,7 +134,20 @@ def _match(tids, rule: ThreadRule, proc: _Proc) -> list[int]:
 
 def match(cgroup_path, rule, proc_root="/proc") -> list[int]:
     """Sorted ids of the cgroup's threads that `rule` (a ThreadRule or its
-    mapping) matches; threads that exit meanwhile are left out."""
+    mapping) matches; threads that exit meanwhile are left out.
+
+    A rule has `comm`, an fnmatch glob matched against the thread's name
+    (/proc/PID/task/TID/comm: at most 15 bytes, the kernel truncates longer
+    names), and/or `cmdline`, a glob matched against its process's command
+    line (/proc/PID/cmdline, NULs turned into spaces, the trailing one
+    dropped).  With both, a thread must match both.  Matching is
+    case-sensitive.
+
+    Only the cgroup's own threads are candidates (threads_in), not those of
+    its descendants, as the sampler attributes accesses to the leaf cgroup.
+    A cgroup that is gone raises `cgroups.CgroupGone`.  The cgroup
+    directory and the /proc root are arguments, so tests can point them at
+    file trees laid out like the kernel's."""
     return _match(threads_in(cgroup_path), _rule(rule), _Proc(proc_root))
 
 

@@ -6,23 +6,14 @@ HTTP (the "gateway": POST /v3/kv/range, /v3/kv/put, /v3/kv/txn,
 /v3/lease/revoke; keys and values base64).  The controller needs only
 those calls, so they are spoken here with the standard library's
 http.client rather than through a client package and its dependencies.
-
-    Etcd(url)         a connection to one etcd, from
-                      ``etcd://host:port[/prefix]`` (default prefix
-                      /cachepilot); every key given to it is relative to
-                      the prefix, and every key it returns is too
-    Lease             a lease granted with a TTL, kept alive from a daemon
-                      thread at TTL/3, revoked on request; `lost` says it
-                      has expired (a keepalive found it gone, or none
-                      succeeded for a whole TTL)
-    campaign/leader   leader election on one key: the first to create it
-                      (a transaction comparing its create_revision with 0)
-                      holds it for as long as its lease lives
+`Etcd` is one endpoint under a key prefix, `Lease` a lease kept alive from
+a thread, `Etcd.campaign` and `Etcd.leader` leader election on one key.
 
 Every failure -- etcd unreachable, too slow, or refusing a request --
 raises `StoreUnavailable`, whose message names the URL and the call.  The
-timeout is short (1.5 s by default): a controller round that writes to a
-dead etcd waits that long at most, never for TCP's own timeouts.
+timeout is short (TIMEOUT_S, 1.5 s by default): a controller round that
+writes to a dead etcd waits that long at most, never for TCP's own
+timeouts.
 """
 from __future__ import annotations
 
@@ -100,7 +91,9 @@ def held_by(key: str, lease: int) -> tuple:
 
 
 class Etcd:
-    """One etcd endpoint under one key prefix."""
+    """One etcd endpoint under one key prefix, from
+    ``etcd://host:port[/prefix]`` (default prefix /cachepilot): every key
+    given to it is relative to the prefix, and every key it returns is too."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT_S):
         try:
@@ -250,9 +243,10 @@ class Etcd:
         return Lease(self, ttl)
 
     def campaign(self, key: str, value: str, lease: "Lease") -> bool:
-        """Takes `key` for `value` if no one holds it; True when this call
-        took it.  It stays taken while `lease` lives: revoked or expired,
-        the key goes and the next campaign wins."""
+        """Takes `key` for `value` if no one holds it (a transaction
+        comparing its create_revision with 0: the first to create it wins);
+        True when this call took it.  It stays taken while `lease` lives:
+        revoked or expired, the key goes and the next campaign wins."""
         return self.txn([put_op(key, value, lease.id)], compare=[absent(key)],
                         what=f"campaign for {key}")
 

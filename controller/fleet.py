@@ -1,41 +1,21 @@
 """Controller replicas that share a fleet's nodes, through etcd.
 
 With `controller.store: etcd://…` every controller process is a replica.
-Each one:
+Each one joins (replicas/<name> under a lease, which etcd drops when the
+replica dies or hangs: Fleet._join), owns a share of the nodes by
+rendezvous hashing of the node's name over the live replicas (owner_of),
+and follows the SLOs and modes set through any replica (Fleet._read_watched).
+Rendezvous hashing needs no table to agree on: every replica computes the
+same owner from the same member list, and a replica that joins or leaves
+moves only the nodes it takes or held.  One replica leads (Fleet._lead): it
+holds the `leader` key under its lease and does the fleet-wide work.  Each
+replica publishes, under demand/<node>, what its nodes' tenants need
+(controller/planner.py: live_demand), and the leader packs them into the
+fewest hosts now and then and puts the plan under `plan`.
 
-    joins      puts replicas/<name> = its address under a lease of
-               controller.replica_ttl_s (default half an interval), kept
-               alive from a thread; a replica that dies or hangs stops
-               renewing it, and etcd drops it.  The put is a transaction
-               on the key being absent (or under this replica's previous
-               lease): a name another live replica holds is refused
-               (NameTaken), or two replicas would own the same nodes
-    owns       a share of the nodes, by rendezvous hashing of the node's
-               name over the live replicas: every replica computes the same
-               owner from the same member list, with no table to agree on,
-               and a replica that joins or leaves moves only the nodes it
-               takes or held.  A node that calls the wrong replica is
-               redirected to its owner (service.py: FAILED_PRECONDITION
-               with the owner's address in `cachepilot-owner`)
-    leads      one replica holds the `leader` key under its lease and does
-               the fleet-wide work; when its lease ends, the next to
-               campaign leads.  A replica leads when the key is held under
-               its own lease, not merely in its name
-    follows    the SLOs and modes set through any replica (`watch`: the
-               store's slo/ and mode/ records), read with the member list
-               from their mod_revision on and handed to `on_records`
-
-Each replica also publishes, under demand/<node>, what its nodes'
-tenants need (controller/planner.py: live_demand), and the leader packs
-them into the fewest hosts now and then and puts the plan under `plan`.
-
-Membership is read again every third of the lease.  If etcd cannot be
-reached, the member list stays as last read -- each replica goes on
-serving the nodes it owned, from its own memory, and the leader stops
-leading, since it can no longer show it holds the key -- and when etcd
-answers again the replica puts itself back under a new lease if its own
-lapsed, and reads the list again.  Whatever else goes wrong in a read is
-logged with its traceback, and the next read comes as usual.
+Membership is read again every third of the lease.  Losing etcd stops no
+replica: each goes on serving the nodes it owned, from its own memory, and
+the leader stops leading (Fleet._watch says how it comes back).
 """
 from __future__ import annotations
 
@@ -123,8 +103,13 @@ class Fleet:
         return self
 
     def _join(self, previous: Lease | None = None):
-        """Put replicas/<name> under a new lease: if no one holds it, or
-        `previous` (our own lease, which lapsed here) still does."""
+        """Put replicas/<name> = our address under a new lease of
+        controller.replica_ttl_s (default half an interval), kept alive from
+        a thread: a replica that dies or hangs stops renewing it, and etcd
+        drops it.  The put is a transaction on the key being absent, or
+        held by `previous` (our own lease, which lapsed here): a name
+        another live replica holds is refused (NameTaken), or two replicas
+        would own the same nodes."""
         lease = self.etcd.lease(self.ttl)
         key, put = MEMBERS + self.name, [put_op(MEMBERS + self.name, self.address, lease.id)]
         try:
@@ -176,7 +161,8 @@ class Fleet:
 
     def _lead(self):
         """Campaign when no one leads; we lead when the key is held under
-        our own live lease."""
+        our own live lease, not merely in our name.  When the leader's
+        lease ends, the next to campaign leads."""
         lease = self.lease
         if self.refused is not None or lease is None or lease.lost:
             leading = False
@@ -201,9 +187,10 @@ class Fleet:
                 self.on_change(dict(members))
 
     def _read_watched(self):
-        """The records under `watch` changed since the last read (etcd
-        returns only those, by mod_revision) go to on_records; they are
-        asked for again if it raises."""
+        """The records under `watch` (the store's slo/ and mode/ records:
+        the SLOs and modes set through any replica) changed since the last
+        read (etcd returns only those, by mod_revision) go to on_records;
+        they are asked for again if it raises."""
         if not self.watch or self.on_records is None:
             return
         kvs = [kv for prefix in self.watch
@@ -213,6 +200,14 @@ class Fleet:
             self._watched_rev = max(self._watched_rev, *(rev for _, _, rev in kvs))
 
     def _watch(self):
+        """Read the member list (and the watched records) every third of
+        the lease.  If etcd cannot be reached, the member list stays as
+        last read -- this replica goes on serving the nodes it owned, from
+        its own memory, and stops leading, since it can no longer show it
+        holds the key -- and when etcd answers again it puts itself back
+        under a new lease if its own lapsed (_rejoin) and reads the list
+        again.  Whatever else goes wrong in a read is logged with its
+        traceback, and the next read comes as usual."""
         while not self._stop.wait(self.ttl / 3):
             try:
                 self._read()
@@ -264,8 +259,10 @@ class Fleet:
     def owner(self, node: str) -> tuple[str, str]:
         """(replica name, address) that owns `node`; this replica when the
         member list is empty (not read yet).  While another replica holds
-        our name (refused), the nodes of that name are its, at its
-        address."""
+        our name (refused), the nodes of that name are its, at its address.
+        A node that calls the wrong replica is redirected to its owner
+        (service.py: FAILED_PRECONDITION with the owner's address in
+        `cachepilot-owner`)."""
         with self._lock:
             name = self._owners.get(node)
             if name is None:

@@ -2,29 +2,13 @@
 
 Input is an ordinary config: `nodes` are the hosts that exist (their
 memory), `tenants` say where each runs now, its SLO, floor, ceiling and
-allowed policies, and where its curves come from:
-
-  * `curves_file`: a JSON list of curves (as `cachepilot mrc --json`
-    writes them, or {"curves": [...]}) -- read backwards as they are;
-  * `workload`: the planner profiles it, phase by phase, with the same
-    streams the sim backend replays, through the policy runtime's Cache
-    under a memory limit -- warmed first, then measured, so the miss ratio
-    is the steady state the tenant would see.  It searches for the least
-    limit meeting the SLO directly (bisection on the limit) instead of
-    sweeping a whole curve, since that one point is all the plan needs.
-
-A tenant's demand is the least memory with which one allowed policy meets
-its SLO (raised by `headroom`) in every phase of its workload: one (policy,
-size) pair that needs no autopilot to stay safe.  Tenants without an SLO
-demand what the engine would never go below anyway (floor, at least the
-anonymous-memory margin).
-
-Packing the demands onto hosts is bin packing.  For small cases it is
-solved exactly as an integer programme with scipy.optimize.milp (HiGHS):
-minimise hosts used, and among plans with that many hosts, tenants moved
-from where they run now; beyond `exact_limit` tenant x host pairs (or when
-the solver cannot prove optimality in its time limit) first-fit decreasing
-is used, and the result says which.
+allowed policies, and where its curves come from: a `curves_file`, or a
+`workload` the planner profiles itself (_needs).  A tenant's demand is the
+least memory with which one allowed policy meets its SLO in every phase of
+its workload (tenant_demands): one (policy, size) pair that needs no
+autopilot to stay safe.  Packing the demands onto hosts is bin packing,
+solved exactly while the case is small and by first-fit decreasing beyond
+(plan).
 """
 from __future__ import annotations
 
@@ -181,7 +165,17 @@ def _needs(spec, allowed: list[str], target: float, cap: int, index: int,
            seed_offset: int) -> tuple[str, dict[str, float]]:
     """(where they came from, per allowed policy the bytes at which the
     tenant misses at most `target` in its worst phase, inf where none up
-    to `cap` does): read off its curves_file, or probed on its workload."""
+    to `cap` does).
+
+    - `curves_file`: a JSON list of curves (as `cachepilot mrc --json`
+      writes them, or {"curves": [...]}), read backwards as they are;
+    - `workload`: profiled phase by phase, with the same streams the sim
+      backend replays, through the policy runtime's Cache under a memory
+      limit -- warmed first, then measured, so the miss ratio is the steady
+      state the tenant would see (_Prober).  The least limit meeting the
+      SLO is searched for directly (bisection on the limit: _least_pages)
+      instead of sweeping a whole curve, since that one point is all the
+      plan needs."""
     per_policy: dict[str, float] = {}
     if spec.curves_file is not None:
         curves = {c.policy: c for c in _load_curves(spec.curves_file, spec.name)}
@@ -215,8 +209,13 @@ def _needs(spec, allowed: list[str], target: float, cap: int, index: int,
 
 def tenant_demands(config, headroom: float = 0.10, policies: list[str] | None = None,
                    seed_offset: int = 0x5EED) -> list[Demand]:
-    """Each tenant's demand (see the module doc).  `policies`: what the hosts
-    can run when the config does not say (default: the policy runtime's)."""
+    """Each tenant's demand: the least memory with which one allowed policy
+    meets its SLO (raised by `headroom`) in every phase of its workload --
+    one (policy, size) pair that needs no autopilot to stay safe.  Tenants
+    without an SLO demand what the engine would never go below anyway
+    (floor, at least the anonymous-memory margin).  `policies`: what the
+    hosts can run when the config does not say (default: the policy
+    runtime's)."""
     if policies is None:
         from cachepilot.models.runtime import available_policies
         policies = list(available_policies())
@@ -398,7 +397,13 @@ def milp_pack(config, demands, allowed, time_limit: float = MILP_TIME_LIMIT_S):
 def plan(config, headroom: float = 0.10, method: str = "auto",
          exact_limit: int = EXACT_LIMIT, time_limit: float = MILP_TIME_LIMIT_S,
          demands: list[Demand] | None = None) -> Plan:
-    """The fewest hosts meeting every SLO (see the module doc)."""
+    """The fewest hosts meeting every SLO: the tenants' demands packed onto
+    the hosts.  For small cases the packing is solved exactly as an integer
+    programme with scipy.optimize.milp (HiGHS): minimise hosts used, and
+    among plans with that many hosts, tenants moved from where they run
+    now.  Beyond `exact_limit` tenant x host pairs (or when the solver
+    cannot prove optimality within `time_limit`) first-fit decreasing is
+    used, and the result says which."""
     if method not in ("auto", "milp", "ffd"):
         raise UserError(f"plan: method must be auto, milp or ffd, got {method!r}")
     if not config.tenants:

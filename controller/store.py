@@ -1,19 +1,9 @@
 """Where the controller keeps what a restart must not lose.
 
 Most of what the controller knows arrives again in the next report of
-every node (limits, policies, usage, curves).  What does not is kept here:
-
-    slo          SLOs set or cleared through the admin API
-    mode         recommend or enforce, set through the admin API
-                 (for the controller, or per tenant)
-    node         each node's registration (what it said it is)
-    directive    the last directive per tenant, and whether it was sent
-                 or only recommended
-    tenant       the engine's memory of each tenant (engine/saved.py):
-                 autopilot streaks and watchdog holds, the last target,
-                 the throughput model's observations
-    log          the decision log, with predicted and observed effects
-
+every node (limits, policies, usage, curves).  What does not -- SLOs,
+modes, node registrations, the last directives, the engine's memory of
+each tenant, the decision log (StateStore lists them) -- is kept here.
 A restarted controller starts from `load()` and from the reports.
 
 The interface is small and record-shaped on purpose: every write is a
@@ -21,11 +11,10 @@ put of a few whole records (or an append to the log), grouped per
 decision round in one `write_round` call, so that a store on a
 replicated key-value service (etcd: one key per record under a prefix,
 the log as keys in revision order, a round as one transaction) implements
-the same calls.  `SQLiteStore` is the embedded default (stdlib sqlite3 in
-WAL mode: a reader never waits for the writer, and a commit survives the
-process being killed); `MemoryStore` keeps nothing past the process
-(`cachepilot run`, tests).  `EtcdStore` (controller/store_etcd.py) keeps
-the same records on etcd, for `controller.store: etcd://host:port[/prefix]`.
+the same calls.  `SQLiteStore` is the embedded default; `MemoryStore`
+keeps nothing past the process (`cachepilot run`, tests).  `EtcdStore`
+(controller/store_etcd.py) keeps the same records on etcd, for
+`controller.store: etcd://host:port[/prefix]`.
 """
 from __future__ import annotations
 
@@ -83,6 +72,20 @@ class Saved:
 
 
 class StateStore(Protocol):
+    """What every store keeps, by kind of record:
+
+        slo          SLOs set or cleared through the admin API
+        mode         recommend or enforce, set through the admin API
+                     (for the controller, or per tenant)
+        node         each node's registration (what it said it is)
+        directive    the last directive per tenant, and whether it was sent
+                     or only recommended
+        tenant       the engine's memory of each tenant (engine/saved.py):
+                     autopilot streaks and watchdog holds, the last target,
+                     the throughput model's observations
+        log          the decision log, with predicted and observed effects
+    """
+
     def load(self, log_tail: int) -> Saved:
         """What was saved, with the newest `log_tail` log entries."""
 
@@ -238,9 +241,11 @@ SCHEMA_VERSION = "1"
 
 
 class SQLiteStore:
-    """The embedded store: one SQLite file in WAL mode.  Calls come from
-    the service's threads under its lock; the connection is shared, and a
-    lock of its own keeps the store safe on its own too."""
+    """The embedded store: one SQLite file (stdlib sqlite3) in WAL mode, so
+    a reader never waits for the writer and a commit survives the process
+    being killed.  Calls come from the service's threads under its lock;
+    the connection is shared, and a lock of its own keeps the store safe
+    on its own too."""
 
     def __init__(self, path):
         self.path = Path(path)

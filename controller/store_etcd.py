@@ -11,34 +11,14 @@ Names are percent-quoted (the controller's own scope is `mode/`).  Log
 keys sort in time order, so the newest entries are one descending range
 read; `writer` is random per store, so two controllers never write the
 same key.  The log is pruned to the newest `log_keep` entries every
-`prune_every` entries written.  etcd keeps every
-revision until it is compacted: run it with --auto-compaction-retention
-(the store does not compact, a cluster-wide act on a shared etcd).
+`prune_every` entries written.  etcd keeps every revision until it is
+compacted: run it with --auto-compaction-retention (the store does not
+compact, a cluster-wide act on a shared etcd).
 
-Why it is shaped so:
-- A fleet writes every node's round every interval, so a record is put
-  only when its JSON differs from what this store last wrote or loaded:
-  an unchanged record costs nothing.  Unless a value of it is still
-  queued or being written: etcd may hold that one next, so the newest is
-  queued after it whatever it says (else a value that went A -> B -> A
-  while B was written would leave B in etcd).  What etcd holds is known
-  with the revision it was read or written at, and a read never replaces
-  what a later write of ours made it hold.
-- No call waits on etcd while holding the lock the rounds' calls take:
-  reads (a node's tenants taken over, the log) ask etcd with it let go.
-- etcd refuses a transaction of more than 128 operations (--max-txn-ops)
-  or 1.5 MiB, so pending writes go in transactions under both; `rounds`
-  goes last, after the round's records.  Each transaction is atomic, a
-  round of many is not: after a crash between two, some records are of
-  the newer round; each record is whole.
-- Losing etcd must not stop a controller's rounds.  A write that fails
-  keeps the newest value of every record (and up to `pending_log` log
-  entries) in memory, says so once in the log, marks `available` False,
-  and tries again at most every `retry_s` on later calls, each try
-  bounded by the client's short timeout.  When etcd answers again
-  everything kept is written and the log says so.  `load()` on an
-  unreachable etcd is a UserError: a controller must not start from
-  nothing without saying.
+A fleet writes every node's round every interval, and etcd may go away:
+so a record is put only when it changed, no call waits on etcd while
+holding the rounds' lock, and a store that lost etcd keeps what it must
+write until etcd answers again.  EtcdStore says how.
 """
 from __future__ import annotations
 
@@ -82,7 +62,31 @@ def _b64_len(text: str) -> int:
 
 
 class EtcdStore(MemoryTraces):
-    """StateStore on etcd, resilient to etcd going away (module docstring)."""
+    """StateStore on etcd, resilient to etcd going away.
+
+    - A fleet writes every node's round every interval, so a record is put
+      only when its JSON differs from what this store last wrote or loaded:
+      an unchanged record costs nothing.  Unless a value of it is still
+      queued or being written: etcd may hold that one next, so the newest
+      is queued after it whatever it says (else a value that went A -> B ->
+      A while B was written would leave B in etcd).  What etcd holds is
+      known with the revision it was read or written at, and a read never
+      replaces what a later write of ours made it hold.
+    - No call waits on etcd while holding the lock the rounds' calls take:
+      reads (a node's tenants taken over, the log) ask etcd with it let go.
+    - etcd refuses a transaction of more than 128 operations (--max-txn-ops)
+      or 1.5 MiB, so pending writes go in transactions under both
+      (`batches`); `rounds` goes last, after the round's records.  Each
+      transaction is atomic, a round of many is not: after a crash between
+      two, some records are of the newer round; each record is whole.
+    - Losing etcd must not stop a controller's rounds.  A write that fails
+      keeps the newest value of every record (and up to `pending_log` log
+      entries) in memory, says so once in the log, marks `available` False,
+      and tries again at most every `retry_s` on later calls, each try
+      bounded by the client's short timeout.  When etcd answers again
+      everything kept is written and the log says so.  `load()` on an
+      unreachable etcd is a UserError: a controller must not start from
+      nothing without saying."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT_S, log_keep: int = LOG_KEEP,
                  retry_s: float = RETRY_S, pending_log: int = PENDING_LOG,

@@ -5,31 +5,11 @@ of the kernel's ring buffer; a snapshot at any time gives one curve per
 policy: LRU from SHARDS (all sizes at once), every other policy from
 miniature simulations of the real policy code (models/runtime.py).
 
-Sampling.  `threshold` is the hash threshold the kernel should sample at: the
-largest any consumer needs.  SHARDS re-filters at its own (possibly lower,
-in fixed-size mode) threshold, the miniature simulations at theirs, so keys
-sampled under an older, higher threshold are still fine.
-
-Ageing.  Counts are kept per window; the cache state (LRU stack, miniature
-cache contents) is never aged because it is the state of a real cache.
-- default: a sliding window.  The snapshot is the current window plus the
-  previous one, the previous weighted by the part of a window the current
-  one has not filled yet.  A phase change shows completely one window after
-  it happens, or one control interval after new_phase() is called (the
-  agent calls it when the tenant's operations per page read jump).
-- half_life=h: exponential decay, the past loses half its weight every h
-  windows.
-A window ends when end_window() is called, when end_interval() finds it
-holds enough samples (the agent calls it every control interval), or,
-with window=W, automatically every W accesses.
-
-The "stack" SHARDS estimator (models/stack.py) works on time slices: a
-window's slices travel with its counts, and merging windows lays the older
-ones' slices before the newer, weighted like their histograms.  A past
-window weighted 0 still serves as history (its keys bound the distances of
-later re-uses); with half_life, slices whose weight has decayed below
-STACK_MIN_WEIGHT of the newest are dropped; neighbours merge in pairs
-beyond stack.MAX_SLICES.
+Counts are kept per window and aged, by a sliding window or by exponential
+decay; the cache state (LRU stack, miniature cache contents) is never aged,
+because it is the state of a real cache.  How the sampling threshold is
+shared and how windows age: MRCBuilder; how the "stack" estimator's time
+slices travel with the windows: _merge_stack.
 """
 from __future__ import annotations
 
@@ -81,9 +61,15 @@ def _add_hist(a: np.ndarray, b: np.ndarray, wb: float = 1.0) -> np.ndarray:
 
 def _merge_stack(cur, past, weight: float, decaying: bool):
     """The slices of two windows, the past one's weighted, as one history.
-    A sliding window's past is one window, weight 0 or not (its keys bound
-    later distances); a decaying past keeps every window, so its oldest
-    slices go once they count for almost nothing."""
+
+    The "stack" SHARDS estimator (models/stack.py) works on time slices: a
+    window's slices travel with its counts, and merging windows lays the
+    older ones' slices before the newer, weighted like their histograms.
+    A sliding window's past is one window, and a past window weighted 0
+    still serves as history (its keys bound the distances of later
+    re-uses); a decaying past (half_life) keeps every window, so slices
+    whose weight has decayed below STACK_MIN_WEIGHT of the newest are
+    dropped.  Neighbours merge in pairs beyond stack.MAX_SLICES."""
     if cur is None or past is None:
         # a window without slices (a batch came without its sketch) has no
         # history worth joining
@@ -103,6 +89,26 @@ def _merge_stack(cur, past, weight: float, decaying: bool):
 
 
 class MRCBuilder:
+    """One cgroup's curves, one per policy, from a stream of sampled keys.
+
+    Sampling.  `threshold` is the hash threshold the kernel should sample at:
+    the largest any consumer needs.  SHARDS re-filters at its own (possibly
+    lower, in fixed-size mode) threshold, the miniature simulations at
+    theirs, so keys sampled under an older, higher threshold are still fine.
+
+    Ageing.  Counts are kept per window; the cache state is never aged.
+    - default: a sliding window.  The snapshot is the current window plus
+      the previous one, the previous weighted by the part of a window the
+      current one has not filled yet.  A phase change shows completely one
+      window after it happens, or one control interval after new_phase() is
+      called (the agent calls it when the tenant's operations per page read
+      jump).
+    - half_life=h: exponential decay, the past loses half its weight every
+      h windows.
+    A window ends when end_window() is called, when end_interval() finds it
+    holds enough samples (the agent calls it every control interval), or,
+    with window=W, automatically every W accesses."""
+
     def __init__(self, policies=("lru",), *, rate: float | None = None,
                  max_samples: int | None = None, sizes=None,
                  max_pages: int | None = None, window: int | None = None,

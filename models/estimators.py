@@ -4,16 +4,8 @@ A spatial sample at rate R holds n references where N * R were expected;
 an estimator decides what that difference means and turns the sampled
 stack-distance histogram into a curve.  Each is one class below, chosen by
 name from BY_NAME, the way libCacheSim's algorithms sit behind one cache
-interface.  A class states what it needs from the stream, and Shards keeps
-exactly that:
-
-- key_counts: references per sampled key (Shards' KeyCounts);
-- sketch:     a HyperLogLog sketch of every reference in the window
-              (models/hll.py), so the true key count is known;
-- slices:     that sketch per time slice, with the sampled references'
-              slices (models/stack.py);
-- fixed_rate_only: it cannot follow a fixed-size sample, whose rate
-              changes as it shrinks.
+interface.  A class states what it needs from the stream (Estimator lists
+the flags), and Shards keeps exactly that.
 
 When what it needs is missing (a stream fed pre-sampled keys without their
 sketch), `curve` returns None and its `fallback` is tried, and the curve's
@@ -60,6 +52,16 @@ class Sample:
 
 
 class Estimator:
+    """One way to turn a Sample into a curve.  What it needs from the
+    stream, which Shards then keeps:
+
+    - key_counts: references per sampled key (Shards' KeyCounts);
+    - sketch:     a HyperLogLog sketch of every reference in the window
+                  (models/hll.py), so the true key count is known;
+    - slices:     that sketch per time slice, with the sampled references'
+                  slices (models/stack.py);
+    - fixed_rate_only: it cannot follow a fixed-size sample, whose rate
+                  changes as it shrinks."""
     name = ""
     summary = ""               # one line for --help
     key_counts = False

@@ -1,53 +1,20 @@
 """MRU's miss-ratio curve from a SHARDS sample: the chain model.
 
-A miniature simulation is a faithful model of LRU, FIFO and their kin
-because whether a page survives depends on the pages around it only through
-counts that sampling scales.  MRU is different.  A miss with the cache full
-evicts the page of the access just before it, so a page p used at s and next
-at t survives exactly when access s + 1 hits, or repeats p (then s + 1 = t),
-or comes while the cache is still filling; nothing else before t can evict
-it.  Outcomes chain: hit(t) = hit(s + 1) = hit(s' + 1) ... back to a repeat
-(hit), the filling phase (hit) or a first access (miss).  Access s + 1 is
-almost always another page, in a rate-R sample with probability R; a
-miniature cache decides on the next *sampled* access instead, which sampling
-makes hot pages' own accesses far more often than they are in the stream,
-and lands wherever that luck puts it (experiments/study_minisim_mru.py
-compares the two; its results are in experiments/results/ and the README).
-
-The chain model follows the recursion with what the sample does know.  Every
-sampled access has its full-stream position, so its previous use s (sampling
-keeps all of a page's accesses), whether it is a repeat, and whether s + 1
-came before the cache filled are known exactly.  For the rest, the outcome
-of access s + 1 is taken to be the hit ratio, around s + 1, of the accesses
-that are not repeats (a link of a chain never is one: a repeat of page(s) at
-s + 1 would be t itself).  Time is cut into bins of BIN_SAMPLES / R
-accesses; a bin's hit ratio is what its sampled accesses say, and since
-they may link into the bin itself, it solves one linear equation, bin after
-bin, every size at once.  With every access sampled (R = 1) the study
-finds it close to exact MRU on every workload: the model is right, what
-is left is sampling.
-
-Three sampling effects are then taken out (experiments/study_minisim_mru.py
-measures the whole):
-
-- strata: the estimate keeps the stream's own mix over time.  Each stratum
-  of STRATUM_BINS bins (cut short where a counting window ends) is estimated
-  on its own and weighs what its accesses really number, so a hot page
-  sampled in one phase does not make that phase the whole curve;
-- counts before ratios: a stratum's misses are its first accesses, counted
-  as sampled first accesses / R (a count of pages, which the pages' heat
-  does not skew as it skews a ratio over sampled accesses), plus the rest
-  at the sampled miss ratio of the accesses that are neither first nor
-  repeats.  Repeats (an access to the page of the access before: always a
-  hit) are a few hot pages' accesses, the worst-sampled statistic there is
-  and the cheapest to count on the full stream (one comparison an access),
-  so they are counted there when the caller can;
-- heavy pages: a sampled page whose sampled count over R exceeds its
-  stratum's accesses cannot stand for 1/R pages like it; such pages (taken
-  largest first) count once, the other sampled pages share what is left.
+A miniature simulation is a faithful model of LRU, FIFO and their kin,
+because whether a page survives depends on the pages around it only
+through counts that sampling scales.  MRU is different: a miss with the
+cache full evicts the page of the access just before it, so a page survives
+until its next use exactly when the access after its previous use hits (or
+repeats it, or comes while the cache fills).  Outcomes chain from access to
+access, and a miniature cache, which sees only the sampled ones, follows
+the wrong chain.  This model follows the chain with what the sample knows
+exactly and estimates the rest per time bin, all sizes at once, then takes
+out three sampling effects (strata, counts before ratios, heavy pages).
 
 Memory: the last position of every sampled page, and the hit ratios of the
 last HISTORY_BINS bins (links further back use the oldest bin kept).
+
+The derivation and the three corrections: docs/internals.md#models-mruchain.
 """
 from __future__ import annotations
 

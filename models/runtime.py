@@ -17,11 +17,6 @@ validated, fallback to the oldest page when a policy proposes too few).
                       into a cache directory, loads it and returns the name
                       it runs under (it never replaces a shipped policy).
 
-One access: a hit calls folio_accessed; a miss asks admit_folio, reclaims
-if the cache is full (evict before insert), inserts, then calls folio_added
-and folio_accessed (the read that faults a page in marks it accessed, as in
-the kernel).  With fifo and lru this is exactly libCacheSim's FIFO and LRU.
-
 Keys are 64-bit page keys (numpy uint64); tids, when given, are the reading
 thread of each access (uint32) and are what the policy sees from
 ``bpf_get_current_pid_tgid()``.
@@ -163,7 +158,13 @@ def sample(keys, rate: float, tids=None):
 
 class Cache:
     """One simulated memory cgroup of `capacity_pages` pages whose eviction
-    is driven by one instance of `policy`."""
+    is driven by one instance of `policy`.
+
+    One access: a hit calls folio_accessed; a miss asks admit_folio,
+    reclaims if the cache is full (evict before insert), inserts, then
+    calls folio_added and folio_accessed (the read that faults a page in
+    marks it accessed, as in the kernel).  With fifo and lru this is
+    exactly libCacheSim's FIFO and LRU."""
 
     def __init__(self, policy: str, capacity_pages: int, scale: float = 1.0,
                  policy_capacity: int | None = None):

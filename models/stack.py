@@ -4,48 +4,20 @@ distinct-key sketches of time slices.
 At a low rate a SHARDS sample holds few keys, and which keys it drew
 decides much of the curve (experiments/study_shards_floor.py).  The kernel
 sampler and the native core already put every reference, sampled or not,
-into a HyperLogLog sketch; cut time into slices with one sketch each, and
-the register-wise maximum of slices i..j counts the distinct keys of that
-run of slices, C(i, j).  From these counts alone, for every slice j:
+into a HyperLogLog sketch.  With one sketch per time slice, the union
+counts of runs of slices say, without sampling error, how many re-uses
+fall between any two slices and between which bounds their distances lie;
+the sample is left to say only where inside those brackets the distances
+fall, per lag between the slices.  That makes it the default estimator at
+a fixed rate (models/estimators.py).
 
-- C(i, j) - C(i, j-1) keys of slice j were not seen in slices i..j-1, so
-  the keys of slice j whose previous reference lies in slice i number
-  N(i, j) = [C(i+1, j) - C(i+1, j-1)] - [C(i, j) - C(i, j-1)], and their
-  reuse distances lie between the keys strictly between the two slices,
-  C(i+1, j-1), and all keys of slices i..j, C(i, j);
-- C(0, j) - C(0, j-1) keys are new altogether: first references;
-- refs(j) - C(j, j) references re-use a key within slice j, at a distance
-  below C(j, j).
+More slices narrow the brackets, but the union counts of S slices cost
+O(S * registers) (models/native/mrc/hllstack.c), so at most MAX_SLICES are
+kept, neighbours merging in pairs when full.  The agent's builder keeps
+slices across windows, each with a counting weight (Slices).
 
-Those counts carry no sampling error (the sketch's 1.6 % aside), unlike
-the sample, whose few keys may be the busy ones or not.  What the counts
-cannot say is where inside its bracket each distance falls; there the
-sample speaks.  Each sampled re-reference has a slice pair too, hence a
-bracket, and its sampled distance divided by the realised key rate R'
-places it at u = (distance - low) / (high - low) in [0, 1].  The u values
-of all sampled references whose slices lie `lag` = j - i apart (lags 0, 1,
-2, 3, then powers of two) describe every stratum of that lag.
-
-Lag 0, re-use within a slice, is where a workload's hottest keys live, and
-a sample that missed them has too few such re-uses: as in SHARDS_adj the
-references the counts find beyond the sample's share, (refs(j) - C(j, j))
-minus the sample's lag-0 re-uses / R', are booked as hits at every size.
-
-misses(c) = sum over j of [first references
-                          + sum over i < j of N(i, j) P_lag(u >= x(c))
-                          + (refs(j) - C(j, j)) P_0(u >= c / C(j, j))]
-
-It is the default at a fixed rate because it erred least on the synthetic
-workloads of experiments/study_shards_estimators.py (figures in
-experiments/results/ and the README).  More slices narrow the brackets; the union
-counts of S slices cost O(S * registers) (models/native/mrc/hllstack.c),
-so at most MAX_SLICES are kept, neighbours merging in pairs when full.
-
-The agent's builder keeps slices across windows (reuse reaches back
-further than one window): each slice then has a counting weight, and a
-reference whose previous one is older than the kept slices joins the first
-references' count, split from them by the sample's share of such re-uses,
-with the sample's own distances.
+The derivation, the estimate (stack_misses) and why it is the default:
+docs/internals.md#models-stack.
 """
 from __future__ import annotations
 
@@ -241,7 +213,21 @@ def stack_misses(slices: Slices, records: np.ndarray, key_rate: float,
     """Estimated misses at each size (pages, increasing) among the
     references of the counted slices, those references' count, and facts
     for the curve's meta.  `records` are the sampled references
-    (RECORD_DTYPE, slice numbers), `key_rate` the realised R'."""
+    (RECORD_DTYPE, slice numbers), `key_rate` the realised R'.
+
+    With C(i, j) the distinct keys of slices i..j, N(i, j) the keys of
+    slice j last seen in slice i, x(c) a size's place in that pair's
+    bracket and P_lag the sample's distribution of places per lag class
+    (_Shapes), each reference weighted by its slice's counting weight:
+
+        misses(c) = sum over j of [first references
+                                   + sum over i < j of N(i, j) P_lag(u >= x(c))
+                                   + (refs(j) - C(j, j)) P_0(u >= c / C(j, j))]
+
+    A reference whose previous one is older than the kept slices joins the
+    first references' count, split from them by the sample's share of such
+    re-uses, with the sample's own distances.  The derivation:
+    docs/internals.md#models-stack."""
     sizes = np.asarray(sizes, dtype=np.float64)
     n_sizes = len(sizes)
     s = len(slices)
