@@ -314,7 +314,7 @@ def sweep_error(trials, ts) -> dict:
     The larger of two: the spread of the measured intervals of the
     setting, and the spread between passes.  A pass fills its caches anew,
     and the passes of one setting stray from each other by more than their
-    intervals' spread says (README: a sweep repeated in one boot), so the
+    intervals' spread says (docs/results.md, End to end: a sweep repeated in one boot), so the
     intervals alone make a lead of a few per cent look sure.  The
     passes' spread is a tenant's relative variance between the pass means
     of its settings measured more than once, pooled over them (one or two
