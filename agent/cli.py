@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cachepilot.core.errors import UserError
+from cachepilot.core.errors import UserError, unreadable
 from cachepilot.core.units import size
 
 log = logging.getLogger("cachepilot.agent")
@@ -74,7 +74,8 @@ def run_agent(args) -> int:
         cfg.node_id = args.node_id
     for root in cfg.roots:
         if not os.path.isdir(root):
-            raise UserError(f"{args.config}: roots: {root} is not a directory")
+            raise UserError(f"{args.config}: roots: {root} is not a directory; make it "
+                            f"with `mkdir -p {root}` (as root)")
     try:
         out = open(args.reports, "a", buffering=1) if args.reports else None
     except OSError as err:
@@ -196,15 +197,15 @@ def _controller_client(cfg, backend):
         try:
             token = c.token_file.read_text().strip()
         except OSError as err:
-            raise UserError(f"controller.token_file: cannot read {c.token_file}: "
-                            f"{err.strerror}") from None
+            raise UserError(f"controller.token_file: "
+                            f"{unreadable(c.token_file, 'token file', err)}") from None
     root = identity = None
     if c.ca_file is not None and not c.insecure:
         try:
             root = c.ca_file.read_bytes()
         except OSError as err:
-            raise UserError(f"controller.ca_file: cannot read {c.ca_file}: "
-                            f"{err.strerror}") from None
+            raise UserError(f"controller.ca_file: "
+                            f"{unreadable(c.ca_file, 'CA certificate', err)}") from None
     if c.cert_file is not None and not c.insecure:
         identity = read_identity(c.cert_file, c.key_file, "node certificate")
     return NodeClient(backend, c.address, token=token, root_cert=root,

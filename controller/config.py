@@ -33,7 +33,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from cachepilot.controller.etcd import parse_url
 from cachepilot.core import config as base
 from cachepilot.core.config import Bytes, FilePath, Strict
-from cachepilot.core.errors import UserError
+from cachepilot.core.errors import UserError, unreadable
 from cachepilot.protocol.tenant import (NodeTenant, PodRef, PolicyThreads, ThreadRule,
                                         PrometheusThroughput, Throughput)
 
@@ -243,8 +243,7 @@ class ControllerSpec(Strict):
             try:
                 return self.token_file.read_text().strip()
             except OSError as err:
-                raise UserError(f"{self.token_file}: cannot read the token "
-                                f"file: {err.strerror}") from None
+                raise UserError(unreadable(self.token_file, "token file", err)) from None
         return self.token
 
     def client_root_cert(self) -> bytes | None:
@@ -256,8 +255,7 @@ class ControllerSpec(Strict):
         try:
             return ca.read_bytes()
         except OSError as err:
-            raise UserError(f"{ca}: cannot read the CA certificate: "
-                            f"{err.strerror}") from None
+            raise UserError(unreadable(ca, "CA certificate", err)) from None
 
 
 # -- nodes ---------------------------------------------------------------------

@@ -38,7 +38,7 @@ from cachepilot.controller.metrics import ControllerMetrics
 from cachepilot.controller.registry import Refused, Registry
 from cachepilot.controller.store import (LogRecord, MemoryStore, StateStore, directive_record,
                                          open_store)
-from cachepilot.core.errors import UserError
+from cachepilot.core.errors import UserError, unreadable
 from cachepilot.core.units import size as _mib
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
@@ -833,7 +833,7 @@ def _read(path, what):
     try:
         return path.read_bytes()
     except OSError as err:
-        raise UserError(f"{path}: cannot read the TLS {what}: {err.strerror}") from None
+        raise UserError(unreadable(path, f"TLS {what}", err)) from None
 
 
 def _credentials(spec, address, token):

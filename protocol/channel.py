@@ -58,13 +58,13 @@ def _channel_parts(root_cert, server_name, insecure, identity):
 def read_identity(cert_path, key_path, what: str = "certificate") -> tuple[bytes, bytes]:
     """(certificate, key) PEM from their files; a UserError names the one
     that cannot be read."""
-    from cachepilot.core.errors import UserError
+    from cachepilot.core.errors import UserError, unreadable
     out = []
     for path, kind in ((cert_path, what), (key_path, "key")):
         try:
             out.append(open(path, "rb").read())
         except OSError as err:
-            raise UserError(f"{path}: cannot read the {kind}: {err.strerror}") from None
+            raise UserError(unreadable(path, kind, err)) from None
     return out[0], out[1]
 
 

@@ -1,8 +1,10 @@
 """`cachepilot certs`: the certificates of a cachepilot deployment.
 
-    cachepilot certs init [--dir D] [--host NAME]...   a CA and the controller's certificate
-    cachepilot certs node NAME [--dir D]                a certificate for node NAME
-    cachepilot certs admin [NAME] [--dir D]             an admin certificate
+    cachepilot certs init [DIR] [--host NAME]...   a CA, the controller's, this node's and
+                                                   an admin's certificates, and the
+                                                   controller.yaml and agent.yaml that use them
+    cachepilot certs node NAME [--dir D]            a certificate for node NAME
+    cachepilot certs admin [NAME] [--dir D]         an admin certificate
 
 One private CA signs everything.  The controller's certificate names the
 hosts agents reach it by (localhost and 127.0.0.1, plus every --host); a
@@ -11,14 +13,8 @@ its organisational unit, an admin's has `admin` (controller/auth.py reads
 them).  Keys are ECDSA P-256, written readable by their owner only; an
 existing file is never overwritten unless --force says so.
 
-The controller's config then names them:
-
-    controller: {tls_cert: controller.crt, tls_key: controller.key,
-                 tls_ca: ca.crt, client_ca: ca.crt,
-                 admin_cert: admin.crt, admin_key: admin.key}
-
-and each agent's: controller: {cert_file: node-NAME.crt, key_file:
-node-NAME.key, ca_file: ca.crt}.
+`init` also writes a controller config and an agent config that follows
+it over mutual TLS (root/onboard.py), so that both start as written.
 """
 from __future__ import annotations
 
@@ -50,11 +46,16 @@ def register(subparsers):
     sub = p.add_subparsers(dest="certs_command", metavar="ACTION")
     sub.required = True
     s = sub.add_parser("init", parents=[common],
-                       help="a CA (ca.crt, ca.key) and the controller's certificate "
-                            "(controller.crt, controller.key)")
+                       help="a CA, the controller's, this node's and an admin's "
+                            "certificates, and a controller.yaml and agent.yaml that use "
+                            "them (mutual TLS)")
+    s.add_argument("folder", nargs="?", metavar="DIR",
+                   help="where to write them (same as --dir; default ./certs)")
     s.add_argument("--host", action="append", default=[], metavar="NAME",
                    help="a DNS name or IP address agents reach the controller by "
                         "(repeatable; localhost and 127.0.0.1 are always in)")
+    from cachepilot.onboard import add_arguments
+    add_arguments(s)
     s = sub.add_parser("node", parents=[common],
                        help="node-NAME.crt and node-NAME.key for node NAME, signed by the CA")
     s.add_argument("name")
@@ -69,7 +70,12 @@ def cmd_certs(args) -> int:
         raise UserError(f"--days {args.days}: expected at least 1")
     folder = Path(args.dir)
     if args.certs_command == "init":
-        written = make_ca(folder, args.days, args.host, args.force)
+        from cachepilot.onboard import init_deployment
+        if args.folder is not None:
+            if args.dir != "certs" and args.dir != args.folder:
+                raise UserError(f"give the folder once: {args.folder} or --dir {args.dir}")
+            folder = Path(args.folder)
+        written = init_deployment(folder, args)
     elif args.certs_command == "node":
         written = make_leaf(folder, "node", args.name, args.days, args.force)
     else:
