@@ -11,7 +11,8 @@ APT_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev zstd linux-sourc
 APT_LEAN := prometheus
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz sanitize image chaos
+.PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz sanitize image chaos \
+        install
 
 run: build
 	.venv/bin/cachepilot run --config configs/demo.yaml
@@ -53,6 +54,28 @@ build: $(STAMP) bpf
 
 bpf: deps
 	$(MAKE) -s -C bpf
+
+# The install the systemd units and the container image expect: a venv at
+# PREFIX (default /opt/cachepilot) holding this checkout, built and
+# installed as a wheel (not editable: the checkout can go), and a link
+# BINDIR/cachepilot (default /usr/local/bin) to its command.  Debian 12
+# refuses a system-wide pip install (PEP 668); a venv of its own is not.
+# The venv is made with INSTALL_PYTHON (the system's python3, which every
+# user -- the controller unit's dynamic one too -- can run; a pyenv or
+# home-folder python could not be).  Dependencies come from the package
+# index (or pip's find-links/cache).  `make install PREFIX=/tmp/p
+# BINDIR=/tmp/b` installs elsewhere (a venv is not relocatable, so there
+# is no DESTDIR).  Run again to upgrade in place.
+PREFIX         := /opt/cachepilot
+BINDIR         := /usr/local/bin
+INSTALL_PYTHON := /usr/bin/python3
+PIP_INSTALL    := -q
+install: deps
+	$(INSTALL_PYTHON) -m venv $(PREFIX)
+	$(PREFIX)/bin/pip install $(PIP_INSTALL) $(CURDIR)
+	mkdir -p $(BINDIR)
+	ln -sfn $(PREFIX)/bin/cachepilot $(BINDIR)/cachepilot
+	@echo "installed: $(BINDIR)/cachepilot -> $(PREFIX)/bin/cachepilot"
 
 bench: build
 	for b in experiments/bench_*.py; do $(PY) $$b || exit 1; done
