@@ -83,7 +83,9 @@ def _plan(args) -> dict:
     # agents reach a wildcard listener by the first name the certificate has
     reach = (args.host[0] if args.host else "localhost") if host in WILDCARDS else host
     return {"listen": args.listen, "address": f"{reach}:{port}", "node": node,
-            "memory": _mib(memory), "root": args.cgroup_root or default_cgroup_root(),
+            "memory": _mib(memory),
+            "memory_source": "--memory" if args.memory is not None else "MemTotal",
+            "root": args.cgroup_root or default_cgroup_root(),
             "metrics_port": args.metrics_port,
             "date": datetime.date.today().isoformat()}
 
@@ -115,7 +117,7 @@ controller:
 
 nodes:
   - name: {node}
-    memory_bytes: {memory}      # what its tenants share (MemTotal when written)
+    memory_bytes: {memory}      # what its tenants share ({memory_source})
     backend: linux
     cgroup_roots: [{root}]
 
