@@ -1,50 +1,12 @@
 """The node agent's YAML config, validated on load.
 
-    node_id:        name the node registers with (default: the host name)
-    roots:          cgroup directories the agent may watch and touch
-                    (v1 /sys/fs/cgroup/memory/..., v2 /sys/fs/cgroup/...)
-    cgroups:        stand-alone only: paths or globs (relative to each root,
-                    or absolute) of cgroups to watch; each becomes a tenant
-                    named by its path under the root
-    tenants:        stand-alone only (with a controller, the controller's
-                    config holds the tenants and sends this node its own
-                    when it registers): named tenants
-                    {name, cgroup, throughput, floor, ceiling,
-                    policies, policy_threads, slo_threads}; policies: the curves this
-                    tenant's builder computes (default: the node's
-                    `policies`; fewer is cheaper, as every policy but lru
-                    is a miniature simulation per size); policy_threads
-                    names the threads an application-informed policy
-                    treats specially, by a rule
-                    matched among the cgroup's threads every interval:
-                    {policy: {role: {comm: GLOB, cmdline: GLOB}}}, e.g.
-                    {get_scan: {scan_threads: {comm: "db_scan*"}},
-                     admit_filter: {bypass_threads: {comm: "rocksdb:low*"}}}
-                    (roles and their tid maps: protocol/tenant.py);
-                    slo_threads names, by a rule of the same kind, the
-                    threads whose operations the tenant's throughput
-                    counts (a store's GET threads, not its scanner):
-                    its curves then count their reads' misses only
-    interval_s:     seconds between reports
-    sampling:       {rate, max_samples (fixed-size SHARDS), samples_per_s,
-                    min_rate, max_rate, min_window_samples,
-                    max_window_intervals, ring_bytes, slices}
-    policies:       curves to build (default: lru, plus the library's policies
-                    when the MRC engine offers them)
-    safety:         {floor, anon_margin, anon_margin_ratio, max_step}
-    limit_knob:     v2 only: "max" (memory.max) or "high" (memory.high)
-    cache_ext:      {policy_dir, pin_root, calibrate_dir}: where policy
-                    objects are loaded from, where their links are pinned
-                    in bpffs, where the hook-cost measurement's file goes
-    prometheus:     {address, port}; port 0 turns the endpoint off
-    controller:     {address, fallbacks, cert_file, key_file, ca_file, server_name,
-                    token_file, insecure}: the controller to follow, and
-                    this node's identity: its certificate (CN = node_id,
-                    made by `cachepilot certs node NAME`) and key, and the
-                    CA that signed the controller's; or a shared token
-
-Sizes are bytes or strings with binary units ("512MiB").  An error names
-the file, the key and what was expected.
+The keys: node_id, roots (the cgroup directories it may watch and
+touch), cgroups and tenants (stand-alone only: with a controller, its
+config holds the tenants), interval_s, sampling, policies, safety,
+limit_knob (v2), cache_ext, prometheus and controller (the controller to
+follow and this node's identity).  What each holds and its defaults:
+docs/internals.md#agent-config.  Sizes are bytes or strings with binary
+units ("512MiB"); an error names the file, the key and what was expected.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ When what it needs is missing (a stream fed pre-sampled keys without their
 sketch), `curve` returns None and its `fallback` is tried, and the curve's
 meta says which ran.  The defaults per mode were chosen by
 experiments/study_shards_estimators.py; its results are in
-experiments/results/ and the README.
+experiments/results/ and docs/results.md.
 
 Adding an estimator is one class here, with its entry in BY_NAME, and its
 test.

@@ -3,6 +3,9 @@
 - No function in controller/ runs longer than 60 lines, and the control
   round, decide(), is at most 40: a round is a sequence of named steps
   (controller/engine/round.py), not one long body.
+- No module docstring runs longer than 25 lines: it says what the module
+  is and why it is shaped so; the detail lives where it is used or in
+  docs/internals.md.
 - No module does work when it is imported (a bare call at module level):
   importing a module must not change the process, as the engine's old
   mallopt() call did.
@@ -116,3 +119,15 @@ def test_the_fresh_check_sees_a_hand_written_copy(tmp_path):
                    "struct p page = { .fresh = 1 };\nif (cp_first_access(&page->fresh))\n")
     assert [h.split(" ", 1)[0] for h in hand_written_fresh(src)] == ["policies/x.bpf.c:1",
                                                                     "policies/x.bpf.c:2"]
+
+
+MAX_MODULE_DOC = 25
+
+
+def test_no_module_docstring_is_longer_than_25_lines():
+    long = []
+    for path in sources(*PACKAGES):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        if doc and doc.count("\n") + 1 > MAX_MODULE_DOC:
+            long.append(f"{path.relative_to(ROOT)}: {doc.count(chr(10)) + 1} lines")
+    assert not long, long
