@@ -134,10 +134,12 @@ def plot(rows: dict, out: Path) -> None:
     a.barh(y, d_mean, color=["#c44" if v > 0 else "#4a4" for v in d_mean])
     a.set_yticks(y, names)
     a.axvline(0, color="k", lw=0.8)
-    a.set_xlabel("mean ratio to the equal split, rule off - full engine")
+    a.set_xlabel("mean ratio to the equal split, rule off - full engine\n"
+                 "(green, below 0: the rule earns its place)")
     b.barh(y, d_fail, color=["#4a4" if v > 0 else "#c44" if v < 0 else "#999" for v in d_fail])
     b.axvline(0, color="k", lw=0.8)
-    b.set_xlabel("runs failing the SLO check, rule off - full engine")
+    b.set_xlabel("runs failing the SLO check, rule off - full engine\n"
+                 "(green, above 0: the rule keeps SLOs met)")
     fig.suptitle(f"What each rule is worth: {full['runs']} corpus runs "
                  f"(full engine: mean {full['mean']:.3f}x, {full['slo_fails']} SLO fails)")
     fig.tight_layout()
