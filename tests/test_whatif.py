@@ -86,9 +86,12 @@ def test_what_if_a_node_gives_up_memory(after_run):
     assert set(rows) == {"hot", "scan", "cold"}
     assert sum(t.limit_before for t in rows.values()) <= 32 * MiB + 3 * 4096
     assert sum(t.limit_bytes for t in rows.values()) <= 24 * MiB + 3 * 4096
-    # the SLO is served first: hot keeps its memory (and its SLO), the
-    # others pay, and nobody gains from less memory
-    assert rows["hot"].limit_bytes == rows["hot"].limit_before and rows["hot"].slo_met
+    # the SLO is served first: hot keeps its SLO (it may give up what it
+    # held beyond its SLO's safe size for throughput), the others pay
+    # most, and nobody gains from less memory
+    cut = {t: r.limit_before - r.limit_bytes for t, r in rows.items()}
+    assert rows["hot"].slo_met and rows["hot"].slo_met_before
+    assert cut["hot"] < max(cut["scan"], cut["cold"])
     assert sum(t.limit_before - t.limit_bytes for t in rows.values()) >= 8 * MiB - 3 * 4096
     for t in rows.values():
         assert t.throughput <= t.throughput_before * (1 + 1e-9)
