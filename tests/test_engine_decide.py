@@ -1292,17 +1292,15 @@ def test_a_curve_that_swings_from_window_to_window_is_scored_by_its_windows():
     # its windows it misses half.  Read window by window, its lead held in
     # every other round and it was switched to (corpus scenario 04's loop);
     # read over its windows, it never leads.  A steady lead still switches.
+    def run(tenant, rounds):
+        loop = Loop(make([{"name": "a", "node": "n1", "policies": ["linux", "mru"]}],
+                         autopilot_k=2, warmup_intervals=0), {"a": tenant})
+        for _ in range(rounds):
+            loop.step()
+        return loop
+
     truth = {"linux": flat_curve("linux", 0.3), "mru": flat_curve("mru", 0.5)}
-    synth = {"a": _Bursty("a", truth, t_hit=1e-6, t_miss=1e-4)}
-    loop = Loop(make([{"name": "a", "node": "n1", "policies": ["linux", "mru"]}],
-                     autopilot_k=2, warmup_intervals=0), synth)
-    for _ in range(20):
-        loop.step()
+    loop = run(_Bursty("a", truth, t_hit=1e-6, t_miss=1e-4), 20)
     assert not _log(loop, "policy") and not _log(loop, "watchdog")
     steady = {"linux": flat_curve("linux", 0.3), "mru": flat_curve("mru", 0.1)}
-    synth = {"a": SynthTenant("a", steady, t_hit=1e-6, t_miss=1e-4)}
-    loop = Loop(make([{"name": "a", "node": "n1", "policies": ["linux", "mru"]}],
-                     autopilot_k=2, warmup_intervals=0), synth)
-    for _ in range(6):
-        loop.step()
-    assert loop.policy["a"] == "mru"
+    assert run(SynthTenant("a", steady, t_hit=1e-6, t_miss=1e-4), 6).policy["a"] == "mru"
