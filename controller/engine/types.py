@@ -96,8 +96,8 @@ class TenantState:
 
     def copy(self) -> "TenantState":
         """A copy that shares nothing a round changes.  The round replaces
-        its histories (slo_history, floors, recent_targets, m_errors, and
-        and the lists in its dicts) rather than changing them in place,
+        its histories (slo_history, floors, recent_targets, m_errors)
+        rather than changing them in place,
         and never changes a report's curves, so those are shared; the
         containers it does change in place are copied
         (tests/test_engine_pure.py holds the round to this).  A round
