@@ -24,7 +24,7 @@ FIXED = {"slo_feasibility_rounds": "FEASIBILITY_ROUNDS", "shrink_after_rounds": 
          "slo_headroom": "SLO_HEADROOM", "slo_headroom_sigmas": "SLO_HEADROOM_SIGMAS",
          "slo_feedback_step": "FEEDBACK_STEP", "autopilot_doubt": "DOUBT",
          "watchdog_cooldown": "WATCHDOG_COOLDOWN"}
-_FIXED_OF: dict[int, dict] = {}
+_FIXED_OF: dict[int, tuple] = {}       # id(config) -> (config, its figures)
 
 
 def make(tenants, nodes=None, **control):
@@ -35,20 +35,6 @@ def make(tenants, nodes=None, **control):
     return cfg
 
 
-class _Fixed:
-    """The round's fixed figures set as `figures` for a `with` block."""
-
-    def __init__(self, figures):
-        self.figures, self.saved = figures, {}
-
-    def __enter__(self):
-        for k, v in self.figures.items():
-            self.saved[k] = getattr(round_mod, k)
-            setattr(round_mod, k, v)
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            setattr(round_mod, k, v)
 
 
 class Loop:
@@ -79,7 +65,10 @@ class Loop:
 
     def step(self, nodes=None):
         held = _FIXED_OF.get(id(self.cfg))
-        with _Fixed(held[1] if held is not None and held[0] is self.cfg else {}):
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in (held[1] if held is not None and held[0] is self.cfg
+                                else {}).items():
+                mp.setattr(round_mod, name, value)
             d, self.state = engine.decide(self.state, self.reports(nodes), self.cfg,
                                           advisory_nodes=self.advisory)
         for ds in d.directives.values():

@@ -501,18 +501,25 @@ def _window_spread(R: Round, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     windows lead."""
     hist = [recent_curves(st, r)[-WINDOWS:] for st, (_, _, r) in zip(R.tstates, R.rows)]
     first = _phase_windows(R, hist, at)
-    curves, owner = [], []
-    for k, (t, p) in enumerate(zip(R.row_tenant.tolist(), R.row_policy)):
-        mine = [c for cs in hist[t][first[t]:] for c in cs if c.policy == p]
-        curves.extend(mine)
-        owner.extend([k] * len(mine))
-    owner = np.asarray(owner, dtype=np.int64)
-    bank = CurveBank(curves)
+    bank, owner = _window_bank((hist[t][first[t]:], p) for t, p in
+                               zip(R.row_tenant.tolist(), R.row_policy))
     m = np.clip(bank.miss_at(np.arange(bank.n), at[owner], raw=True), 0.0, 1.0)
     count = np.maximum(np.bincount(owner, minlength=R.bank.n), 1)
     mean = np.bincount(owner, weights=m, minlength=R.bank.n) / count
     sq = np.bincount(owner, weights=(m - mean[owner]) ** 2, minlength=R.bank.n)
     return mean, np.sqrt(sq / np.maximum(count - 1, 1))
+
+
+def _window_bank(groups, sigmas: float = 0.0) -> tuple[CurveBank, np.ndarray]:
+    """One bank of the curves of every (windows, policy) group -- the
+    group's policy's curve from each of its windows (a report's curves) --
+    and, per bank row, the group it came from."""
+    curves, owner = [], []
+    for k, (windows, policy) in enumerate(groups):
+        mine = [c for cs in windows for c in cs if c.policy == policy]
+        curves.extend(mine)
+        owner.extend([k] * len(mine))
+    return CurveBank(curves, sigmas), np.asarray(owner, dtype=np.int64)
 
 
 def _phase_windows(R: Round, hist: list, at: np.ndarray) -> list[int]:
@@ -744,17 +751,11 @@ def _recent_size_for(R: Round, rows: np.ndarray, m_safe: np.ndarray, ctl) -> np.
     curve's own need (R.need) is the floor of the safe size.  A curve that
     never gets down to m_safe (its floor, one interval's cold misses, lies
     above it) counts with where it reaches that floor."""
-    curves, owner = [], []
-    for k, i in enumerate(rows.tolist()):
-        policy = R.row_policy[int(R.alloc_row[i])]
+    def group(i):
         st = R.tstates[i]
-        history = recent_curves(st, R.rows[i][2])
         keep = min(SAFE_HISTORY, max(1, st.rounds - ctl.warmup_intervals))
-        mine = [c for cs in history[-keep:] for c in cs if c.policy == policy]
-        curves.extend(mine)
-        owner.extend([k] * len(mine))
-    owner = np.asarray(owner, dtype=np.int64)
-    hist = CurveBank(curves, ctl.curve_error_sigmas)
+        return (recent_curves(st, R.rows[i][2])[-keep:], R.row_policy[int(R.alloc_row[i])])
+    hist, owner = _window_bank((group(i) for i in rows.tolist()), ctl.curve_error_sigmas)
     at = np.arange(hist.n)
     floor = hist.ys[hist.end(at)]
     sizes = hist.size_for(at, np.maximum(m_safe[owner], floor + FLOOR_SLACK))
