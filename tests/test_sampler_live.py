@@ -149,9 +149,14 @@ def test_inserted_pages_are_sampled_with_the_thread_that_missed(files):
     ins = recs[recs["op"] == 1]
     acc = recs[recs["op"] == 0]
     assert len(ins) == c.sampled_inserts and c.insert_drops == 0
-    # the cold reader missed every page it read; the warm one none
-    assert {k for k, t in zip(ins["key"].tolist(), ins["tid"].tolist()) if t == cold} == want
-    assert not np.any(ins["tid"] == warm)
+    # the cold reader missed every page of the file it read; the warm one
+    # none.  (Either may also bring in a page of Python's own files that the
+    # host had evicted under load: those are not the data file's keys.)
+    def inserted_by(tid):
+        return {k for k, t in zip(ins["key"].tolist(), ins["tid"].tolist()) if t == tid}
+    assert inserted_by(cold) & want == want
+    assert not inserted_by(warm) & want
+    assert len(inserted_by(warm)) < 0.05 * len(want)
     # and both read them all: the same sampled keys, under the same hash
     for tid in (cold, warm):
         assert set(acc[acc["tid"] == tid]["key"].tolist()) == want
