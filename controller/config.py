@@ -24,6 +24,7 @@ Every error names the file, the key path and what was expected, e.g.
 from __future__ import annotations
 
 import math
+import os
 
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -177,7 +178,8 @@ class ControllerSpec(Strict):
     admin_key: FilePath | None = None
     # The state store (controller/store.py): SLOs set through the admin
     # API, the decision log, node registrations and last directives,
-    # autopilot holds.  Default: beside the config file, <name>.state.db.
+    # autopilot holds.  Default: <name>.state.db beside the config file, or
+    # in $STATE_DIRECTORY under a systemd unit with StateDirectory=.
     state_path: FilePath | None = None
     # Decision rounds whose per-tenant traces (`cachepilot admin explain`)
     # the store keeps; default: a day of control intervals.
@@ -546,4 +548,23 @@ def load_config(path) -> Config:
     relative to the file."""
     cfg, source = base.load(Config, path, cross_check=_cross_check)
     cfg.source = source
+    use_credentials(cfg.controller)
     return cfg
+
+
+SECRET_FIELDS = ("tls_cert", "tls_key", "tls_ca", "client_ca", "token_file")
+
+
+def use_credentials(spec: ControllerSpec, env=os.environ) -> None:
+    """Under systemd, a file the unit passes with LoadCredential= under the
+    name of one the config gives (controller.key for tls_key:
+    /etc/cachepilot/controller.key) is read from the unit's credentials
+    directory instead: systemd, as root, hands a key kept 0600 to root to
+    the controller's unprivileged user that way."""
+    folder = env.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return
+    for name in SECRET_FIELDS:
+        path = getattr(spec, name)
+        if path is not None and (Path(folder) / path.name).is_file():
+            setattr(spec, name, Path(folder) / path.name)

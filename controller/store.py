@@ -19,6 +19,7 @@ keeps nothing past the process (`cachepilot run`, tests).  `EtcdStore`
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -396,14 +397,18 @@ def _record(row) -> LogRecord:
                      json.loads(detail) if detail else {})
 
 
-def default_state_path(config) -> Path | None:
-    """controller.state_path, else beside the config file
-    (<config name>.state.db); None for a config that came from no file."""
+def default_state_path(config, env=os.environ) -> Path | None:
+    """controller.state_path; else <config name>.state.db in the state
+    directory systemd gives the unit (STATE_DIRECTORY, from its
+    StateDirectory=: the config's own folder is read-only there), else
+    beside the config file; None for a config that came from no file."""
     spec = config.controller
     if spec.state_path is not None:
         return Path(spec.state_path)
     if config.source is not None:
         src = Path(config.source)
+        if env.get("STATE_DIRECTORY"):
+            return Path(env["STATE_DIRECTORY"].split(":")[0]) / (src.stem + ".state.db")
         return src.with_name(src.stem + ".state.db")
     return None
 

@@ -8,10 +8,12 @@ against a real memory cgroup), the agent registers over mutual TLS, and
 """
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,25 +109,29 @@ def _stop(proc):
             proc.wait()
 
 
-def test_controller_and_agent_start_from_the_written_configs(tmp_path, cgroup_root):
-    d = tmp_path / "dep"
-    port = _free_port()
-    r = _cli("certs", "init", str(d), "--listen", f"127.0.0.1:{port}",
+def _init(d: Path, cgroup_root) -> None:
+    r = _cli("certs", "init", str(d), "--listen", f"127.0.0.1:{_free_port()}",
              "--cgroup-root", str(cgroup_root), "--metrics-port", "0")
     assert r.returncode == 0, r.stderr
+
+
+def _register_and_list(d: Path, logs: Path, cgroup_root, controller: list, env=None):
+    """Start the controller (the command `controller`, in `env`) and a real
+    linux agent from d's configs; the agent registers over mutual TLS and
+    `admin tenants` shows its tenant."""
     node = socket.gethostname()
-    ctl_log, agent_log = open(tmp_path / "ctl.log", "w+"), open(tmp_path / "agent.log", "w+")
+    ctl_log, agent_log = open(logs / "ctl.log", "w+"), open(logs / "agent.log", "w+")
     # from another folder: the configs' paths are relative to the configs
-    ctl = subprocess.Popen([*CLI, "controller", "--config", str(d / "controller.yaml")],
-                           stdout=ctl_log, stderr=subprocess.STDOUT, cwd="/")
+    ctl = subprocess.Popen([*controller, "controller", "--config", str(d / "controller.yaml")],
+                           stdout=ctl_log, stderr=subprocess.STDOUT, cwd="/", env=env)
     agent = None
     try:
         agent = subprocess.Popen([*CLI, "agent", "--config", str(d / "agent.yaml")],
                                  stdout=agent_log, stderr=subprocess.STDOUT, cwd="/")
         deadline, nodes = time.monotonic() + 40, []
         while time.monotonic() < deadline:
-            assert ctl.poll() is None, (tmp_path / "ctl.log").read_text()
-            assert agent.poll() is None, (tmp_path / "agent.log").read_text()
+            assert ctl.poll() is None, (logs / "ctl.log").read_text()
+            assert agent.poll() is None, (logs / "agent.log").read_text()
             r = _cli("admin", "--config", str(d / "controller.yaml"), "--json", "status")
             if r.returncode == 0:
                 nodes = json.loads(r.stdout)["nodes"]
@@ -134,9 +140,9 @@ def test_controller_and_agent_start_from_the_written_configs(tmp_path, cgroup_ro
             time.sleep(0.5)
         else:
             pytest.fail(f"the agent did not register: {nodes}\n"
-                        f"{(tmp_path / 'agent.log').read_text()}")
+                        f"{(logs / 'agent.log').read_text()}")
         assert nodes[0]["node_id"] == node and nodes[0]["backend"] == "linux"
-        assert "(mutual TLS: a certificate per node)" in (tmp_path / "ctl.log").read_text()
+        assert "(mutual TLS: a certificate per node)" in (logs / "ctl.log").read_text()
         r = _cli("admin", "--config", str(d / "controller.yaml"), "tenants")
         assert r.returncode == 0, r.stderr
         row = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("example ")]
@@ -144,8 +150,8 @@ def test_controller_and_agent_start_from_the_written_configs(tmp_path, cgroup_ro
         # the agent watches the tenant's real cgroup
         deadline = time.monotonic() + 10
         while f"watching {cgroup_root}/cachepilot-example as tenant example" not in \
-                (tmp_path / "agent.log").read_text():
-            assert time.monotonic() < deadline, (tmp_path / "agent.log").read_text()
+                (logs / "agent.log").read_text():
+            assert time.monotonic() < deadline, (logs / "agent.log").read_text()
             time.sleep(0.2)
         # the certificates are told apart: the node's is no admin's
         r = _cli("admin", "--config", str(d / "controller.yaml"), "--cert",
@@ -156,6 +162,59 @@ def test_controller_and_agent_start_from_the_written_configs(tmp_path, cgroup_ro
         if agent is not None:
             _stop(agent)
         _stop(ctl)
+
+
+def test_controller_and_agent_start_from_the_written_configs(tmp_path, cgroup_root):
+    d = tmp_path / "dep"
+    _init(d, cgroup_root)
+    _register_and_list(d, tmp_path, cgroup_root, CLI)
+    assert (d / "controller.state.db").exists()
+
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def open_dir():
+    """A folder another user can reach (pytest's own are root's, 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="cachepilot-unit-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_controller_starts_as_its_systemd_unit_runs_it(open_dir, cgroup_root):
+    """deploy/systemd/cachepilot-controller.service runs the controller as
+    an unprivileged dynamic user, on a read-only /etc, with the key that
+    `certs init` keeps 0600 to root handed over by LoadCredential= and its
+    state in StateDirectory=.  The same here: uid nobody, the config folder
+    root's, the key copied to a credentials folder the way systemd does,
+    STATE_DIRECTORY and CREDENTIALS_DIRECTORY set."""
+    unit = (REPO / "deploy" / "systemd" / "cachepilot-controller.service").read_text()
+    assert "LoadCredential=controller.key:/etc/cachepilot/controller.key" in unit
+    assert "StateDirectory=cachepilot-controller" in unit and "DynamicUser=yes" in unit
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux)")
+    d, state, creds = open_dir / "etc", open_dir / "state", open_dir / "creds"
+    _init(d, cgroup_root)
+    d.chmod(0o755)
+    state.mkdir()
+    os.chown(state, NOBODY, NOBODY)
+    as_nobody = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *CLI]
+    env = dict(os.environ, STATE_DIRECTORY=str(state))
+    # without the credential: the key is root's, and the error says so
+    r = subprocess.run([*as_nobody, "controller", "--config", str(d / "controller.yaml")],
+                       capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    assert r.returncode != 0 and f"{d}/controller.key" in r.stderr \
+        and "Permission denied" in r.stderr, r.stderr
+    creds.mkdir()
+    shutil.copy(d / "controller.key", creds / "controller.key")
+    os.chown(creds / "controller.key", NOBODY, NOBODY)
+    os.chmod(creds / "controller.key", 0o400)
+    env["CREDENTIALS_DIRECTORY"] = str(creds)
+    _register_and_list(d, open_dir, cgroup_root, as_nobody, env)
+    assert [p.name for p in state.iterdir() if p.suffix == ".db"] == ["controller.state.db"]
+    assert not list(d.glob("*.state.db*"))
 
 
 # -- the shipped configs: they run, or one line names the command ------------
