@@ -189,6 +189,11 @@ class AdminStub:
                 request_serializer=cachepilot__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=cachepilot__pb2.ExplainReply.FromString,
                 _registered_method=True)
+        self.Plan = channel.unary_unary(
+                '/cachepilot.v1.Admin/Plan',
+                request_serializer=cachepilot__pb2.PlanRequest.SerializeToString,
+                response_deserializer=cachepilot__pb2.PlanReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -242,6 +247,12 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Plan(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -284,6 +295,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Explain,
                     request_deserializer=cachepilot__pb2.ExplainRequest.FromString,
                     response_serializer=cachepilot__pb2.ExplainReply.SerializeToString,
+            ),
+            'Plan': grpc.unary_unary_rpc_method_handler(
+                    servicer.Plan,
+                    request_deserializer=cachepilot__pb2.PlanRequest.FromString,
+                    response_serializer=cachepilot__pb2.PlanReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -502,6 +518,33 @@ class Admin:
             '/cachepilot.v1.Admin/Explain',
             cachepilot__pb2.ExplainRequest.SerializeToString,
             cachepilot__pb2.ExplainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Plan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cachepilot.v1.Admin/Plan',
+            cachepilot__pb2.PlanRequest.SerializeToString,
+            cachepilot__pb2.PlanReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,6 +18,8 @@ class NodeInfo:
     has_cache_ext: bool
     policies: list[str]               # policies this node can load / emulate
     backend: str = "linux"            # "linux" or "sim"
+    disk_read_bytes_per_s: float = 0.0  # what its tenants' disk reads (0: not known)
+    cores: float = 0.0                # CPUs its tenants share (0: not known)
 
 
 @dataclass
@@ -47,6 +49,9 @@ class TenantReport:
     throughput_error: str = ""        # why throughput is None
     cpu_per_s: float = 0.0            # CPU seconds the cgroup used per second
                                       # (0: not known)
+    # bytes its tasks read from block devices per second: what its misses
+    # ask of a disk it shares (None: no I/O accounting for it)
+    read_bytes_per_s: float | None = None
     # Set where the report is received, never sent: why part of it was
     # refused (a malformed curve refuses that tenant's curves, not the
     # node's report; a malformed entry stands in for itself by the last

@@ -79,7 +79,9 @@ def node_info_to_pb(info: NodeInfo) -> pb.NodeInfo:
     return pb.NodeInfo(node_id=info.node_id, memory_bytes=int(info.memory_bytes),
                        cgroup_version=int(info.cgroup_version),
                        has_cache_ext=bool(info.has_cache_ext),
-                       policies=list(info.policies), backend=info.backend)
+                       policies=list(info.policies), backend=info.backend,
+                       disk_read_bytes_per_s=float(info.disk_read_bytes_per_s),
+                       cores=float(info.cores))
 
 
 def node_info_from_pb(msg: pb.NodeInfo) -> NodeInfo:
@@ -87,10 +89,17 @@ def node_info_from_pb(msg: pb.NodeInfo) -> NodeInfo:
         raise WireError("node: empty node_id")
     if msg.memory_bytes <= 0:
         raise WireError(f"node {msg.node_id}: memory_bytes must be positive")
+    for name in ("disk_read_bytes_per_s", "cores"):
+        v = getattr(msg, name)
+        if not math.isfinite(v) or v < 0:
+            raise WireError(f"node {msg.node_id}: {name} {v!r} must be finite and "
+                            f"non-negative")
     return NodeInfo(node_id=msg.node_id, memory_bytes=int(msg.memory_bytes),
                     cgroup_version=int(msg.cgroup_version),
                     has_cache_ext=bool(msg.has_cache_ext),
-                    policies=list(msg.policies), backend=msg.backend or "linux")
+                    policies=list(msg.policies), backend=msg.backend or "linux",
+                    disk_read_bytes_per_s=float(msg.disk_read_bytes_per_s),
+                    cores=float(msg.cores))
 
 
 # -- reports -----------------------------------------------------------------
@@ -106,7 +115,9 @@ def report_to_pb(report: TenantReport) -> pb.TenantReport:
     msg = pb.TenantReport(tenant=report.tenant, cgroup=report.cgroup, policy=report.policy,
                           curves=[curve_to_pb(c) for c in report.curves],
                           throughput_unknown=report.throughput is None,
-                          throughput_error=report.throughput_error[:MAX_ERROR_TEXT])
+                          throughput_error=report.throughput_error[:MAX_ERROR_TEXT],
+                          read_bytes_per_s=float(report.read_bytes_per_s or 0.0),
+                          read_bytes_unknown=report.read_bytes_per_s is None)
     for name in _RATE_FIELDS:
         setattr(msg, name, float(getattr(report, name) or 0.0))
     for name in _COUNT_FIELDS:
@@ -133,6 +144,10 @@ def report_from_pb(msg: pb.TenantReport) -> TenantReport:
         values[name] = int(v)
     if msg.throughput_unknown:
         values["throughput"] = None
+    v = msg.read_bytes_per_s
+    if not math.isfinite(v) or v < 0:
+        raise WireError(f"{where}: read_bytes_per_s {v!r} must be finite and non-negative")
+    values["read_bytes_per_s"] = None if msg.read_bytes_unknown else float(v)
     refused = ""
     try:
         if len(msg.curves) > MAX_CURVES_PER_TENANT:
