@@ -20,6 +20,7 @@ from cachepilot.controller.config import SLO
 from cachepilot.controller.engine import trace
 from cachepilot.controller.engine.whatif import WhatIfError
 from cachepilot.controller.registry import Refused
+from cachepilot.core.errors import UserError
 from cachepilot.core.units import size
 from cachepilot.protocol import cachepilot_pb2 as pb
 
@@ -173,6 +174,67 @@ class AdminOps:
         return pb.ExplainReply(record_json=json.dumps(record), round=record["round"],
                                first_round=first, last_round=last)
 
+    def plan(self, request: pb.PlanRequest) -> pb.PlanReply:
+        """A consolidation plan from every tenant's live demand vector
+        (controller/consolidate.py); with apply, its moves carried out in
+        order (move_tenant), refused when it predicts a broken SLO."""
+        from cachepilot.controller import consolidate, planner
+        if not 0 <= request.headroom <= 10 or request.hosts < 0:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                          "plan: headroom must be in [0, 10] and hosts >= 0")
+        with self.lock:
+            demands = consolidate.live_demands(self.config, self.engine.state, self.registry)
+            resources = consolidate.node_resources(self.registry)
+            try:
+                result = planner.plan(self.config, demands=demands, resources=resources,
+                                      memory_only=request.memory_only,
+                                      hosts=request.hosts or None)
+            except UserError as err:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+            applied, message = [], ""
+            if request.apply:
+                if result.breaks:
+                    raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"plan --apply: refused, it predicts these tenants miss "
+                                  f"their SLO: {', '.join(result.breaks)}")
+                for move in result.moves:
+                    self.move_tenant(move["tenant"], move["to"], move["limit_bytes"],
+                                     move["policy"])
+                    applied.append(f"{move['tenant']}: {move['from']} -> {move['to']}")
+                message = f"{len(applied)} move(s) carried out"
+        return pb.PlanReply(plan_json=json.dumps(result.to_dict(), default=_json_safe),
+                            applied=applied, message=message)
+
+    def move_tenant(self, tenant: str, node: str, limit_bytes: int, policy) -> None:
+        """Place `tenant` on `node` (the lock held): the config's placement
+        changes and is saved, it arrives at `limit_bytes` under `policy`,
+        and both nodes' agents are told to register again, when the old
+        one lets it go and the new one is handed it.  Its cache stays
+        behind; what the engine learnt of it goes along."""
+        spec = self._tenant(tenant)
+        if node not in self.registry.nodes:
+            raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown node {node!r}")
+        old = spec.node
+        update = {"node": node, "initial_limit_bytes": int(limit_bytes)}
+        if policy:
+            update["initial_policy"] = policy
+        self.config.tenants = [t.model_copy(update=update) if t.name == tenant else t
+                               for t in self.config.tenants]
+        self.store.put_placement(tenant, node, time.time())
+        for name in (old, node):
+            rec = self.registry.nodes[name]
+            rec.tenants.pop(tenant, None)
+            rec.directives.pop(tenant, None)
+            rec.session = None           # its next report is told to register again
+        st = self.engine.state.tenants.get(tenant)
+        if st is not None:
+            st.node = node
+        self._note(node, tenant, "move", f"moved from {old} to {node} at "
+                   f"{size(limit_bytes)} under {policy or 'its policy'} (consolidation plan)",
+                   {"from": old, "to": node, "limit_bytes": int(limit_bytes),
+                    "policy": policy})
+        self._flush()
+
     def what_if(self, request: pb.WhatIfRequest) -> pb.WhatIfReply:
         if bool(request.tenant) == bool(request.node):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
@@ -222,3 +284,9 @@ def _prediction(p, before=None) -> pb.WhatIfTenant:
         msg.throughput_before = before.throughput
         msg.slo_met_before = bool(before.slo_met)
     return msg
+
+
+def _json_safe(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return str(v)

@@ -76,6 +76,15 @@ def _register_admin(subparsers):
                                                 "one running)")
     s.add_argument("--node", default="", help="a node, with --free")
     s.add_argument("--free", default="", help="memory the node would give up, e.g. 2GiB")
+    s = sub.add_parser("plan", help="a consolidation plan from the live tenants' curves, "
+                       "throughput models, memory, disk reads and CPU; --apply carries it out")
+    s.add_argument("--apply", action="store_true",
+                   help="carry out its moves one at a time (refused when it predicts a "
+                        "missed SLO)")
+    s.add_argument("--memory-only", action="store_true",
+                   help="pack memory alone (to compare: disk and CPU ignored)")
+    s.add_argument("--hosts", type=int, default=0,
+                   help="pack into this many hosts, SLOs or not (shows what breaks)")
     p.set_defaults(func=cmd_admin)
 
 
@@ -154,6 +163,9 @@ def cmd_admin(args) -> int:
         channel.close()
     if args.json and args.admin_command == "explain":
         print(json.dumps(json.loads(reply.record_json), indent=1))
+    elif args.json and args.admin_command == "plan":
+        print(json.dumps({"plan": json.loads(reply.plan_json), "applied": list(reply.applied)},
+                         indent=1))
     elif args.json:
         print(json.dumps(MessageToDict(reply, preserving_proto_field_name=True,
                                        always_print_fields_with_no_presence=True), indent=1))
@@ -184,6 +196,11 @@ def _admin_request(args):
         if args.round_ < 0:
             raise UserError(f"--round {args.round_}: expected a round number (1 or more)")
         return "Explain", pb.ExplainRequest(tenant=args.tenant, round=args.round_)
+    if action == "plan":
+        if args.hosts < 0:
+            raise UserError(f"--hosts {args.hosts}: expected a number of hosts (1 or more)")
+        return "Plan", pb.PlanRequest(apply=args.apply, memory_only=args.memory_only,
+                                      hosts=args.hosts)
     if action == "log":
         return "DecisionLog", pb.DecisionLogRequest(limit=max(0, args.limit),
                                                     tenant=args.tenant,
@@ -260,6 +277,13 @@ def _print_admin(action, reply, args=None):
         print(f"{reply.tenant or 'controller'}: mode {reply.previous} -> {reply.current}")
     elif action == "what-if":
         _print_what_if(reply)
+    elif action == "plan":
+        from cachepilot.controller.plan_cli import print_plan
+        print_plan(json.loads(reply.plan_json))
+        for line in reply.applied:
+            print(f"moved {line}")
+        if reply.message:
+            print(reply.message)
     elif action == "explain":
         from cachepilot.controller.engine.trace import explain
         print(explain(json.loads(reply.record_json)))

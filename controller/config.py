@@ -272,6 +272,11 @@ class NodeSpec(Strict):
     policies: list[PolicyName] | None = None
     # linux: only cgroups under these roots are touched.
     cgroup_roots: list[str] = Field(default_factory=list)
+    # What its tenants share besides memory, for the consolidation planner:
+    # disk read bandwidth (bytes per second) and CPU cores.  Default: what
+    # its agent registers (its blkio/io.max throttle, its CPUs), else none.
+    disk_read_bytes_per_s: Bytes | None = Field(None, gt=0)
+    cores: float | None = Field(None, gt=0)
 
 
 # -- tenants -------------------------------------------------------------------

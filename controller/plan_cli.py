@@ -41,6 +41,50 @@ def _mib(b) -> str:
     return "-" if b is None or b == math.inf else f"{b / MiB:.1f}"
 
 
+def print_plan(plan: dict) -> None:
+    """A plan (Plan.to_dict()) for a person: per tenant its host, policy,
+    memory, disk and CPU and its predicted throughput against its SLO;
+    per host what binds it; the moves in order."""
+    pred = plan.get("predictions", {})
+    print(f"placement of {len(plan['demands'])} tenants ({plan['method']}, "
+          f"{plan['seconds']:.1f} s; packed on {', '.join(plan['resources'])}):")
+    print(f"  {'tenant':<14} {'now on':<10} {'-> host':<10} {'policy':<8} "
+          f"{'MiB':>7} {'disk MiB/s':>10} {'cores':>5} {'pred ops/s':>10} {'SLO ops/s':>9}")
+    for d in sorted(plan["demands"], key=lambda d: (plan["assignment"][d["tenant"]],
+                                                     d["tenant"])):
+        p = pred.get(d["tenant"], {})
+        ops, slo = p.get("predicted_ops"), d["slo"]
+        verdict = {True: "", False: "  MISSED", None: ""}[p.get("slo_met")]
+        print(f"  {d['tenant']:<14} {d['current_node']:<10} "
+              f"{plan['assignment'][d['tenant']]:<10} {d['policy'] or '-':<8} "
+              f"{_mib(d['demand_bytes']):>7} {d['disk_bps'] / MiB:>10.1f} {d['cpu']:>5.2f} "
+              f"{(f'{ops:,.0f}' if ops else '-'):>10} "
+              f"{(f'{slo:,.0f}' if slo else '-'):>9}{verdict}")
+    print("hosts:")
+    for h in plan["hosts"]:
+        if h["tenants"]:
+            print(f"  {h['name']:<10} {_mib(h['demand_bytes']):>7} of "
+                  f"{_mib(h['memory_bytes'])} MiB planned, {len(h['tenants'])} tenants; "
+                  f"binds on {h['binding']} ({h['binding_fraction']:.0%})")
+    freed = [h["name"] for h in plan["hosts"] if not h["tenants"]]
+    print(f"fewest hosts: {len(plan['hosts_used'])} of {len(plan['hosts'])} "
+          f"(lower bound {plan['lower_bound_hosts']}); memory freed "
+          f"{_mib(plan['memory_freed_bytes'])} of {_mib(plan['memory_total_bytes'])} MiB"
+          + (f" ({', '.join(freed)})" if freed else "")
+          + f"; {len(plan['moved'])} tenants move")
+    for i, m in enumerate(plan.get("moves", []), 1):
+        print(f"  move {i}: {m['tenant']} {m['from']} -> {m['to']} at "
+              f"{_mib(m['limit_bytes'])} MiB under {m['policy'] or 'its policy'}")
+    if plan.get("forced_hosts"):
+        print(f"packed into {plan['forced_hosts']} hosts on request: "
+              + ("every SLO still predicted met" if not _breaks(plan) else
+                 f"predicted to miss the SLO of {', '.join(_breaks(plan))}"))
+
+
+def _breaks(plan: dict) -> list[str]:
+    return sorted(t for t, p in plan.get("predictions", {}).items() if p["slo_met"] is False)
+
+
 def run(args) -> int:
     from cachepilot.controller import planner
     from cachepilot.controller.config import load_config
@@ -52,25 +96,7 @@ def run(args) -> int:
     cfg = load_config(args.config)
     result = planner.plan(cfg, headroom=args.headroom, method=args.method,
                           time_limit=args.time_limit)
-    print(f"placement of {len(cfg.tenants)} tenants ({result.method}, "
-          f"{result.seconds:.1f} s):")
-    print(f"  {'tenant':<14} {'now on':<10} {'-> host':<10} {'policy':<8} "
-          f"{'MiB':>7} {'SLO/s':>9}")
-    for d in sorted(result.demands, key=lambda d: (result.assignment[d.tenant], d.tenant)):
-        print(f"  {d.tenant:<14} {d.current_node:<10} {result.assignment[d.tenant]:<10} "
-              f"{d.policy or '-':<8} {_mib(d.demand_bytes):>7} "
-              f"{(f'{d.slo:g}' if d.slo else '-'):>9}")
-    print("hosts:")
-    for h in result.hosts:
-        if h["tenants"]:
-            print(f"  {h['name']:<10} {_mib(h['demand_bytes']):>7} of "
-                  f"{_mib(h['memory_bytes'])} MiB planned, {len(h['tenants'])} tenants")
-    freed = [h["name"] for h in result.hosts if not h["tenants"]]
-    print(f"fewest hosts: {len(result.hosts_used)} of {len(result.hosts)} "
-          f"(lower bound {result.lower_bound_hosts}); memory freed "
-          f"{_mib(result.memory_freed_bytes)} of {_mib(result.memory_total_bytes)} MiB"
-          + (f" ({', '.join(freed)})" if freed else "")
-          + f"; {len(result.moved)} tenants move")
+    print_plan(result.to_dict())
     out = {"plan": result.to_dict(), "headroom": args.headroom}
     code = 0
     if args.confirm:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cachepilot.controller import packing
 from cachepilot.controller.config import Config
 from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import MRC, PAGE_SIZE
@@ -41,6 +42,18 @@ class Demand:
     feasible: bool = True
     why: str = ""
     per_policy: dict = field(default_factory=dict)   # policy -> bytes (inf: cannot)
+    # The rest of its vector, at demand_bytes and its predicted throughput:
+    disk_bps: float = 0.0           # bytes/s it reads from disk
+    cpu: float = 0.0                # CPU cores
+    # Its fitted throughput model, 1 / (a + b m), at the predicted miss
+    # ratio m; b was fitted on a disk `busy0` busy, and its disk reads per
+    # operation are `disk_per_op` (planner.predict scales both to a host).
+    miss_ratio: float | None = None
+    a: float | None = None
+    b: float | None = None
+    busy0: float = 0.0
+    disk_per_op: float = 0.0
+    cpu_per_op: float = 0.0
 
 
 @dataclass
@@ -48,13 +61,23 @@ class Plan:
     method: str                     # "milp (optimal)", "milp (time limit)", "first-fit decreasing"
     hosts_used: list[str]
     assignment: dict[str, str]      # tenant -> host
-    hosts: list[dict]               # per host: name, memory, demand, tenants
+    hosts: list[dict]               # per host: name, memory, demand, tenants, binding
     memory_total_bytes: int
     memory_freed_bytes: int         # memory of the hosts no longer needed
     lower_bound_hosts: int
     moved: list[str]
     demands: list[Demand]
     seconds: float
+    resources: list[str] = field(default_factory=lambda: ["memory"])
+    # per tenant: its host, predicted throughput there, SLO, met or not
+    predictions: dict[str, dict] = field(default_factory=dict)
+    moves: list[dict] = field(default_factory=list)   # in the order to carry out
+    forced_hosts: int | None = None  # packed into this many, SLOs or not
+
+    @property
+    def breaks(self) -> list[str]:
+        """Tenants whose SLO the plan predicts it misses."""
+        return sorted(t for t, p in self.predictions.items() if p["slo_met"] is False)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -288,122 +311,126 @@ def live_demand(config, spec, st, limit_bytes: int) -> Demand:
 
 # -- packing ---------------------------------------------------------------------
 
-def _compatible(config, demands) -> np.ndarray:
-    """allowed[t, h]: tenant t may run on host h (memory and policy)."""
-    hosts = config.nodes
-    ok = np.ones((len(demands), len(hosts)), dtype=bool)
+DISK_BUSY_STEPS = (0.9, 0.8, 0.7, 0.6, 0.5)   # disk share a host may be packed to,
+                                              # lowered while a prediction breaks an SLO
+
+
+def host_capacity(config, resources=None) -> np.ndarray:
+    """Per host (config.nodes order): memory bytes, disk read bytes/s,
+    cores; inf where not known.  `resources`: node name -> (disk, cores)
+    as registered, used where the config gives none."""
+    rows = []
+    for n in config.nodes:
+        disk, cores = (resources or {}).get(n.name, (0.0, 0.0))
+        disk = n.disk_read_bytes_per_s or disk
+        cores = n.cores or cores
+        rows.append([n.memory_bytes, disk or math.inf, cores or math.inf])
+    return np.array(rows, dtype=float)
+
+
+def _allowed(config, demands) -> np.ndarray:
+    ok = np.ones((len(demands), len(config.nodes)), dtype=bool)
     for t, d in enumerate(demands):
-        for h, host in enumerate(hosts):
-            if d.demand_bytes > host.memory_bytes:
-                ok[t, h] = False
-            elif d.policy and host.policies is not None and d.policy not in host.policies:
+        for h, host in enumerate(config.nodes):
+            if d.policy and host.policies is not None and d.policy not in host.policies:
                 ok[t, h] = False
     return ok
 
 
-def _lower_bound(caps: list[int], total: int) -> int:
-    acc, k = 0, 0
-    for c in sorted(caps, reverse=True):
-        if acc >= total:
-            break
-        acc += c
-        k += 1
-    return k if acc >= total else len(caps) + 1
-
-
-def first_fit_decreasing(config, demands, allowed) -> dict[str, str] | None:
-    """Tenants by demand, largest first, into the first open host with room;
-    a new host (largest first, the tenant's current host on ties) when none
-    has.  None when some tenant fits nowhere."""
-    hosts = config.nodes
-    free = {h.name: h.memory_bytes for h in hosts}
-    opened: list[int] = []
-    order = sorted(range(len(demands)), key=lambda t: (-demands[t].demand_bytes,
-                                                        demands[t].tenant))
-    by_size = sorted(range(len(hosts)), key=lambda h: (-hosts[h].memory_bytes, hosts[h].name))
+def predict(demands, assignment: dict[str, str], capacity: dict[str, float]) -> dict:
+    """Each tenant's throughput on its planned host.  With a fitted model,
+    1 / (a + b' m): the miss's service time b scaled from the disk share
+    busy0 it was measured at to the host's, b' = b (1 - busy0) / (1 - busy)
+    (a single queue's response time), where busy is what the host's
+    tenants read at their predicted throughputs over its disk's bandwidth
+    (`capacity`: host -> bytes/s, inf unknown).  A busier disk slows them
+    and so lowers what they read: busy is the one share at which the two
+    agree, found by bisection (what they read falls as busy rises), at
+    most BUSY_MAX.  Without a model, the demand's own prediction."""
     out = {}
-    for t in order:
-        d = demands[t]
-        spot = next((h for h in opened if allowed[t, h]
-                     and free[hosts[h].name] >= d.demand_bytes), None)
-        if spot is None:
-            fresh = [h for h in by_size if h not in opened and allowed[t, h]
-                     and hosts[h].memory_bytes >= d.demand_bytes]
-            if not fresh:
-                return None
-            cur = [h for h in fresh if hosts[h].name == d.current_node
-                   and hosts[h].memory_bytes == hosts[fresh[0]].memory_bytes]
-            spot = cur[0] if cur else fresh[0]
-            opened.append(spot)
-        free[hosts[spot].name] -= d.demand_bytes
-        out[d.tenant] = hosts[spot].name
+    for host in set(assignment.values()):
+        mine = [d for d in demands if assignment[d.tenant] == host]
+        bw = capacity.get(host, math.inf)
+        known = math.isfinite(bw) and bw > 0
+        busy = 0.0
+        if known:
+            lo, hi = 0.0, BUSY_MAX
+            if _reads(mine, hi) / bw >= hi:
+                lo = hi
+            for _ in range(60):
+                mid = (lo + hi) / 2
+                lo, hi = (mid, hi) if _reads(mine, mid) / bw > mid else (lo, mid)
+            busy = (lo + hi) / 2
+        for d in mine:
+            v = _at(d, busy if known else None)
+            out[d.tenant] = {"host": host, "predicted_ops": None if v is None else float(v),
+                             "slo": d.slo, "disk_busy": round(busy, 3),
+                             "slo_met": None if not d.slo or v is None else bool(v >= d.slo)}
     return out
 
 
-def milp_pack(config, demands, allowed, time_limit: float = MILP_TIME_LIMIT_S):
-    """Exact bin packing with scipy.optimize.milp.  Returns (assignment,
-    optimal) or (None, False) when no feasible plan was found."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import lil_matrix
+BUSY_MAX = 0.98
 
-    hosts = config.nodes
-    T, H = len(demands), len(hosts)
-    nx = T * H
-    unit = float(1 << 20)                       # MiB keeps the numbers tame
-    dem = np.array([d.demand_bytes / unit for d in demands])
-    cap = np.array([h.memory_bytes / unit for h in hosts])
-    # objective: hosts, then (less than one host's worth) tenants moved
-    c = np.zeros(nx + H)
-    c[nx:] = 1.0
-    eps = 1.0 / (T + 1)
+
+def _at(d: Demand, busy: float | None):
+    """d's throughput with its host's disk `busy` (None: as measured)."""
+    if d.a is None or d.miss_ratio is None:
+        return d.predicted_throughput
+    b = d.b if busy is None else d.b * (1 - min(d.busy0, BUSY_MAX)) / (1 - busy)
+    return 1.0 / max(d.a + b * d.miss_ratio, 1e-12)
+
+
+def _reads(mine, busy: float) -> float:
+    return sum((_at(d, busy) or 0.0) * d.disk_per_op for d in mine)
+
+
+def _vectors(demands, memory_only: bool) -> np.ndarray:
+    rows = [[d.demand_bytes, d.disk_bps, d.cpu] for d in demands]
+    out = np.array(rows, dtype=float)
+    return out[:, :1] if memory_only else out
+
+
+def _pack(config, demands, allowed, cap, method, exact_limit, time_limit, hosts):
+    """(assignment by name, method used) or (None, why)."""
+    names = [d.tenant for d in demands]
+    where = {n.name: i for i, n in enumerate(config.nodes)}
+    current = [where.get(d.current_node, -1) for d in demands]
+    dem = _vectors(demands, cap.shape[1] == 1)
+    ok = packing.compatible(dem, cap, allowed)
     for t, d in enumerate(demands):
-        for h, host in enumerate(hosts):
-            if host.name != d.current_node:
-                c[t * H + h] = eps
-    rows = T + H + T * H
-    A = lil_matrix((rows, nx + H))
-    lo = np.zeros(rows)
-    hi = np.zeros(rows)
-    r = 0
-    for t in range(T):                          # each tenant on one host
-        for h in range(H):
-            A[r, t * H + h] = 1
-        lo[r] = hi[r] = 1
-        r += 1
-    for h in range(H):                          # capacity of used hosts
-        for t in range(T):
-            A[r, t * H + h] = dem[t]
-        A[r, nx + h] = -cap[h]
-        lo[r], hi[r] = -np.inf, 1e-9
-        r += 1
-    for t in range(T):                          # x <= y (tightens the LP)
-        for h in range(H):
-            A[r, t * H + h] = 1
-            A[r, nx + h] = -1
-            lo[r], hi[r] = -np.inf, 0
-            r += 1
-    ub = np.ones(nx + H)
-    ub[:nx] = allowed.reshape(-1).astype(float)
-    res = milp(c, constraints=LinearConstraint(A.tocsr(), lo, hi),
-               integrality=np.ones(nx + H), bounds=Bounds(np.zeros(nx + H), ub),
-               options={"time_limit": time_limit, "disp": False})
-    if res.x is None:
-        return None, False
-    x = np.round(res.x[:nx]).reshape(T, H)
-    assignment = {demands[t].tenant: hosts[int(np.argmax(x[t]))].name for t in range(T)}
-    return assignment, res.status == 0
+        if not ok[t].any():
+            raise UserError(f"plan: tenant {d.tenant!r} needs {d.demand_bytes >> 20} MiB"
+                            f" under {d.policy} (and its disk and CPU), which no host offers")
+    got, used = None, None
+    pairs = len(demands) * len(config.nodes)
+    if method == "milp" or (method == "auto" and pairs <= exact_limit):
+        got, optimal = packing.milp(dem, cap, ok, current, time_limit, hosts)
+        if got is not None:
+            used = "milp (optimal)" if optimal else \
+                f"milp (time limit {time_limit:g}s, best found)"
+        elif method == "milp":
+            return None, "the MILP found no feasible placement"
+    if got is None:
+        got = packing.first_fit_decreasing(dem, cap, ok, current, names, hosts)
+        used = "first-fit decreasing" + (
+            "" if method == "ffd" or pairs > exact_limit else " (MILP gave no answer)")
+    if got is None:
+        return None, "the tenants do not fit on the hosts given"
+    return {names[t]: config.nodes[h].name for t, h in got.items()}, used
 
 
 def plan(config, headroom: float = 0.10, method: str = "auto",
          exact_limit: int = EXACT_LIMIT, time_limit: float = MILP_TIME_LIMIT_S,
-         demands: list[Demand] | None = None) -> Plan:
-    """The fewest hosts meeting every SLO: the tenants' demands packed onto
-    the hosts.  For small cases the packing is solved exactly as an integer
-    programme with scipy.optimize.milp (HiGHS): minimise hosts used, and
-    among plans with that many hosts, tenants moved from where they run
-    now.  Beyond `exact_limit` tenant x host pairs (or when the solver
-    cannot prove optimality within `time_limit`) first-fit decreasing is
-    used, and the result says which."""
+         demands: list[Demand] | None = None, resources: dict | None = None,
+         memory_only: bool = False, hosts: int | None = None) -> Plan:
+    """The fewest hosts meeting every SLO: the tenants' demand vectors
+    (memory; and, unless memory_only, disk reads and CPU) packed onto the
+    hosts (controller/packing.py: exact MILP for small cases, first-fit
+    decreasing beyond; fewest hosts, then fewest moves).  Each tenant's
+    throughput on its host is then predicted (predict); while one breaks
+    its SLO on a busier disk, the disk share a host may be packed to is
+    lowered and the packing redone.  `hosts`: force that many, and report
+    what breaks (packed on memory alone: a plan the planner would refuse)."""
     if method not in ("auto", "milp", "ffd"):
         raise UserError(f"plan: method must be auto, milp or ffd, got {method!r}")
     if not config.tenants:
@@ -415,40 +442,90 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
     if bad:
         names = ", ".join(f"{d.tenant} ({d.why})" for d in bad)
         raise UserError(f"plan: these SLOs cannot be met on any host: {names}")
-    allowed = _compatible(config, demands)
-    for t, d in enumerate(demands):
-        if not allowed[t].any():
-            raise UserError(f"plan: tenant {d.tenant!r} needs {d.demand_bytes} bytes"
-                            f" under {d.policy}, which no host offers")
-    hosts = config.nodes
-    assignment, used_method = None, None
-    pairs = len(demands) * len(hosts)
-    if method == "milp" or (method == "auto" and pairs <= exact_limit):
-        assignment, optimal = milp_pack(config, demands, allowed, time_limit)
-        if assignment is not None:
-            used_method = "milp (optimal)" if optimal else \
-                f"milp (time limit {time_limit:g}s, best found)"
-        elif method == "milp":
-            raise UserError("plan: the MILP found no feasible placement")
-    if assignment is None:
-        assignment = first_fit_decreasing(config, demands, allowed)
-        used_method = "first-fit decreasing" + (
-            "" if method == "ffd" or pairs > exact_limit else " (MILP gave no answer)")
+    full = host_capacity(config, resources)
+    disk = {n.name: full[h, 1] for h, n in enumerate(config.nodes)}
+    allowed = _allowed(config, demands)
+    steps = (1.0,) if memory_only or hosts is not None else DISK_BUSY_STEPS
+    found = None
+    for share in steps:
+        cap = full[:, :1] if memory_only or hosts else full * np.array([1.0, share, 1.0])
+        try:
+            assignment, used = _pack(config, demands, allowed, cap, method, exact_limit,
+                                     time_limit, hosts)
+        except UserError:
+            if found is None:
+                raise
+            break               # a tenant alone no longer fits: the last plan stands
         if assignment is None:
-            raise UserError("plan: the tenants do not fit on the hosts given")
+            if found is None:
+                raise UserError(f"plan: {used}" + (f" on {hosts} hosts" if hosts else ""))
+            break
+        found = assignment, used, predict(demands, assignment, disk)
+        if not any(p["slo_met"] is False for p in found[2].values()):
+            break
+    assignment, used, predictions = found
+    return _result(config, demands, assignment, used, full, predictions,
+                   memory_only or bool(hosts), hosts, time.perf_counter() - start)
+
+
+def _result(config, demands, assignment, used, full, predictions, memory_only, hosts,
+            seconds) -> Plan:
+    dem = _vectors(demands, False)
     per_host = []
-    for h in hosts:
-        mine = sorted(t for t, n in assignment.items() if n == h.name)
-        dsum = sum(d.demand_bytes for d in demands if d.tenant in mine)
-        per_host.append({"name": h.name, "memory_bytes": h.memory_bytes,
-                         "demand_bytes": dsum, "tenants": mine})
-    used = [h["name"] for h in per_host if h["tenants"]]
-    total = sum(h.memory_bytes for h in hosts)
+    for h, node in enumerate(config.nodes):
+        members = [t for t, d in enumerate(demands) if assignment[d.tenant] == node.name]
+        res, frac = packing.binding(dem, full[h], members)
+        per_host.append({"name": node.name, "memory_bytes": node.memory_bytes,
+                         "disk_read_bytes_per_s": _finite(full[h, 1]),
+                         "cores": _finite(full[h, 2]),
+                         "demand_bytes": int(dem[members, 0].sum()),
+                         "disk_bps": float(dem[members, 1].sum()),
+                         "cpu": float(dem[members, 2].sum()),
+                         "binding": res, "binding_fraction": round(frac, 3),
+                         "tenants": sorted(demands[t].tenant for t in members)})
+    used_hosts = [h["name"] for h in per_host if h["tenants"]]
+    total = sum(h.memory_bytes for h in config.nodes)
     freed = sum(h["memory_bytes"] for h in per_host if not h["tenants"])
     moved = sorted(d.tenant for d in demands if assignment[d.tenant] != d.current_node)
-    lb = _lower_bound([h.memory_bytes for h in hosts], sum(d.demand_bytes for d in demands))
-    return Plan(used_method, used, dict(sorted(assignment.items())), per_host, total, freed,
-                lb, moved, demands, time.perf_counter() - start)
+    cap = full[:, :1] if memory_only else full
+    lb = packing.lower_bound(_vectors(demands, memory_only), cap)
+    return Plan(used, used_hosts, dict(sorted(assignment.items())), per_host, total, freed,
+                lb, moved, demands, seconds,
+                resources=["memory"] if memory_only else list(packing.RESOURCES),
+                predictions=predictions, moves=order_moves(config, demands, assignment,
+                                                           predictions),
+                forced_hosts=hosts)
+
+
+def _finite(v: float):
+    return None if not math.isfinite(v) else float(v)
+
+
+def order_moves(config, demands, assignment, predictions) -> list[dict]:
+    """The moves in an order that keeps every host within its memory at
+    each step: next, a move whose destination has room for it with what
+    is there at that point (hosts being emptied give theirs up as their
+    tenants leave); the smallest when none has."""
+    mem = {n.name: n.memory_bytes for n in config.nodes}
+    held = {n.name: 0 for n in config.nodes}
+    for d in demands:
+        held[d.current_node] = held.get(d.current_node, 0) + d.demand_bytes
+    todo = [d for d in demands if assignment[d.tenant] != d.current_node]
+    out = []
+    while todo:
+        fits = [d for d in todo if held[assignment[d.tenant]] + d.demand_bytes
+                <= mem.get(assignment[d.tenant], 0)]
+        d = min(fits or todo, key=lambda d: (d.demand_bytes, d.tenant))
+        todo.remove(d)
+        dest = assignment[d.tenant]
+        held[d.current_node] -= d.demand_bytes
+        held[dest] += d.demand_bytes
+        p = predictions.get(d.tenant, {})
+        out.append({"tenant": d.tenant, "from": d.current_node, "to": dest,
+                    "limit_bytes": d.demand_bytes, "policy": d.policy,
+                    "predicted_ops": p.get("predicted_ops"), "slo": d.slo,
+                    "slo_met": p.get("slo_met")})
+    return out
 
 
 # -- confirmation on the sim -------------------------------------------------

@@ -238,6 +238,12 @@ class Controller(AdminOps):
                 min_throughput=value, source=old.source if old else "accesses")
             changed.append(f"{tenant}: SLO " + (f"{value:g} ops/s" if value is not None
                                                 else "cleared"))
+        moved = {t: n for t, n in saved.placements.items()
+                 if t in names and n in self.registry.nodes and self.config.tenant(t).node != n}
+        if moved:
+            self.config.tenants = [t.model_copy(update={"node": moved[t.name]})
+                                   if t.name in moved else t for t in self.config.tenants]
+            changed += [f"{t}: placed on {n}" for t, n in sorted(moved.items())]
         for scope, mode in saved.modes.items():
             if scope == "" and mode and mode != self.config.control.mode:
                 self.config.control.mode = mode
@@ -805,6 +811,9 @@ class AdminServicer(pb_grpc.AdminServicer):
 
     def WhatIf(self, request, context):
         return self._call(context, lambda: self.c.what_if(request))
+
+    def Plan(self, request, context):
+        return self._call(context, lambda: self.c.plan(request))
 
     def SetMode(self, request, context):
         return self._call(context, lambda: self.c.set_mode(request.tenant, request.mode))

@@ -65,6 +65,7 @@ class Saved:
     """Everything a restarted controller starts from."""
     slos: dict[str, float | None] = field(default_factory=dict)   # None: cleared
     modes: dict[str, str | None] = field(default_factory=dict)    # "" = the controller
+    placements: dict[str, str] = field(default_factory=dict)      # tenant -> node moved to
     nodes: dict[str, dict] = field(default_factory=dict)          # name -> registration
     directives: dict[str, SavedDirective] = field(default_factory=dict)
     tenants: dict[str, dict] = field(default_factory=dict)        # engine/saved.py
@@ -99,6 +100,10 @@ class StateStore(Protocol):
 
     def put_node(self, name: str, registration: dict, at: float) -> None:
         """A node's registration."""
+
+    def put_placement(self, tenant: str, node: str, at: float) -> None:
+        """A tenant moved to `node` (a consolidation plan carried out): it
+        runs there, whatever the config says, from then on."""
 
     def write_round(self, rounds: int, directives: dict[str, SavedDirective],
                     tenants: dict[str, dict], log: list[LogRecord]) -> None:
@@ -173,8 +178,9 @@ class MemoryStore(MemoryTraces):
 
     def load(self, log_tail: int) -> Saved:
         s = self.saved
-        return Saved(dict(s.slos), dict(s.modes), dict(s.nodes), dict(s.directives),
-                     dict(s.tenants), s.rounds, list(s.log[-log_tail:]) if log_tail else [])
+        return Saved(dict(s.slos), dict(s.modes), dict(s.placements), dict(s.nodes),
+                     dict(s.directives), dict(s.tenants), s.rounds,
+                     list(s.log[-log_tail:]) if log_tail else [])
 
     def put_slo(self, tenant, min_throughput, at):
         self.saved.slos[tenant] = min_throughput
@@ -184,6 +190,9 @@ class MemoryStore(MemoryTraces):
 
     def put_node(self, name, registration, at):
         self.saved.nodes[name] = registration
+
+    def put_placement(self, tenant, node, at):
+        self.saved.placements[tenant] = node
 
     def write_round(self, rounds, directives, tenants, log):
         self.saved.rounds = max(self.saved.rounds, rounds)
@@ -221,6 +230,8 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS slo (tenant TEXT PRIMARY KEY, min_throughput REAL,
                                 set_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS mode (scope TEXT PRIMARY KEY, mode TEXT, set_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS placement (tenant TEXT PRIMARY KEY, node TEXT NOT NULL,
+                                      at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS node (name TEXT PRIMARY KEY, registration TEXT NOT NULL,
                                  at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS directive (tenant TEXT PRIMARY KEY, node TEXT NOT NULL,
@@ -297,6 +308,7 @@ class SQLiteStore:
             s = Saved()
             s.slos = dict(db.execute("SELECT tenant, min_throughput FROM slo"))
             s.modes = dict(db.execute("SELECT scope, mode FROM mode"))
+            s.placements = dict(db.execute("SELECT tenant, node FROM placement"))
             s.nodes = {n: json.loads(r) for n, r in
                        db.execute("SELECT name, registration FROM node")}
             s.directives = {t: SavedDirective(node, lim, pol, why, rnd, at, bool(sent))
@@ -332,6 +344,10 @@ class SQLiteStore:
     def put_mode(self, scope, mode, at):
         self._write(lambda db: db.execute(
             "INSERT OR REPLACE INTO mode VALUES (?, ?, ?)", (scope, mode, at)))
+
+    def put_placement(self, tenant, node, at):
+        self._write(lambda db: db.execute(
+            "INSERT OR REPLACE INTO placement VALUES (?, ?, ?)", (tenant, node, at)))
 
     def put_node(self, name, registration, at):
         self._write(lambda db: db.execute(

@@ -3,8 +3,8 @@
 The same calls as controller/store.py's StateStore, kept as one key per
 record under the prefix, each a JSON value:
 
-    slo/<tenant>  mode/<scope>  node/<name>  directive/<tenant>
-    tenant/<tenant>  rounds
+    slo/<tenant>  mode/<scope>  placement/<tenant>  node/<name>
+    directive/<tenant>  tenant/<tenant>  rounds
     log/<time in ns, 20 digits>-<writer>-<seq>   one per log entry
 
 Names are percent-quoted (the controller's own scope is `mode/`).  Log
@@ -44,8 +44,9 @@ MAX_TXN_BYTES = 1 << 20       # of base64 payload, under etcd's 1.5 MiB request 
 OP_OVERHEAD = 64              # JSON around one put
 RETRY_S = 1.0
 PENDING_LOG = 20_000          # log entries kept while etcd is unreachable
-KINDS = ("slo", "mode", "node", "directive", "tenant")
-SETTINGS = ("slo/", "mode/")  # what an operator sets through any replica, for all of them
+KINDS = ("slo", "mode", "placement", "node", "directive", "tenant")
+# what an operator sets through any replica, for all of them
+SETTINGS = ("slo/", "mode/", "placement/")
 
 
 def _json(value) -> str:
@@ -221,6 +222,9 @@ class EtcdStore(MemoryTraces):
     def put_node(self, name, registration, at):
         self._write({record_key("node", name): {"registration": registration, "at": at}})
 
+    def put_placement(self, tenant, node, at):
+        self._write({record_key("placement", tenant): {"node": node, "at": at}})
+
     def write_round(self, rounds, directives, tenants, log_entries):
         records = {record_key("directive", t): asdict(d) for t, d in directives.items()}
         records.update({record_key("tenant", t): st for t, st in tenants.items()})
@@ -363,6 +367,8 @@ def _saved(records: dict[str, str], entries: list[LogRecord]) -> Saved:
             s.slos[name] = value["min_throughput"]
         elif kind == "mode":
             s.modes[name] = value["mode"]
+        elif kind == "placement":
+            s.placements[name] = value["node"]
         elif kind == "node":
             s.nodes[name] = value["registration"]
         elif kind == "directive":

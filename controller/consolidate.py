@@ -1,0 +1,82 @@
+"""Consolidation from live data: the demand vectors of the tenants the
+controller is running, for the planner (controller/planner.py).
+
+A tenant's memory demand is what the engine last judged its SLO to need
+(planner.live_demand).  At that size its latest curves and fitted
+throughput model (engine/whatif.py, as `admin what-if` reads them) give a
+miss ratio and a throughput; its last report gives what one operation
+costs besides: disk bytes read per miss (read bytes over insertions, a
+page when it read nothing), page accesses per operation and CPU seconds
+per operation.  So a demand is (memory, disk reads per second, cores) at
+its predicted throughput, with the model the planner needs to predict it
+again on a busier disk.  A tenant not reported yet demands its floor and
+nothing else.
+"""
+from __future__ import annotations
+
+import math
+
+from cachepilot.controller.engine import whatif
+from cachepilot.controller.planner import Demand, live_demand
+from cachepilot.models.mrc import PAGE_SIZE
+
+
+def node_resources(registry) -> dict[str, tuple[float, float]]:
+    """node -> (disk read bytes/s, cores) as its agent registered them."""
+    return {name: (rec.info.disk_read_bytes_per_s, rec.info.cores)
+            for name, rec in registry.nodes.items() if rec.info is not None}
+
+
+def disk_busy(config, registry) -> dict[str, float]:
+    """node -> the share of its disk its tenants read in their last
+    reports (0 where its bandwidth or their reads are not known)."""
+    out = {}
+    for node in config.nodes:
+        rec = registry.nodes.get(node.name)
+        bw = node.disk_read_bytes_per_s or (rec.info.disk_read_bytes_per_s
+                                            if rec is not None and rec.info else 0)
+        reads = sum(r.read_bytes_per_s or 0.0 for r in rec.tenants.values()) \
+            if rec is not None else 0.0
+        out[node.name] = min(reads / bw, 0.98) if bw else 0.0
+    return out
+
+
+def live_demands(config, state, registry) -> list[Demand]:
+    """Every configured tenant's demand vector from what the controller
+    knows of it now (see the module's docstring)."""
+    busy = disk_busy(config, registry)
+    out = []
+    for spec in config.tenants:
+        rec = registry.nodes.get(spec.node)
+        report = rec.tenants.get(spec.name) if rec is not None else None
+        st = state.tenants.get(spec.name) if state is not None else None
+        d = live_demand(config, spec, st, report.limit_bytes if report else 0)
+        if report is None:
+            d.why = "not reported yet: its floor"
+        else:
+            _vector(d, spec, report, st, state, config, busy.get(spec.node, 0.0))
+        out.append(d)
+    return out
+
+
+def _vector(d: Demand, spec, report, st, state, config, busy0: float) -> None:
+    """Fill d's miss ratio, model, and disk and CPU at its throughput."""
+    policy = d.policy or report.policy
+    try:
+        p = whatif.tenant(state, spec, report, config.control, d.demand_bytes, policy)
+    except whatif.WhatIfError as err:
+        d.why += f"; no prediction ({err})"
+        return
+    a, b, _ = whatif._model(state, spec.name, spec, config.control)
+    thr_now = report.throughput or 0.0
+    per_miss = (report.read_bytes_per_s / report.inserts_per_s
+                if report.read_bytes_per_s and report.inserts_per_s > 0 else PAGE_SIZE)
+    accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
+    d.policy = policy
+    d.miss_ratio, d.a, d.b, d.busy0 = p.miss_ratio, a, b, busy0
+    d.disk_per_op = accesses_per_op * p.miss_ratio * per_miss \
+        if report.read_bytes_per_s is not None else 0.0
+    d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
+    d.predicted_throughput = p.throughput if math.isfinite(p.throughput) else None
+    thr = d.predicted_throughput or 0.0
+    d.disk_bps, d.cpu = thr * d.disk_per_op, thr * d.cpu_per_op

@@ -1,0 +1,172 @@
+"""Issue 47, items 1-3: consolidation plans that pack every resource a
+host shares, predict each tenant on a busier disk, and are made from the
+live controller's state.
+
+- the planner keeps two disk-heavy tenants apart that memory alone would
+  put together, says the disk binds, and predicts that the memory-only
+  plan misses their SLOs;
+- a prediction on a shared disk is the fixed point of the model it
+  documents (a miss's service time grown by the disk's share busy);
+- `admin plan` over gRPC plans from what sim agents reported, and a move
+  carried out is saved in the store and kept across a restart.
+"""
+import json
+import math
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cachepilot.agent.client import NodeClient
+from cachepilot.controller import planner
+from cachepilot.controller.config import config_from_dict
+from cachepilot.controller.service import serve
+from cachepilot.controller.store import SQLiteStore
+from cachepilot.protocol import cachepilot_pb2 as pb
+from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
+from cachepilot.sim.backend import SimBackend
+
+MiB = 1 << 20
+
+
+def _hosts(disk="100MiB"):
+    return config_from_dict({
+        "nodes": [{"name": f"h{i}", "memory_bytes": "1GiB", "disk_read_bytes_per_s": disk,
+                   "cores": 8} for i in (1, 2)],
+        "tenants": [{"name": f"t{i}", "node": f"h{i}", "slo": {"min_throughput": 800}}
+                    for i in (1, 2)]})
+
+
+def _demand(name, node, a=1e-4, b=8e-3, m=0.1, busy0=0.5, per_op=64 * 1024):
+    """A tenant of 100 MiB reading `per_op` bytes per operation, whose
+    misses cost `b` on a disk `busy0` busy: about 1 100 ops/s on a disk that busy, 930 alone on 100 MiB/s."""
+    d = planner.Demand(name, node, 100 * MiB, "lru", 800.0, None, "engine",
+                       miss_ratio=m, a=a, b=b, busy0=busy0, disk_per_op=per_op)
+    thr = 1 / (a + b * m)
+    d.predicted_throughput, d.disk_bps = thr, thr * per_op
+    return d
+
+
+def test_the_disk_keeps_apart_what_memory_alone_would_pack_together():
+    cfg = _hosts()
+    demands = [_demand("t1", "h1"), _demand("t2", "h2")]
+    full = planner.plan(cfg, demands=demands)
+    assert full.resources == ["memory", "disk", "cpu"]
+    assert len(full.hosts_used) == 2 and not full.breaks
+    assert {h["binding"] for h in full.hosts} == {"disk"}
+    alone = full.predictions["t1"]
+    assert alone["slo_met"] and alone["predicted_ops"] > 800
+    # memory alone fits both on one host, and their reads then crowd its disk
+    mem = planner.plan(cfg, demands=demands, memory_only=True)
+    assert mem.resources == ["memory"] and len(mem.hosts_used) == 1
+    assert mem.breaks == ["t1", "t2"] and len(mem.moves) == 1
+    shared = mem.predictions["t1"]
+    assert shared["disk_busy"] > alone["disk_busy"]
+    assert shared["predicted_ops"] < 800 < alone["predicted_ops"]
+    # forcing one host is the same packing, reported and not hidden
+    forced = planner.plan(cfg, demands=demands, hosts=1)
+    assert forced.forced_hosts == 1 and forced.breaks == ["t1", "t2"]
+    # with a disk four times faster, one host holds both and meets both SLOs
+    fast = planner.plan(_hosts("400MiB"), demands=demands)
+    assert len(fast.hosts_used) == 1 and not fast.breaks
+    (move,) = fast.moves
+    t = move["tenant"]
+    assert move == {"tenant": t, "from": f"h{t[1]}", "to": fast.hosts_used[0],
+                    "limit_bytes": 100 * MiB, "policy": "lru", "slo": 800.0, "slo_met": True,
+                    "predicted_ops": fast.predictions[t]["predicted_ops"]}
+
+
+@pytest.mark.parametrize("bw", [30 * MiB, 60 * MiB, 100 * MiB, 1 << 40])
+def test_a_prediction_on_a_shared_disk_is_the_fixed_point_of_its_model(bw):
+    d = _demand("t1", "h1")
+    got = planner.predict([d], {"t1": "h1"}, {"h1": float(bw)})["t1"]
+    thr = got["predicted_ops"]
+    busy = min(thr * d.disk_per_op / bw, planner.BUSY_MAX)
+    want = 1 / (d.a + d.b * (1 - d.busy0) / (1 - busy) * d.miss_ratio)
+    assert thr == pytest.approx(want, rel=0.01)
+    assert got["disk_busy"] == pytest.approx(busy, abs=0.002)
+    # a slower disk never predicts more
+    assert thr <= planner.predict([d], {"t1": "h1"}, {"h1": float(bw) * 2})["t1"][
+        "predicted_ops"] + 1e-9
+
+
+def _sim_config(state_path):
+    nodes = [{"name": f"n{i}", "memory_bytes": "96MiB", "disk_read_bytes_per_s": "400MiB"}
+             for i in (1, 2, 3)]
+    tenants = []
+    for i, (node, slo) in enumerate([("n1", 20000), ("n2", None), ("n3", None)]):
+        t = {"name": f"t{i + 1}", "node": node, "policies": ["lru"],
+             "workload": {"accesses_per_interval": 4000, "seed": 7 + i,
+                          "phases": [{"kind": "zipf", "footprint": "16MiB", "skew": 1.0}]}}
+        if slo:
+            t["slo"] = {"min_throughput": slo}
+        tenants.append(t)
+    return config_from_dict({
+        "control": {"interval_s": 1, "warmup_intervals": 2, "anon_margin_bytes": "2MiB"},
+        "controller": {"listen": "127.0.0.1:0", "insecure": True,
+                       "state_path": str(state_path)},
+        "nodes": nodes, "tenants": tenants})
+
+
+def _admin(served):
+    channel = grpc.insecure_channel(f"127.0.0.1:{served.port}")
+    return channel, pb_grpc.AdminStub(channel)
+
+
+def test_admin_plan_is_made_from_what_the_agents_reported(tmp_path):
+    cfg = _sim_config(tmp_path / "state.db")
+    served = serve(cfg)
+    clients = []
+    try:
+        channel, admin = _admin(served)
+        # before any report: the plan says each tenant is at its floor
+        early = json.loads(admin.Plan(pb.PlanRequest(), timeout=30).plan_json)
+        assert {d["why"] for d in early["demands"]} == {"not reported yet: its floor"}
+        for node in ("n1", "n2", "n3"):
+            clients.append(NodeClient(SimBackend(cfg, node, seed=3), f"127.0.0.1:{served.port}",
+                                      insecure=True))
+        for _ in range(8):
+            for c in clients:
+                assert c.step().connected
+        reply = admin.Plan(pb.PlanRequest(), timeout=30)
+        plan = json.loads(reply.plan_json)
+        assert plan["resources"] == ["memory", "disk", "cpu"]
+        # the SLO tenant's demand is the engine's, with a model and a prediction
+        t1 = next(d for d in plan["demands"] if d["tenant"] == "t1")
+        assert t1["source"] == "engine" and t1["a"] is not None and t1["miss_ratio"] is not None
+        assert t1["disk_bps"] > 0 and math.isfinite(t1["disk_bps"])
+        assert plan["predictions"]["t1"]["slo_met"] is True
+        assert len(plan["hosts_used"]) < 3 and plan["moves"]
+        assert not reply.applied
+        # a forced plan that breaks an SLO is refused on apply
+        channel.close()
+    finally:
+        for c in clients:
+            c.close()
+        served.stop()
+
+
+def test_a_move_is_saved_and_kept_across_a_restart(tmp_path):
+    cfg = _sim_config(tmp_path / "state.db")
+    served = serve(cfg)
+    try:
+        c = served.controller
+        with c.lock:
+            c.move_tenant("t2", "n1", 24 * MiB, "lru")
+        assert c.config.tenant("t2").node == "n1"
+        assert [t.name for t in c.config.tenants_on("n1")] == ["t1", "t2"]
+        assert c.config.tenant("t2").initial_limit_bytes == 24 * MiB
+        entries = [e for e in c.log if e.kind == "move"]
+        assert entries and "moved from n2 to n1" in entries[-1].message
+    finally:
+        served.stop()
+    assert SQLiteStore(tmp_path / "state.db").load(0).placements == {"t2": "n1"}
+    again = serve(_sim_config(tmp_path / "state.db"))
+    try:
+        assert again.controller.config.tenant("t2").node == "n1"
+        assert [t.name for t in again.controller.config.tenants_on("n2")] == []
+    finally:
+        again.stop()
