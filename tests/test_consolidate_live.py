@@ -8,15 +8,22 @@ live controller's state.
 - a prediction on a shared disk is the fixed point of the model it
   documents (a miss's service time grown by the disk's share busy);
 - `admin plan` over gRPC plans from what sim agents reported, and a move
-  carried out is saved in the store and kept across a restart.
+  carried out is saved in the store and kept across a restart;
+- `admin plan --apply` moves a real tenant between two linux agents.
 """
 import json
 import math
+import os
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -25,11 +32,13 @@ from cachepilot.controller import planner
 from cachepilot.controller.config import config_from_dict
 from cachepilot.controller.service import serve
 from cachepilot.controller.store import SQLiteStore
+from cachepilot.onboard import default_cgroup_root
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.sim.backend import SimBackend
 
 MiB = 1 << 20
+CLI = [sys.executable, "-m", "cachepilot"]
 
 
 def _hosts(disk="100MiB"):
@@ -170,3 +179,105 @@ def test_a_move_is_saved_and_kept_across_a_restart(tmp_path):
         assert [t.name for t in again.controller.config.tenants_on("n2")] == []
     finally:
         again.stop()
+
+
+# -- on real cgroups: two linux agents, one plan applied ----------------------
+
+def _wait(pred, what, timeout=40):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, what()
+        time.sleep(0.3)
+
+
+def test_admin_plan_apply_moves_a_real_tenant_to_the_other_agent(tmp_path):
+    """Two emulated hosts, each a parent memory cgroup watched by its own
+    `cachepilot agent` (linux backend), one tenant on each.  `admin plan`
+    frees one host; `admin plan --apply` moves its tenant, and the other
+    host's agent takes it up (its cgroup of the same name under its root)."""
+    base = Path(default_cgroup_root())
+    if os.geteuid() != 0 or not (base / "cgroup.procs").exists():
+        pytest.skip("needs root and a memory cgroup hierarchy")
+    roots = [base / f"cachepilot-cons-{os.getpid()}-{h}" for h in ("a", "b")]
+    for r in roots:
+        for t in ("ta", "tb"):
+            (r / t).mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    ctl_cfg = {"control": {"interval_s": 1},
+               "controller": {"listen": f"127.0.0.1:{port}", "insecure": True,
+                              "state_path": str(tmp_path / "state.db")},
+               "nodes": [{"name": h, "memory_bytes": "512MiB", "backend": "linux",
+                          "cgroup_roots": [str(r)]} for h, r in zip(("a", "b"), roots)],
+               "tenants": [{"name": "ta", "node": "a", "cgroup": "ta"},
+                           {"name": "tb", "node": "b", "cgroup": "tb"}]}
+    (tmp_path / "controller.yaml").write_text(yaml.safe_dump(ctl_cfg))
+    procs, logs = [], {}
+    try:
+        procs.append(_start(tmp_path, "controller", "controller.yaml", logs))
+        for h, r in zip(("a", "b"), roots):
+            (tmp_path / f"agent-{h}.yaml").write_text(yaml.safe_dump({
+                "node_id": h, "roots": [str(r)], "interval_s": 1,
+                "prometheus": {"port": 0},
+                "controller": {"address": f"127.0.0.1:{port}", "insecure": True}}))
+            procs.append(_start(tmp_path, f"agent-{h}", f"agent-{h}.yaml", logs))
+        admin = [*CLI, "admin", "--config", str(tmp_path / "controller.yaml")]
+        _wait(lambda: _cli_out(admin, "--json", "status").count('"reporting"') == 2,
+              lambda: "\n".join(p.read_text() for p in logs.values()))
+        plan = json.loads(_cli_ok(admin, "--json", "plan"))["plan"]
+        assert len(plan["hosts_used"]) == 1 and len(plan["moves"]) == 1
+        move = plan["moves"][0]
+        out = _cli_ok(admin, "plan", "--apply")
+        assert f"moved {move['tenant']}: {move['from']} -> {move['to']}" in out, out
+        dest = roots[0] if move["to"] == "a" else roots[1]
+        _wait(lambda: f"watching {dest}/{move['tenant']} as tenant {move['tenant']}"
+              in logs[f"agent-{move['to']}"].read_text(),
+              lambda: logs[f"agent-{move['to']}"].read_text())
+        rows = _cli_ok(admin, "tenants")
+        assert [ln.split()[1] for ln in rows.splitlines() if ln.startswith(
+            move["tenant"] + " ")] == [move["to"]], rows
+        assert "moved from" in _cli_ok(admin, "log", "--tenant", move["tenant"])
+    finally:
+        for p in reversed(procs):
+            _stop(p)
+        for r in roots:
+            for p in (r / "ta", r / "tb", r):
+                for _ in range(50):
+                    try:
+                        p.rmdir()
+                        break
+                    except OSError:
+                        time.sleep(0.1)
+
+
+def _start(tmp_path, name, config, logs):
+    logs[name] = tmp_path / f"{name}.log"
+    kind = "controller" if name == "controller" else "agent"
+    return subprocess.Popen([*CLI, kind, "--config", str(tmp_path / config)],
+                            stdout=open(logs[name], "w"), stderr=subprocess.STDOUT, cwd="/")
+
+
+def _cli_ok(cmd, *args) -> str:
+    r = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _cli_out(cmd, *args) -> str:
+    r = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60)
+    return r.stdout if r.returncode == 0 else ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
