@@ -8,6 +8,9 @@ a plain file tree laid out like a cgroup (tests/test_cgroups*.py do).
         (cache, rss, total_*, workingset_refault_file, pgpgin)
     v2  memory.max, memory.high, memory.current, memory.stat
         (file, anon, workingset_refault_file)
+
+and beside them, per cgroup, CPU time (v1 cpuacct, v2 cpu.stat) and disk
+reads (v1 blkio.throttle.*, v2 io.stat, io.max).
 """
 from __future__ import annotations
 
@@ -202,6 +205,84 @@ def cpu_usage_us(path) -> int | None:
     except (CgroupError, OSError, ValueError):
         return None
     return None
+
+
+def _blkio_namesake(p: Path) -> tuple[Path, Path] | None:
+    """(blkio hierarchy root, directory) of a v1 memory cgroup's namesake:
+    the same relative path in the blkio hierarchy, when it exists."""
+    parts = p.resolve().parts
+    if "memory" not in parts:
+        return None
+    i = parts.index("memory")
+    root = Path(*parts[:i], "blkio")
+    d = root.joinpath(*parts[i + 1:])
+    return (root, d) if d.is_dir() else None
+
+
+def _v1_reads(p: Path) -> tuple[int, bool]:
+    """The sum of a blkio.throttle.io_service_bytes* file's Read lines, and
+    whether it lists any device at all."""
+    total, devices = 0, False
+    for line in _read(p).splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            devices = True
+            if parts[1] == "Read":
+                total += int(parts[2])
+    return total, devices
+
+
+def read_bytes(path) -> int | None:
+    """Bytes the cgroup's tasks have read from block devices, cumulative:
+    what its misses ask of the disk.  None where no I/O accounting reaches
+    it.  v2: io.stat's rbytes.  v1: the blkio namesake's throttle counters,
+    which the kernel keeps only once some cgroup has a throttle on a disk."""
+    p = Path(path)
+    try:
+        if not (p / "memory.limit_in_bytes").exists():
+            if not (p / "io.stat").exists():
+                return None
+            return sum(int(f[len("rbytes="):]) for line in _read(p / "io.stat").splitlines()
+                       for f in line.split()[1:] if f.startswith("rbytes="))
+        where = _blkio_namesake(p)
+        if where is None:
+            return None
+        root, d = where
+        for name in ("blkio.throttle.io_service_bytes_recursive",
+                     "blkio.throttle.io_service_bytes"):
+            if (d / name).exists():
+                total, devices = _v1_reads(d / name)
+                if devices:
+                    return total
+                # no device yet: counted (0) if the kernel counts for any disk
+                return 0 if _v1_reads(root / "blkio.throttle.io_service_bytes")[1] else None
+    except (CgroupError, OSError, ValueError):
+        return None
+    return None
+
+
+def read_throttle_bps(path) -> int | None:
+    """The smallest read throttle, bytes per second, set on the cgroup
+    itself (v1: blkio.throttle.read_bps_device of its blkio namesake; v2:
+    io.max rbps), or None: a disk bandwidth an emulated host declares."""
+    p = Path(path)
+    try:
+        if (p / "memory.limit_in_bytes").exists():
+            where = _blkio_namesake(p)
+            if where is None:
+                return None
+            text = _read(where[1] / "blkio.throttle.read_bps_device")
+            found = [int(line.split()[1]) for line in text.splitlines()
+                     if len(line.split()) == 2]
+        elif (p / "io.max").exists():
+            found = [int(f[len("rbps="):]) for line in _read(p / "io.max").splitlines()
+                     for f in line.split()[1:] if f.startswith("rbps=") and f != "rbps=max"]
+        else:
+            return None
+    except (CgroupError, OSError, ValueError):
+        return None
+    found = [v for v in found if v > 0]
+    return min(found) if found else None
 
 
 def limit_file(path, knob: str = "max") -> Path:

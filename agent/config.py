@@ -2,7 +2,8 @@
 
 The keys: node_id, roots (the cgroup directories it may watch and
 touch), cgroups and tenants (stand-alone only: with a controller, its
-config holds the tenants), interval_s, sampling, policies, safety,
+config holds the tenants), interval_s, sampling, policies, memory,
+disk_read_bytes_per_s and cores (what the node offers), safety,
 limit_knob (v2), cache_ext, prometheus and controller (the controller to
 follow and this node's identity).  What each holds and its defaults:
 docs/internals.md#agent-config.  Sizes are bytes or strings with binary
@@ -14,13 +15,23 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from cachepilot.core import config as base
-from cachepilot.core.config import Bytes, FilePath, Strict
+from cachepilot.core.config import Bytes, FilePath, Strict, parse_bytes
 from cachepilot.protocol.tenant import (AccessesThroughput, NodeTenant,  # noqa: F401
                                         PodRef, PrometheusThroughput, Throughput,
                                         unknown_key_message)
+
+
+def _per_second(value: Any) -> int:
+    """A size read as per second: "200MiB" or "200MiB/s"."""
+    if isinstance(value, str) and value.strip().endswith("/s"):
+        value = value.strip()[:-2]
+    return parse_bytes(value)
+
+
+BytesPerSecond = Annotated[int, BeforeValidator(_per_second)]
 
 
 # A tenant as the node sees it: one model for the agent's own list and
@@ -133,6 +144,10 @@ class AgentConfig(Strict):
     policies: list[str] | None = None
     max_cache: Bytes | None = None      # largest size a curve covers
     memory: Bytes | None = None         # memory offered to tenants (default: MemTotal)
+    # bytes per second the tenants' disk can read; 0/absent: not known (then
+    # the smallest read throttle of the roots, where every root has one)
+    disk_read_bytes_per_s: BytesPerSecond | None = None
+    cores: float | None = Field(None, gt=0)   # CPUs they share (default: the agent's)
     safety: Safety = Field(default_factory=Safety)
     limit_knob: Literal["max", "high"] = "max"
     prometheus: PrometheusEndpoint = Field(default_factory=PrometheusEndpoint)

@@ -209,7 +209,9 @@ class SimTenant:
             usage_file_bytes=resident, usage_anon_bytes=0, policy=self.policy,
             throughput=throughput, miss_ratio=m, curves=curves,
             policy_capacity_pages=int(self.cache.stats["policy_capacity"]),
-            policy_overflow_pages=int(self.cache.stats["policy_overflow"]))
+            policy_overflow_pages=int(self.cache.stats["policy_overflow"]),
+            # every miss reads its page from the emulated disk
+            read_bytes_per_s=throughput * m * PAGE_SIZE)
         self.history.append({"interval": self.interval, "phase": idx, "limit_bytes":
                              self.limit_bytes, "policy": self.policy, "miss_ratio": m,
                              "throughput": throughput})
@@ -273,8 +275,12 @@ class SimBackend:
                 curve_rate, config.control.interval_s, curves)
 
     def info(self) -> NodeInfo:
+        # what the node spec says its tenants share besides memory, if it says
         return NodeInfo(self.node.name, self.node.memory_bytes, 0, True, list(self.policies),
-                        "sim")
+                        "sim",
+                        disk_read_bytes_per_s=float(
+                            getattr(self.node, "disk_read_bytes_per_s", None) or 0.0),
+                        cores=float(getattr(self.node, "cores", None) or 0.0))
 
     def tick(self) -> None:
         """Nothing between intervals: the virtual clock moves in collect()."""

@@ -118,6 +118,37 @@ def test_named_tenants_and_unmatched_paths(tmp_path):
     assert {r.tenant for r in b.collect()} == {"shop"}
 
 
+def test_reports_carry_disk_reads_per_second_and_unknown_stays_none(tmp_path):
+    root = v2_tree(tmp_path)
+    stat = root / "web" / "io.stat"
+    stat.write_text("8:0 rbytes=1000 wbytes=7 rios=1 wios=1 dbytes=0 dios=0\n")
+    b = backend_for(root)
+    b.collect()
+    stat.write_text(f"8:0 rbytes={1000 + 6 * MiB} wbytes=7 rios=9 wios=1 dbytes=0 dios=0\n"
+                    f"8:16 rbytes={2 * MiB} wbytes=0 rios=3 wios=0 dbytes=0 dios=0\n")
+    reports = {r.tenant: r for r in b.collect()}
+    web = reports["web"]
+    assert web.read_bytes_per_s * web.interval_s == pytest.approx(8 * MiB)
+    assert reports["db"].read_bytes_per_s is None       # no io.stat: not known
+    stat.write_text("8:0 rbytes=5 wbytes=0 rios=1 wios=0 dbytes=0 dios=0\n")
+    assert {r.tenant: r for r in b.collect()}["web"].read_bytes_per_s is None  # went back
+
+
+def test_the_node_says_its_disk_bandwidth_and_cores(tmp_path):
+    root = v2_tree(tmp_path)
+    info = backend_for(root).info()
+    assert info.disk_read_bytes_per_s == 0.0         # no figure, no throttle
+    assert info.cores == len(os.sched_getaffinity(0))
+    # an emulated host: the root's own read throttle is its disk
+    (root / "io.max").write_text("8:0 rbps=2097152 wbps=max riops=max wiops=max\n"
+                                 "8:16 rbps=max wbps=max riops=max wiops=max\n")
+    assert backend_for(root).info().disk_read_bytes_per_s == 2097152
+    info = backend_for(root, disk_read_bytes_per_s="200MiB/s", cores=2.5).info()
+    assert (info.disk_read_bytes_per_s, info.cores) == (200 * MiB, 2.5)
+    assert backend_for(root, disk_read_bytes_per_s="64MiB").info() \
+        .disk_read_bytes_per_s == 64 * MiB
+
+
 def test_config_errors_name_file_key_and_expectation(tmp_path):
     bad = tmp_path / "agent.yaml"
     for text, match in (
@@ -126,6 +157,9 @@ def test_config_errors_name_file_key_and_expectation(tmp_path):
             ("roots: []\ncgroups: ['*']\n", r"roots"),
             ("roots: [/x]\n", "at least one entry in `cgroups` or `tenants`"),
             ("roots: [/x]\ncgroups: [a]\nsafety: {floor: lots}\n", r"safety.floor: .*size"),
+            ("roots: [/x]\ncgroups: [a]\ndisk_read_bytes_per_s: fast\n",
+             r"disk_read_bytes_per_s: .*size"),
+            ("roots: [/x]\ncgroups: [a]\ncores: 0\n", r"cores: expected a number > 0"),
             ("roots: [/x]\ncgroups: [a]\nintervall: 3\n", r"intervall"),
             ("roots: [/x\n", "not valid YAML")):
         bad.write_text(text)

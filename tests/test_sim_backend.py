@@ -44,6 +44,9 @@ def test_uniform_tenant_misses_in_proportion_to_what_does_not_fit():
     # Throughput follows the tenant's service model from the observed ratio.
     assert r.throughput == pytest.approx(2 / (1e-6 + r.miss_ratio * 1e-4))
     assert r.usage_file_bytes == 16 * MiB
+    # every miss reads a page from the emulated disk
+    assert r.read_bytes_per_s == pytest.approx(r.inserts_per_s * 4096)
+    assert r.read_bytes_per_s > 0
 
 
 def test_limit_directive_changes_what_the_tenant_gets():
@@ -126,6 +129,8 @@ def test_info_and_bad_setup():
     info = b.info()
     assert info.node_id == "n" and info.memory_bytes == 32 * MiB and info.backend == "sim"
     assert {"lru", "fifo", "mru"} <= set(info.policies)
+    # a node spec that names no disk or cores registers them as not known
+    assert (info.disk_read_bytes_per_s, info.cores) == (0.0, 0.0)
     with pytest.raises(UserError, match="no node named"):
         SimBackend(config([tenant("u", [{"kind": "uniform"}])]), "other")
     with pytest.raises(UserError, match="needs a `workload`"):

@@ -71,6 +71,14 @@ def kernel_default_policy(lru_gen: Path = LRU_GEN) -> str:
     return "mglru" if value & 1 else "linux"
 
 
+def _per_s(now: int | None, last: int | None, dt: float) -> float | None:
+    """A cumulative counter's rise per second; None when a reading is
+    missing or the counter went back (reset, or a cgroup made again)."""
+    if now is None or last is None or now < last:
+        return None
+    return (now - last) / dt
+
+
 def mem_total_bytes() -> int:
     with open("/proc/meminfo") as fh:
         for line in fh:
@@ -103,6 +111,7 @@ class Watched:
     ops_per_access: float | None = None
     overflow_seen: int = 0               # the policy's overflow last reported
     last_cpu_us: int | None = None       # the cgroup's CPU time at the last report
+    last_read_bytes: int | None = None   # its bytes read from disk, likewise
     # (monotonic time, limit before) of the first limit write of the
     # current interval: max_step bounds all of an interval's writes
     step_window: tuple[float, int] | None = None
@@ -327,7 +336,8 @@ class LinuxBackend:
                                         sampling.max_rate)
                         if sampling.samples_per_s else None,
                         recent=Replay()
-                        if sampling.samples_per_s else None)
+                        if sampling.samples_per_s else None,
+                        last_read_bytes=cgroups.read_bytes(path))
             try:
                 w.last_stats = cgroups.read_stats(path)
             except CgroupError as err:
@@ -430,7 +440,20 @@ class LinuxBackend:
             except CgroupError:
                 continue
         return NodeInfo(self.cfg.node_id, self.memory_bytes, version,
-                        self.has_cache_ext, list(self.policies), "linux")
+                        self.has_cache_ext, list(self.policies), "linux",
+                        disk_read_bytes_per_s=self._disk_read_bytes_per_s(),
+                        cores=float(self.cfg.cores or len(os.sched_getaffinity(0))))
+
+    def _disk_read_bytes_per_s(self) -> float:
+        """What the tenants' disk can read a second: the config's figure,
+        else, when every root has a read throttle of its own (an emulated
+        host), the smallest; else 0, not known."""
+        if self.cfg.disk_read_bytes_per_s:
+            return float(self.cfg.disk_read_bytes_per_s)
+        found = [cgroups.read_throttle_bps(root) for root in self.cfg.roots]
+        if found and None not in found:
+            return float(min(found))
+        return 0.0
 
     def tick(self) -> None:
         """One time slice: feed every builder what the kernel counted, sampled
@@ -684,11 +707,10 @@ class LinuxBackend:
             why_unknown = w.throughput.error if throughput is None else ""
         if w.throughput is not None:
             self._follow_phase(w, throughput, accesses / dt)
-        cpu_us = cgroups.cpu_usage_us(w.path)
-        cpu_per_s = (cpu_us - w.last_cpu_us) / 1e6 / dt \
-            if cpu_us is not None and w.last_cpu_us is not None and cpu_us >= w.last_cpu_us \
-            else 0.0
-        w.last_time, w.last_stats, w.last_cpu_us = now, stats, cpu_us
+        cpu_us, read = cgroups.cpu_usage_us(w.path), cgroups.read_bytes(w.path)
+        cpu_per_s = (_per_s(cpu_us, w.last_cpu_us, dt) or 0.0) / 1e6
+        read_per_s = _per_s(read, w.last_read_bytes, dt)
+        w.last_time, w.last_stats, w.last_cpu_us, w.last_read_bytes = now, stats, cpu_us, read
         capacity, overflow = self._policy_room(w)
         return TenantReport(
             tenant=w.tenant, cgroup=w.path, interval_s=dt,
@@ -700,7 +722,8 @@ class LinuxBackend:
             miss_ratio=own_ratio if own_ratio is not None else
             min(1.0, inserts / accesses) if accesses else 0.0,
             curves=curves, throughput_error=why_unknown, policy_capacity_pages=capacity,
-            policy_overflow_pages=overflow, cpu_per_s=cpu_per_s)
+            policy_overflow_pages=overflow, cpu_per_s=cpu_per_s,
+            read_bytes_per_s=read_per_s)
 
     def _follow_phase(self, w: Watched, ops_per_s: float | None, accesses_per_s: float) -> None:
         """After this interval's report: a tenant whose operations per page
