@@ -373,7 +373,7 @@ class Controller(AdminOps):
                     it.finish(result=([], self.rounds, refusals))
                     continue
                 if not behind and self.shed_since is not None:
-                    self._note(None, None, "shed", f"caught up: {self.shed} reports answered "
+                    self._note("", "", "shed", f"caught up: {self.shed} reports answered "
                                f"without a decision since it fell behind")
                     self.shed_since, self.shed = None, 0
                 rec.decided_at = rec.reports
@@ -397,7 +397,7 @@ class Controller(AdminOps):
         if self.shed_since is None:
             self.shed_since = self.clock()
             ctl = self.config.control
-            self._note(None, None, "shed", f"behind: reports that waited over "
+            self._note("", "", "shed", f"behind: reports that waited over "
                        f"{ctl.shed_after * ctl.interval_s:.1f} s are answered "
                        f"without a decision (each node decided at least every "
                        f"{ctl.shed_max_rounds + 1} reports)")

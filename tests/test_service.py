@@ -557,7 +557,8 @@ def test_a_node_that_comes_back_has_its_records_saved_again_at_once(tmp_path):
     assert set(store.rounds[-1][0]) == {"n1-t0", "n1-t1"}
 
 
-def test_a_controller_that_is_behind_answers_without_deciding_but_decides_each_node_in_time():
+def test_a_controller_that_is_behind_answers_without_deciding_but_decides_each_node_in_time(
+        tmp_path):
     # a replica that took over a dead one's nodes: reports queue on its
     # lock.  One that waited longer than shed_after of an interval is taken
     # (the node stays live) and answered with no directive; every node is
@@ -570,7 +571,9 @@ def test_a_controller_that_is_behind_answers_without_deciding_but_decides_each_n
     data = small_config_dict(tls=False, interval_s=1.0, lost_after=100)
     data["control"].update(shed_after=0.2, shed_max_rounds=2)
     engine = EchoEngine()
-    c = Controller(config_from_dict(data, "t.yaml"), engine=engine)
+    from cachepilot.controller.store import SQLiteStore
+    store = SQLiteStore(tmp_path / "state.db")      # the log entries go through SQLite
+    c = Controller(config_from_dict(data, "t.yaml"), engine=engine, store=store)
     from cachepilot.protocol.types import NodeInfo
     session, _, _ = c.register(NodeInfo("n1", 64 << 20, 2, True, ["lru", "fifo"], "sim"))
     reps = [report("n1-t0"), report("n1-t1")]
@@ -604,6 +607,7 @@ def test_a_controller_that_is_behind_answers_without_deciding_but_decides_each_n
     directives, _, _ = c.report("n1", session, 8, reps, [])
     assert directives and len(engine.calls) == 4
     assert any(e.kind == "shed" and "caught up: 4 reports" in e.message for e in c.log)
+    assert {e.kind for e in store.read_log(limit=100)} >= {"shed", "register"}
 
 
 def test_reports_that_wait_for_a_round_are_decided_together_as_each_alone_would_be():
