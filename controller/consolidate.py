@@ -5,9 +5,9 @@ A tenant's memory demand is what the engine last judged its SLO to need
 (planner.live_demand).  At that size its latest curves and fitted
 throughput model (engine/whatif.py, as `admin what-if` reads them) give a
 miss ratio and a throughput; its last report gives what one operation
-costs besides: disk bytes read per miss (read bytes over insertions, a
-page when it read nothing), page accesses per operation and CPU seconds
-per operation.  So a demand is (memory, disk reads per second, cores) at
+costs besides: disk bytes read per miss (read bytes over insertions; a
+page where its reads are not known or nil), page accesses per operation
+and CPU seconds per operation.  So a demand is (memory, disk reads per second, cores) at
 its predicted throughput, with the model the planner needs to predict it
 again on a busier disk.  A tenant not reported yet demands its floor and
 nothing else.
@@ -29,16 +29,22 @@ def node_resources(registry) -> dict[str, tuple[float, float]]:
 
 def disk_busy(config, registry) -> dict[str, float]:
     """node -> the share of its disk its tenants read in their last
-    reports (0 where its bandwidth or their reads are not known)."""
+    reports (0 where its bandwidth is not known)."""
     out = {}
     for node in config.nodes:
         rec = registry.nodes.get(node.name)
         bw = node.disk_read_bytes_per_s or (rec.info.disk_read_bytes_per_s
                                             if rec is not None and rec.info else 0)
-        reads = sum(r.read_bytes_per_s or 0.0 for r in rec.tenants.values()) \
-            if rec is not None else 0.0
+        reads = sum(reads_of(r) for r in rec.tenants.values()) if rec is not None else 0.0
         out[node.name] = min(reads / bw, 0.98) if bw else 0.0
     return out
+
+
+def reads_of(report) -> float:
+    """A report's disk reads per second: measured, else a page per miss."""
+    if report.read_bytes_per_s is not None:
+        return report.read_bytes_per_s
+    return report.inserts_per_s * PAGE_SIZE
 
 
 def live_demands(config, state, registry) -> list[Demand]:
@@ -69,13 +75,13 @@ def _vector(d: Demand, spec, report, st, state, config, busy0: float) -> None:
         return
     a, b, _ = whatif._model(state, spec.name, spec, config.control)
     thr_now = report.throughput or 0.0
+    # a miss reads a page; what the tenant's disk reads say, where known
     per_miss = (report.read_bytes_per_s / report.inserts_per_s
                 if report.read_bytes_per_s and report.inserts_per_s > 0 else PAGE_SIZE)
     accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
     d.policy = policy
     d.miss_ratio, d.a, d.b, d.busy0 = p.miss_ratio, a, b, busy0
-    d.disk_per_op = accesses_per_op * p.miss_ratio * per_miss \
-        if report.read_bytes_per_s is not None else 0.0
+    d.disk_per_op = accesses_per_op * p.miss_ratio * per_miss
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
     d.predicted_throughput = p.throughput if math.isfinite(p.throughput) else None
     thr = d.predicted_throughput or 0.0
