@@ -193,10 +193,11 @@ class AdminOps:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
             applied, message = [], ""
             if request.apply:
-                if result.breaks:
+                if result.breaks and not request.force:
                     raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
                                   f"plan --apply: refused, it predicts these tenants miss "
-                                  f"their SLO: {', '.join(result.breaks)}")
+                                  f"their SLO: {', '.join(result.breaks)} (--force "
+                                  f"carries it out all the same)")
                 for move in result.moves:
                     self.move_tenant(move["tenant"], move["to"], move["limit_bytes"],
                                      move["policy"])

@@ -81,6 +81,8 @@ def _register_admin(subparsers):
     s.add_argument("--apply", action="store_true",
                    help="carry out its moves one at a time (refused when it predicts a "
                         "missed SLO)")
+    s.add_argument("--force", action="store_true",
+                   help="with --apply: carry out even a plan that predicts a missed SLO")
     s.add_argument("--memory-only", action="store_true",
                    help="pack memory alone (to compare: disk and CPU ignored)")
     s.add_argument("--hosts", type=int, default=0,
@@ -199,8 +201,10 @@ def _admin_request(args):
     if action == "plan":
         if args.hosts < 0:
             raise UserError(f"--hosts {args.hosts}: expected a number of hosts (1 or more)")
+        if args.force and not args.apply:
+            raise UserError("--force goes with --apply")
         return "Plan", pb.PlanRequest(apply=args.apply, memory_only=args.memory_only,
-                                      hosts=args.hosts)
+                                      hosts=args.hosts, force=args.force)
     if action == "log":
         return "DecisionLog", pb.DecisionLogRequest(limit=max(0, args.limit),
                                                     tenant=args.tenant,

@@ -102,6 +102,28 @@ def test_a_prediction_on_a_shared_disk_is_the_fixed_point_of_its_model(bw):
         "predicted_ops"] + 1e-9
 
 
+def test_apply_refuses_a_plan_that_predicts_a_missed_slo_unless_forced(monkeypatch):
+    from cachepilot.controller import consolidate
+    from cachepilot.controller.registry import Refused
+    from cachepilot.controller.service import Controller
+    c = Controller(_hosts())
+    monkeypatch.setattr(consolidate, "live_demands",
+                        lambda *a: [_demand("t1", "h1"), _demand("t2", "h2")])
+    with pytest.raises(Refused) as err:
+        c.plan(pb.PlanRequest(apply=True, hosts=1))
+    assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.message == (
+        "plan --apply: refused, it predicts these tenants miss their SLO: t1, t2 "
+        "(--force carries it out all the same)")
+    assert {t.node for t in c.config.tenants} == {"h1", "h2"}      # nothing moved
+    # the plan it makes itself keeps them apart: nothing to do
+    assert not c.plan(pb.PlanRequest(apply=True)).applied
+    reply = c.plan(pb.PlanRequest(apply=True, hosts=1, force=True))
+    (line,) = reply.applied
+    assert line in ("t1: h1 -> h2", "t2: h2 -> h1")
+    assert len({t.node for t in c.config.tenants}) == 1
+
+
 def _sim_config(state_path):
     nodes = [{"name": f"n{i}", "memory_bytes": "96MiB", "disk_read_bytes_per_s": "400MiB"}
              for i in (1, 2, 3)]
