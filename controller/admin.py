@@ -183,7 +183,8 @@ class AdminOps:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                           "plan: headroom must be in [0, 10] and hosts >= 0")
         with self.lock:
-            demands = consolidate.live_demands(self.config, self.engine.state, self.registry)
+            demands = consolidate.live_demands(self.config, self.engine.state, self.registry,
+                                               request.headroom or 0.10)
             resources = consolidate.node_resources(self.registry)
             try:
                 result = planner.plan(self.config, demands=demands, resources=resources,

@@ -7,10 +7,11 @@ throughput model (engine/whatif.py, as `admin what-if` reads them) give a
 miss ratio and a throughput; its last report gives what one operation
 costs besides: disk bytes read per miss (read bytes over insertions; a
 page where its reads are not known or nil), page accesses per operation
-and CPU seconds per operation.  So a demand is (memory, disk reads per second, cores) at
-its predicted throughput, with the model the planner needs to predict it
-again on a busier disk.  A tenant not reported yet demands its floor and
-nothing else.
+and CPU seconds per operation.  So a demand is (memory, disk reads per
+second, cores): an SLO tenant's at its SLO, with the model the planner
+needs to predict it again on a busier disk and fewer cores; any other's
+at what it does now.
+A tenant not reported yet demands its floor and nothing else.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def reads_of(report) -> float:
     return report.inserts_per_s * PAGE_SIZE
 
 
-def live_demands(config, state, registry) -> list[Demand]:
+def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand]:
     """Every configured tenant's demand vector from what the controller
     knows of it now (see the module's docstring)."""
     busy = disk_busy(config, registry)
@@ -60,29 +61,35 @@ def live_demands(config, state, registry) -> list[Demand]:
         if report is None:
             d.why = "not reported yet: its floor"
         else:
-            _vector(d, spec, report, st, state, config, busy.get(spec.node, 0.0))
+            _vector(d, spec, report, state, config, busy.get(spec.node, 0.0), headroom)
         out.append(d)
     return out
 
 
-def _vector(d: Demand, spec, report, st, state, config, busy0: float) -> None:
-    """Fill d's miss ratio, model, and disk and CPU at its throughput."""
+def _vector(d: Demand, spec, report, state, config, busy0: float, headroom: float) -> None:
+    """Fill d's miss ratio and costs per operation; its model where it has
+    an SLO; and its disk and CPU: an SLO tenant's at SLO x (1 + headroom)
+    (what it must be given: a closed-loop one takes more when there is
+    more), any other's at its throughput now (what it takes from others)."""
     policy = d.policy or report.policy
     try:
         p = whatif.tenant(state, spec, report, config.control, d.demand_bytes, policy)
     except whatif.WhatIfError as err:
         d.why += f"; no prediction ({err})"
         return
-    a, b, _ = whatif._model(state, spec.name, spec, config.control)
     thr_now = report.throughput or 0.0
     # a miss reads a page; what the tenant's disk reads say, where known
     per_miss = (report.read_bytes_per_s / report.inserts_per_s
                 if report.read_bytes_per_s and report.inserts_per_s > 0 else PAGE_SIZE)
     accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
-    d.policy = policy
-    d.miss_ratio, d.a, d.b, d.busy0 = p.miss_ratio, a, b, busy0
+    d.policy, d.miss_ratio = policy, p.miss_ratio
     d.disk_per_op = accesses_per_op * p.miss_ratio * per_miss
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
-    d.predicted_throughput = p.throughput if math.isfinite(p.throughput) else None
-    thr = d.predicted_throughput or 0.0
-    d.disk_bps, d.cpu = thr * d.disk_per_op, thr * d.cpu_per_op
+    if d.slo:
+        a, b, _ = whatif._model(state, spec.name, spec, config.control)
+        d.a, d.b, d.busy0 = a, b, busy0
+        d.predicted_throughput = p.throughput if math.isfinite(p.throughput) else None
+        rate = d.slo * (1 + headroom)
+    else:
+        d.predicted_throughput = rate = thr_now
+    d.disk_bps, d.cpu = rate * d.disk_per_op, rate * d.cpu_per_op

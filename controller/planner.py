@@ -311,8 +311,9 @@ def live_demand(config, spec, st, limit_bytes: int) -> Demand:
 
 # -- packing ---------------------------------------------------------------------
 
-DISK_BUSY_STEPS = (0.9, 0.8, 0.7, 0.6, 0.5)   # disk share a host may be packed to,
-                                              # lowered while a prediction breaks an SLO
+# the share of its disk a host may be packed to, lowered while a
+# prediction breaks an SLO (the last is a host per tenant for the heavy)
+DISK_BUSY_STEPS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0)
 
 
 def host_capacity(config, resources=None) -> np.ndarray:
@@ -337,7 +338,8 @@ def _allowed(config, demands) -> np.ndarray:
     return ok
 
 
-def predict(demands, assignment: dict[str, str], capacity: dict[str, float]) -> dict:
+def predict(demands, assignment: dict[str, str], capacity: dict[str, float],
+            cores: dict[str, float] | None = None) -> dict:
     """Each tenant's throughput on its planned host.  With a fitted model,
     1 / (a + b' m): the miss's service time b scaled from the disk share
     busy0 it was measured at to the host's, b' = b (1 - busy0) / (1 - busy)
@@ -346,27 +348,56 @@ def predict(demands, assignment: dict[str, str], capacity: dict[str, float]) -> 
     (`capacity`: host -> bytes/s, inf unknown).  A busier disk slows them
     and so lowers what they read: busy is the one share at which the two
     agree, found by bisection (what they read falls as busy rises), at
-    most BUSY_MAX.  Without a model, the demand's own prediction."""
+    most BUSY_MAX.  Then the host's `cores`: when the tenants would use
+    more CPU than it has, each gets a max-min fair share and no more
+    operations than that share pays for.  Without a model, the demand's
+    own prediction (what a tenant without an SLO does now)."""
     out = {}
     for host in set(assignment.values()):
         mine = [d for d in demands if assignment[d.tenant] == host]
-        bw = capacity.get(host, math.inf)
-        known = math.isfinite(bw) and bw > 0
-        busy = 0.0
-        if known:
-            lo, hi = 0.0, BUSY_MAX
-            if _reads(mine, hi) / bw >= hi:
-                lo = hi
-            for _ in range(60):
-                mid = (lo + hi) / 2
-                lo, hi = (mid, hi) if _reads(mine, mid) / bw > mid else (lo, mid)
-            busy = (lo + hi) / 2
+        busy, thr = _on_disk(mine, capacity.get(host, math.inf))
+        cpu_busy = _on_cores(mine, thr, (cores or {}).get(host, math.inf))
         for d in mine:
-            v = _at(d, busy if known else None)
+            v = thr[d.tenant]
             out[d.tenant] = {"host": host, "predicted_ops": None if v is None else float(v),
                              "slo": d.slo, "disk_busy": round(busy, 3),
+                             "cpu_busy": round(cpu_busy, 3),
                              "slo_met": None if not d.slo or v is None else bool(v >= d.slo)}
     return out
+
+
+def _on_disk(mine, bw: float) -> tuple[float, dict]:
+    """(the disk's busy share, each tenant's throughput at it)."""
+    if not (math.isfinite(bw) and bw > 0):
+        return 0.0, {d.tenant: _at(d, None) for d in mine}
+    lo, hi = 0.0, BUSY_MAX
+    if _reads(mine, hi) / bw >= hi:
+        lo = hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _reads(mine, mid) / bw > mid else (lo, mid)
+    busy = (lo + hi) / 2
+    return busy, {d.tenant: _at(d, busy) for d in mine}
+
+
+def _on_cores(mine, thr: dict, cores: float) -> float:
+    """Cap `thr` (in place) at each tenant's max-min fair share of `cores`;
+    the share of them used."""
+    want = {d.tenant: (thr[d.tenant] or 0.0) * d.cpu_per_op for d in mine}
+    if not (math.isfinite(cores) and cores > 0):
+        return 0.0
+    if sum(want.values()) <= cores:
+        return sum(want.values()) / cores
+    left, todo = cores, sorted(want, key=want.get)
+    while todo:
+        share = left / len(todo)
+        t = todo.pop(0)
+        got = min(want[t], share)
+        left -= got
+        if got < want[t]:
+            d = next(x for x in mine if x.tenant == t)
+            thr[t] = got / d.cpu_per_op
+    return 1.0
 
 
 BUSY_MAX = 0.98
@@ -382,6 +413,18 @@ def _at(d: Demand, busy: float | None):
 
 def _reads(mine, busy: float) -> float:
     return sum((_at(d, busy) or 0.0) * d.disk_per_op for d in mine)
+
+
+def _disk_share(full: np.ndarray, demands, share: float) -> np.ndarray:
+    """The capacities with each disk cut to `share` of its bandwidth, but
+    never below the largest tenant's reads: a tenant that needs more than
+    the share alone may still have a host to itself."""
+    cap = full.copy()
+    heaviest = max(d.disk_bps for d in demands)
+    cap[:, 1] = np.where(np.isfinite(full[:, 1]),
+                         np.minimum(full[:, 1], np.maximum(full[:, 1] * share, heaviest)),
+                         full[:, 1])
+    return cap
 
 
 def _vectors(demands, memory_only: bool) -> np.ndarray:
@@ -444,11 +487,12 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
         raise UserError(f"plan: these SLOs cannot be met on any host: {names}")
     full = host_capacity(config, resources)
     disk = {n.name: full[h, 1] for h, n in enumerate(config.nodes)}
+    cores = {n.name: full[h, 2] for h, n in enumerate(config.nodes)}
     allowed = _allowed(config, demands)
     steps = (1.0,) if memory_only or hosts is not None else DISK_BUSY_STEPS
     found = None
     for share in steps:
-        cap = full[:, :1] if memory_only or hosts else full * np.array([1.0, share, 1.0])
+        cap = full[:, :1] if memory_only or hosts else _disk_share(full, demands, share)
         try:
             assignment, used = _pack(config, demands, allowed, cap, method, exact_limit,
                                      time_limit, hosts)
@@ -460,7 +504,7 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
             if found is None:
                 raise UserError(f"plan: {used}" + (f" on {hosts} hosts" if hosts else ""))
             break
-        found = assignment, used, predict(demands, assignment, disk)
+        found = assignment, used, predict(demands, assignment, disk, cores)
         if not any(p["slo_met"] is False for p in found[2].values()):
             break
     assignment, used, predictions = found

@@ -88,6 +88,19 @@ def test_the_disk_keeps_apart_what_memory_alone_would_pack_together():
                     "predicted_ops": fast.predictions[t]["predicted_ops"]}
 
 
+def test_a_tenant_that_reads_most_of_a_disk_gets_a_host_of_its_own():
+    """A tenant without an SLO reading 95 % of a disk (no model: it reads
+    what it reads now) beside an SLO tenant that would fit with it in
+    memory: the plan keeps them apart rather than fail or crowd the disk."""
+    heavy = planner.Demand("t2", "h2", 50 * MiB, "lru", None, 1000.0, "engine",
+                           disk_bps=95 * MiB, disk_per_op=95 * MiB / 1000)
+    result = planner.plan(_hosts(), demands=[_demand("t1", "h1"), heavy])
+    assert result.assignment == {"t1": "h1", "t2": "h2"} and not result.breaks
+    assert result.predictions["t2"]["predicted_ops"] == 1000.0
+    forced = planner.plan(_hosts(), demands=[_demand("t1", "h1"), heavy], hosts=1)
+    assert forced.breaks == ["t1"] and forced.predictions["t1"]["disk_busy"] == 0.98
+
+
 @pytest.mark.parametrize("bw", [30 * MiB, 60 * MiB, 100 * MiB, 1 << 40])
 def test_a_prediction_on_a_shared_disk_is_the_fixed_point_of_its_model(bw):
     d = _demand("t1", "h1")
@@ -125,7 +138,7 @@ def test_apply_refuses_a_plan_that_predicts_a_missed_slo_unless_forced(monkeypat
 
 
 def _sim_config(state_path):
-    nodes = [{"name": f"n{i}", "memory_bytes": "96MiB", "disk_read_bytes_per_s": "400MiB"}
+    nodes = [{"name": f"n{i}", "memory_bytes": "96MiB", "disk_read_bytes_per_s": "4GiB"}
              for i in (1, 2, 3)]
     tenants = []
     for i, (node, slo) in enumerate([("n1", 20000), ("n2", None), ("n3", None)]):
