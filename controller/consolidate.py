@@ -28,30 +28,9 @@ def node_resources(registry) -> dict[str, tuple[float, float]]:
             for name, rec in registry.nodes.items() if rec.info is not None}
 
 
-def disk_busy(config, registry) -> dict[str, float]:
-    """node -> the share of its disk its tenants read in their last
-    reports (0 where its bandwidth is not known)."""
-    out = {}
-    for node in config.nodes:
-        rec = registry.nodes.get(node.name)
-        bw = node.disk_read_bytes_per_s or (rec.info.disk_read_bytes_per_s
-                                            if rec is not None and rec.info else 0)
-        reads = sum(reads_of(r) for r in rec.tenants.values()) if rec is not None else 0.0
-        out[node.name] = min(reads / bw, 0.98) if bw else 0.0
-    return out
-
-
-def reads_of(report) -> float:
-    """A report's disk reads per second: measured, else a page per miss."""
-    if report.read_bytes_per_s is not None:
-        return report.read_bytes_per_s
-    return report.inserts_per_s * PAGE_SIZE
-
-
 def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand]:
     """Every configured tenant's demand vector from what the controller
     knows of it now (see the module's docstring)."""
-    busy = disk_busy(config, registry)
     out = []
     for spec in config.tenants:
         rec = registry.nodes.get(spec.node)
@@ -61,12 +40,12 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
         if report is None:
             d.why = "not reported yet: its floor"
         else:
-            _vector(d, spec, report, state, config, busy.get(spec.node, 0.0), headroom)
+            _vector(d, spec, report, state, config, headroom)
         out.append(d)
     return out
 
 
-def _vector(d: Demand, spec, report, state, config, busy0: float, headroom: float) -> None:
+def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     """Fill d's miss ratio and costs per operation; its model where it has
     an SLO; and its disk and CPU: an SLO tenant's at SLO x (1 + headroom)
     (what it must be given: a closed-loop one takes more when there is
@@ -87,7 +66,7 @@ def _vector(d: Demand, spec, report, state, config, busy0: float, headroom: floa
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
     if d.slo:
         a, b, _ = whatif._model(state, spec.name, spec, config.control)
-        d.a, d.b, d.busy0 = a, b, busy0
+        d.a, d.b = a, b
         d.predicted_throughput = p.throughput if math.isfinite(p.throughput) else None
         rate = d.slo * (1 + headroom)
     else:

@@ -46,12 +46,11 @@ class Demand:
     disk_bps: float = 0.0           # bytes/s it reads from disk
     cpu: float = 0.0                # CPU cores
     # Its fitted throughput model, 1 / (a + b m), at the predicted miss
-    # ratio m; b was fitted on a disk `busy0` busy, and its disk reads per
-    # operation are `disk_per_op` (planner.predict scales both to a host).
+    # ratio m, and what an operation costs at m: disk bytes and CPU
+    # seconds (planner.predict shares a host's disk and cores by them).
     miss_ratio: float | None = None
     a: float | None = None
     b: float | None = None
-    busy0: float = 0.0
     disk_per_op: float = 0.0
     cpu_per_op: float = 0.0
 
@@ -340,79 +339,78 @@ def _allowed(config, demands) -> np.ndarray:
 
 def predict(demands, assignment: dict[str, str], capacity: dict[str, float],
             cores: dict[str, float] | None = None) -> dict:
-    """Each tenant's throughput on its planned host.  With a fitted model,
-    1 / (a + b' m): the miss's service time b scaled from the disk share
-    busy0 it was measured at to the host's, b' = b (1 - busy0) / (1 - busy)
-    (a single queue's response time), where busy is what the host's
-    tenants read at their predicted throughputs over its disk's bandwidth
-    (`capacity`: host -> bytes/s, inf unknown).  A busier disk slows them
-    and so lowers what they read: busy is the one share at which the two
-    agree, found by bisection (what they read falls as busy rises), at
-    most BUSY_MAX.  Then the host's `cores`: when the tenants would use
-    more CPU than it has, each gets a max-min fair share and no more
-    operations than that share pays for.  Without a model, the demand's
-    own prediction (what a tenant without an SLO does now)."""
+    """Each tenant's throughput on its planned host: what it does on its
+    own, x0 = 1 / (a + b m) at the planned miss ratio m (its fitted model;
+    without one, the rate it runs at now), cut to what its share of the
+    host's disk and of its cores pays for.  The shares are max-min fair
+    (a throttled disk and CFS hand out what the light do not use to the
+    heavy); a tenant cut by one resource asks less of the other, so the
+    shares are dealt again until they settle.  The model is fitted where
+    the tenant runs now: more of a resource than it had there is not
+    counted on, less is.  `capacity` and `cores`: host -> bytes/s and
+    CPUs (inf or absent: not known, not shared)."""
     out = {}
     for host in set(assignment.values()):
         mine = [d for d in demands if assignment[d.tenant] == host]
-        busy, thr = _on_disk(mine, capacity.get(host, math.inf))
-        cpu_busy = _on_cores(mine, thr, (cores or {}).get(host, math.inf))
+        bw = capacity.get(host, math.inf)
+        cpus = (cores or {}).get(host, math.inf)
+        alone = {d.tenant: _alone(d) for d in mine}
+        cpu: dict = {}
+        for _ in range(2 * len(mine) + 2):
+            # each resource dealt to what the other lets each tenant do
+            disk = _fair(bw, {d.tenant: (_capped(alone[d.tenant], d, {}, cpu) or 0.0) *
+                              d.disk_per_op for d in mine})
+            new = _fair(cpus, {d.tenant: (_capped(alone[d.tenant], d, disk, {}) or 0.0) *
+                               d.cpu_per_op for d in mine})
+            if new == cpu:
+                break
+            cpu = new
+        thr = {d.tenant: _capped(alone[d.tenant], d, disk, cpu) for d in mine}
+        used = [sum((thr[d.tenant] or 0.0) * getattr(d, k) for d in mine)
+                for k in ("disk_per_op", "cpu_per_op")]
         for d in mine:
             v = thr[d.tenant]
             out[d.tenant] = {"host": host, "predicted_ops": None if v is None else float(v),
-                             "slo": d.slo, "disk_busy": round(busy, 3),
-                             "cpu_busy": round(cpu_busy, 3),
+                             "slo": d.slo, "disk_busy": _share(used[0], bw),
+                             "cpu_busy": _share(used[1], cpus),
                              "slo_met": None if not d.slo or v is None else bool(v >= d.slo)}
     return out
 
 
-def _on_disk(mine, bw: float) -> tuple[float, dict]:
-    """(the disk's busy share, each tenant's throughput at it)."""
-    if not (math.isfinite(bw) and bw > 0):
-        return 0.0, {d.tenant: _at(d, None) for d in mine}
-    lo, hi = 0.0, BUSY_MAX
-    if _reads(mine, hi) / bw >= hi:
-        lo = hi
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if _reads(mine, mid) / bw > mid else (lo, mid)
-    busy = (lo + hi) / 2
-    return busy, {d.tenant: _at(d, busy) for d in mine}
+def _alone(d: Demand):
+    if d.a is not None and d.miss_ratio is not None:
+        return 1.0 / max(d.a + d.b * d.miss_ratio, 1e-12)
+    return d.predicted_throughput
 
 
-def _on_cores(mine, thr: dict, cores: float) -> float:
-    """Cap `thr` (in place) at each tenant's max-min fair share of `cores`;
-    the share of them used."""
-    want = {d.tenant: (thr[d.tenant] or 0.0) * d.cpu_per_op for d in mine}
-    if not (math.isfinite(cores) and cores > 0):
-        return 0.0
-    if sum(want.values()) <= cores:
-        return sum(want.values()) / cores
-    left, todo = cores, sorted(want, key=want.get)
+def _capped(x, d: Demand, disk: dict, cpu: dict):
+    if x is None:
+        return None
+    if d.disk_per_op > 0 and d.tenant in disk:
+        x = min(x, disk[d.tenant] / d.disk_per_op)
+    if d.cpu_per_op > 0 and d.tenant in cpu:
+        x = min(x, cpu[d.tenant] / d.cpu_per_op)
+    return x
+
+
+def _fair(total: float, wants: dict) -> dict:
+    """Max-min fair shares of `total`: the smallest wants in full, the
+    rest split evenly among the others; only the tenants it holds below
+    what they want (none when `total` is not known)."""
+    if not (math.isfinite(total) and total > 0):
+        return {}
+    out, left, todo = {}, total, sorted(wants, key=wants.get)
     while todo:
         share = left / len(todo)
         t = todo.pop(0)
-        got = min(want[t], share)
-        left -= got
-        if got < want[t]:
-            d = next(x for x in mine if x.tenant == t)
-            thr[t] = got / d.cpu_per_op
-    return 1.0
+        if wants[t] > share * (1 + 1e-9):
+            out[t] = share
+        left -= min(wants[t], share)
+    return out
 
 
-BUSY_MAX = 0.98
-
-
-def _at(d: Demand, busy: float | None):
-    """d's throughput with its host's disk `busy` (None: as measured)."""
-    if d.a is None or d.miss_ratio is None:
-        return d.predicted_throughput
-    b = d.b if busy is None else d.b * (1 - min(d.busy0, BUSY_MAX)) / (1 - busy)
-    return 1.0 / max(d.a + b * d.miss_ratio, 1e-12)
-
-
-def _reads(mine, busy: float) -> float:
-    return sum((_at(d, busy) or 0.0) * d.disk_per_op for d in mine)
+def _share(used: float, total: float) -> float:
+    return round(used / total, 3) if math.isfinite(total) and total > 0 else 0.0
 
 
 def _disk_share(full: np.ndarray, demands, share: float) -> np.ndarray:

@@ -5,8 +5,8 @@ live controller's state.
 - the planner keeps two disk-heavy tenants apart that memory alone would
   put together, says the disk binds, and predicts that the memory-only
   plan misses their SLOs;
-- a prediction on a shared disk is the fixed point of the model it
-  documents (a miss's service time grown by the disk's share busy);
+- a prediction is what a tenant does alone, cut to its max-min fair share
+  of its host's disk and cores;
 - `admin plan` over gRPC plans from what sim agents reported, and a move
   carried out is saved in the store and kept across a restart;
 - `admin plan --apply` moves a real tenant between two linux agents.
@@ -45,17 +45,17 @@ def _hosts(disk="100MiB"):
     return config_from_dict({
         "nodes": [{"name": f"h{i}", "memory_bytes": "1GiB", "disk_read_bytes_per_s": disk,
                    "cores": 8} for i in (1, 2)],
-        "tenants": [{"name": f"t{i}", "node": f"h{i}", "slo": {"min_throughput": 800}}
+        "tenants": [{"name": f"t{i}", "node": f"h{i}", "slo": {"min_throughput": 900}}
                     for i in (1, 2)]})
 
 
-def _demand(name, node, a=1e-4, b=8e-3, m=0.1, busy0=0.5, per_op=64 * 1024):
-    """A tenant of 100 MiB reading `per_op` bytes per operation, whose
-    misses cost `b` on a disk `busy0` busy: about 1 100 ops/s on a disk that busy, 930 alone on 100 MiB/s."""
-    d = planner.Demand(name, node, 100 * MiB, "lru", 800.0, None, "engine",
-                       miss_ratio=m, a=a, b=b, busy0=busy0, disk_per_op=per_op)
+def _demand(name, node, a=1e-4, b=8e-3, m=0.1, per_op=64 * 1024):
+    """A tenant of 100 MiB, SLO 900 ops/s, that does 1 111 ops/s on its
+    own and reads 64 KiB an operation: 69 MiB/s."""
+    d = planner.Demand(name, node, 100 * MiB, "lru", 900.0, None, "engine",
+                       miss_ratio=m, a=a, b=b, disk_per_op=per_op)
     thr = 1 / (a + b * m)
-    d.predicted_throughput, d.disk_bps = thr, thr * per_op
+    d.predicted_throughput, d.disk_bps = thr, 900 * 1.1 * per_op
     return d
 
 
@@ -67,14 +67,14 @@ def test_the_disk_keeps_apart_what_memory_alone_would_pack_together():
     assert len(full.hosts_used) == 2 and not full.breaks
     assert {h["binding"] for h in full.hosts} == {"disk"}
     alone = full.predictions["t1"]
-    assert alone["slo_met"] and alone["predicted_ops"] > 800
+    assert alone["slo_met"] and alone["predicted_ops"] > 900
     # memory alone fits both on one host, and their reads then crowd its disk
     mem = planner.plan(cfg, demands=demands, memory_only=True)
     assert mem.resources == ["memory"] and len(mem.hosts_used) == 1
     assert mem.breaks == ["t1", "t2"] and len(mem.moves) == 1
     shared = mem.predictions["t1"]
     assert shared["disk_busy"] > alone["disk_busy"]
-    assert shared["predicted_ops"] < 800 < alone["predicted_ops"]
+    assert shared["predicted_ops"] < 900 < alone["predicted_ops"]
     # forcing one host is the same packing, reported and not hidden
     forced = planner.plan(cfg, demands=demands, hosts=1)
     assert forced.forced_hosts == 1 and forced.breaks == ["t1", "t2"]
@@ -84,7 +84,7 @@ def test_the_disk_keeps_apart_what_memory_alone_would_pack_together():
     (move,) = fast.moves
     t = move["tenant"]
     assert move == {"tenant": t, "from": f"h{t[1]}", "to": fast.hosts_used[0],
-                    "limit_bytes": 100 * MiB, "policy": "lru", "slo": 800.0, "slo_met": True,
+                    "limit_bytes": 100 * MiB, "policy": "lru", "slo": 900.0, "slo_met": True,
                     "predicted_ops": fast.predictions[t]["predicted_ops"]}
 
 
@@ -98,21 +98,38 @@ def test_a_tenant_that_reads_most_of_a_disk_gets_a_host_of_its_own():
     assert result.assignment == {"t1": "h1", "t2": "h2"} and not result.breaks
     assert result.predictions["t2"]["predicted_ops"] == 1000.0
     forced = planner.plan(_hosts(), demands=[_demand("t1", "h1"), heavy], hosts=1)
-    assert forced.breaks == ["t1"] and forced.predictions["t1"]["disk_busy"] == 0.98
+    assert forced.breaks == ["t1"] and forced.predictions["t1"]["disk_busy"] == 1.0
 
 
 @pytest.mark.parametrize("bw", [30 * MiB, 60 * MiB, 100 * MiB, 1 << 40])
-def test_a_prediction_on_a_shared_disk_is_the_fixed_point_of_its_model(bw):
+def test_a_prediction_is_what_a_tenant_does_alone_cut_to_its_share_of_the_disk(bw):
     d = _demand("t1", "h1")
     got = planner.predict([d], {"t1": "h1"}, {"h1": float(bw)})["t1"]
-    thr = got["predicted_ops"]
-    busy = min(thr * d.disk_per_op / bw, planner.BUSY_MAX)
-    want = 1 / (d.a + d.b * (1 - d.busy0) / (1 - busy) * d.miss_ratio)
-    assert thr == pytest.approx(want, rel=0.01)
-    assert got["disk_busy"] == pytest.approx(busy, abs=0.002)
-    # a slower disk never predicts more
-    assert thr <= planner.predict([d], {"t1": "h1"}, {"h1": float(bw) * 2})["t1"][
-        "predicted_ops"] + 1e-9
+    alone = 1 / (d.a + d.b * d.miss_ratio)
+    assert got["predicted_ops"] == pytest.approx(min(alone, bw / d.disk_per_op), rel=1e-9)
+    assert got["disk_busy"] == pytest.approx(min(alone * d.disk_per_op / bw, 1.0), abs=1e-3)
+
+
+def test_shares_are_max_min_fair_and_a_tenant_cut_by_cores_leaves_disk_to_the_others():
+    light = planner.Demand("light", "h", MiB, None, None, 100.0, "engine",
+                           disk_per_op=100 * 1024)             # 10 MB/s, fixed rate
+    heavy = [_demand(f"t{i}", "h") for i in (1, 2)]           # 69 MiB/s each alone
+    got = planner.predict([light, *heavy], {t: "h" for t in ("light", "t1", "t2")},
+                          {"h": 100.0 * MiB})
+    # the light one reads all it wants; the two heavy ones split the rest
+    assert got["light"]["predicted_ops"] == pytest.approx(100.0)
+    each = (100 * MiB - 100 * 100 * 1024) / 2 / (64 * 1024)
+    assert got["t1"]["predicted_ops"] == pytest.approx(each)
+    assert got["t2"]["predicted_ops"] == pytest.approx(each)
+    assert got["t1"]["disk_busy"] == pytest.approx(1.0, abs=1e-3)
+    # t2 costs a CPU second per 500 operations and the host has 1 core
+    # for both: cut to 500 ops/s by it, t2 leaves disk that t1 now gets
+    heavy[1].cpu_per_op, heavy[0].cpu_per_op = 1 / 500, 1e-6
+    got = planner.predict(heavy, {"t1": "h", "t2": "h"}, {"h": 100.0 * MiB}, {"h": 1.0})
+    t1, t2 = got["t1"]["predicted_ops"], got["t2"]["predicted_ops"]
+    assert t2 == pytest.approx((1 - t1 * 1e-6) * 500, rel=1e-9)      # all t1 leaves
+    assert t1 == pytest.approx((100 * MiB - t2 * 64 * 1024) / (64 * 1024), rel=1e-6)
+    assert got["t2"]["cpu_busy"] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_apply_refuses_a_plan_that_predicts_a_missed_slo_unless_forced(monkeypatch):
