@@ -4,13 +4,11 @@ controller is running, for the planner (controller/planner.py).
 A tenant's memory demand is what the engine last judged its SLO to need
 (planner.live_demand).  At that size its latest curves and fitted
 throughput model (engine/whatif.py, as `admin what-if` reads them) give a
-miss ratio and a throughput; its last report gives what one operation
-costs besides: disk bytes read per miss (read bytes over insertions; a
-page where its reads are not known or nil), page accesses per operation
-and CPU seconds per operation.  So a demand is (memory, disk reads per
-second, cores): an SLO tenant's at its SLO, with the model the planner
-needs to predict it again on a busier disk and fewer cores; any other's
-at what it does now.
+miss ratio and a throughput; its last report gives what an operation
+costs besides: the disk bytes it reads (scaled from now to that miss
+ratio) and CPU seconds.  So a demand is (memory, disk reads per second,
+cores): an SLO tenant's at its SLO, with the model the planner needs to
+predict it on a shared disk and cores; any other's at what it does now.
 A tenant not reported yet demands its floor and nothing else.
 """
 from __future__ import annotations
@@ -57,12 +55,9 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
         d.why += f"; no prediction ({err})"
         return
     thr_now = report.throughput or 0.0
-    # a miss reads a page; what the tenant's disk reads say, where known
-    per_miss = (report.read_bytes_per_s / report.inserts_per_s
-                if report.read_bytes_per_s and report.inserts_per_s > 0 else PAGE_SIZE)
     accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
     d.policy, d.miss_ratio = policy, p.miss_ratio
-    d.disk_per_op = accesses_per_op * p.miss_ratio * per_miss
+    d.disk_per_op = _disk_per_op(report, thr_now, accesses_per_op, p.miss_ratio)
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
     if d.slo:
         a, b, _ = whatif._model(state, spec.name, spec, config.control)
@@ -72,3 +67,15 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     else:
         d.predicted_throughput = rate = thr_now
     d.disk_bps, d.cpu = rate * d.disk_per_op, rate * d.cpu_per_op
+
+
+def _disk_per_op(report, thr_now: float, accesses_per_op: float, m: float) -> float:
+    """Disk bytes an operation reads at miss ratio m: what it reads now
+    per operation (its disk reads where known, else the pages put in its
+    cache, read-ahead and all), scaled by m over its miss ratio now; a
+    page per miss where it reads nothing now."""
+    reads = report.read_bytes_per_s if report.read_bytes_per_s is not None \
+        else report.inserts_per_s * PAGE_SIZE
+    if thr_now > 0 and reads > 0 and report.miss_ratio > 0:
+        return reads / thr_now * m / report.miss_ratio
+    return accesses_per_op * m * PAGE_SIZE
