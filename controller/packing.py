@@ -116,6 +116,26 @@ def milp(demand, capacity, allowed, current, time_limit: float, hosts=None):
     return {t: int(np.argmax(x[t])) for t in range(T)}, res.status == 0
 
 
+def crowd(memory, capacity, allowed, current, hosts: int) -> dict[int, int]:
+    """Every tenant on `hosts` hosts whatever their capacities: the largest
+    hosts (those holding most now on ties), each tenant, largest first,
+    onto the one with the most memory left (it may go below zero).  What
+    a plan forced tighter than memory allows carries out."""
+    held = np.zeros(len(capacity))
+    for t, h in enumerate(current):
+        if h >= 0:
+            held[h] += memory[t]
+    chosen = sorted(range(len(capacity)), key=lambda h: (-capacity[h], -held[h]))[:hosts]
+    left = {h: float(capacity[h]) for h in chosen}
+    out = {}
+    for t in sorted(range(len(memory)), key=lambda t: -memory[t]):
+        spots = [h for h in chosen if allowed[t, h]] or chosen
+        h = max(spots, key=lambda h: (left[h], h == current[t]))
+        left[h] -= memory[t]
+        out[t] = h
+    return out
+
+
 def binding(demand, capacity, members: list[int]) -> tuple[str, float]:
     """The resource a host is fullest in, and how full (0..1)."""
     if not members:

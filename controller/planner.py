@@ -413,6 +413,21 @@ def _share(used: float, total: float) -> float:
     return round(used / total, 3) if math.isfinite(total) and total > 0 else 0.0
 
 
+def _overcommitted(config, demands, assignment, predictions) -> dict:
+    """On a host whose tenants' memory demands exceed its memory (a forced
+    plan) no tenant is sure of its demand: each SLO there is predicted
+    missed."""
+    for node in config.nodes:
+        mine = [d for d in demands if assignment[d.tenant] == node.name]
+        if sum(d.demand_bytes for d in mine) > node.memory_bytes:
+            for d in mine:
+                p = predictions[d.tenant]
+                p["memory_overcommitted"] = True
+                if d.slo:
+                    p["slo_met"] = False
+    return predictions
+
+
 def _disk_share(full: np.ndarray, demands, share: float) -> np.ndarray:
     """The capacities with each disk cut to `share` of its bandwidth, but
     never below the largest tenant's reads: a tenant that needs more than
@@ -455,6 +470,9 @@ def _pack(config, demands, allowed, cap, method, exact_limit, time_limit, hosts)
         got = packing.first_fit_decreasing(dem, cap, ok, current, names, hosts)
         used = "first-fit decreasing" + (
             "" if method == "ffd" or pairs > exact_limit else " (MILP gave no answer)")
+    if got is None and hosts:
+        got, used = packing.crowd(dem[:, 0], cap[:, 0], ok, current, hosts), \
+            f"{hosts} hosts forced: memory overcommitted"
     if got is None:
         return None, "the tenants do not fit on the hosts given"
     return {names[t]: config.nodes[h].name for t, h in got.items()}, used
@@ -502,7 +520,8 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
             if found is None:
                 raise UserError(f"plan: {used}" + (f" on {hosts} hosts" if hosts else ""))
             break
-        found = assignment, used, predict(demands, assignment, disk, cores)
+        found = assignment, used, _overcommitted(config, demands, assignment,
+                                                 predict(demands, assignment, disk, cores))
         if not any(p["slo_met"] is False for p in found[2].values()):
             break
     assignment, used, predictions = found

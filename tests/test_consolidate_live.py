@@ -88,6 +88,21 @@ def test_the_disk_keeps_apart_what_memory_alone_would_pack_together():
                     "predicted_ops": fast.predictions[t]["predicted_ops"]}
 
 
+def test_a_plan_forced_below_what_memory_allows_crowds_a_host_and_misses_its_slos():
+    cfg = config_from_dict({
+        "nodes": [{"name": f"h{i}", "memory_bytes": "150MiB"} for i in (1, 2)],
+        "tenants": [{"name": f"t{i}", "node": f"h{i}", "slo": {"min_throughput": 900}}
+                    for i in (1, 2)]})
+    demands = [_demand("t1", "h1"), _demand("t2", "h2")]         # 100 MiB each
+    assert len(planner.plan(cfg, demands=demands).hosts_used) == 2
+    forced = planner.plan(cfg, demands=demands, hosts=1)
+    assert forced.method == "1 hosts forced: memory overcommitted"
+    assert len(forced.hosts_used) == 1 and forced.breaks == ["t1", "t2"]
+    assert all(p["memory_overcommitted"] for p in forced.predictions.values())
+    (host,) = [h for h in forced.hosts if h["tenants"]]
+    assert host["demand_bytes"] == 200 * MiB > host["memory_bytes"]
+
+
 def test_a_tenant_that_reads_most_of_a_disk_gets_a_host_of_its_own():
     """A tenant without an SLO reading 95 % of a disk (no model: it reads
     what it reads now) beside an SLO tenant that would fit with it in
