@@ -187,9 +187,11 @@ class AdminOps:
                                                request.headroom or 0.10)
             resources = consolidate.node_resources(self.registry)
             try:
-                result = planner.plan(self.config, demands=demands, resources=resources,
-                                      memory_only=request.memory_only,
-                                      hosts=request.hosts or None)
+                result = planner.plan(
+                    self.config, demands=demands, resources=resources,
+                    memory_only=request.memory_only, hosts=request.hosts or None,
+                    refine=consolidate.as_allocated(self.config, self.engine.state,
+                                                    self.registry))
             except UserError as err:
                 raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
             applied, message = [], ""

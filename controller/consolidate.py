@@ -13,6 +13,7 @@ A tenant not reported yet demands its floor and nothing else.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from cachepilot.controller.engine import whatif
@@ -67,6 +68,40 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     else:
         d.predicted_throughput = rate = thr_now
     d.disk_bps, d.cpu = rate * d.disk_per_op, rate * d.cpu_per_op
+
+
+def as_allocated(config, state, registry):
+    """The planner's `refine`: for a placement, each host's tenants as the
+    controller would run them there -- its round (engine/whatif.allocate)
+    dealing the host's memory among their last reports, SLOs first -- so
+    a tenant is predicted at the memory it would hold, not at its demand
+    alone (the spare memory of a host is handed out).  A tenant never
+    reported stays as it is."""
+    reports = {name: r for rec in registry.nodes.values() for name, r in rec.tenants.items()}
+
+    def refine(assignment: dict, demands: list[Demand]) -> list[Demand]:
+        out = {d.tenant: d for d in demands}
+        for host in set(assignment.values()):
+            mine = [reports[d.tenant] for d in demands
+                    if assignment[d.tenant] == host and d.tenant in reports
+                    and d.miss_ratio is not None]
+            if not mine:
+                continue
+            rec = registry.nodes.get(host)
+            memory = rec.memory_bytes if rec is not None else config.node(host).memory_bytes
+            try:
+                got = whatif.allocate(state, config, host, mine, memory)
+            except whatif.WhatIfError:
+                continue
+            for p in got:
+                d, r = out[p.tenant], reports[p.tenant]
+                thr_now = r.throughput or 0.0
+                per_op = r.accesses_per_s / thr_now if thr_now > 0 else 1.0
+                out[p.tenant] = dataclasses.replace(
+                    d, demand_bytes=p.limit_bytes, miss_ratio=p.miss_ratio,
+                    disk_per_op=_disk_per_op(r, thr_now, per_op, p.miss_ratio))
+        return [out[d.tenant] for d in demands]
+    return refine
 
 
 def _disk_per_op(report, thr_now: float, accesses_per_op: float, m: float) -> float:

@@ -371,7 +371,8 @@ def predict(demands, assignment: dict[str, str], capacity: dict[str, float],
         for d in mine:
             v = thr[d.tenant]
             out[d.tenant] = {"host": host, "predicted_ops": None if v is None else float(v),
-                             "slo": d.slo, "disk_busy": _share(used[0], bw),
+                             "slo": d.slo, "limit_bytes": d.demand_bytes,
+                             "miss_ratio": d.miss_ratio, "disk_busy": _share(used[0], bw),
                              "cpu_busy": _share(used[1], cpus),
                              "slo_met": None if not d.slo or v is None else bool(v >= d.slo)}
     return out
@@ -481,7 +482,7 @@ def _pack(config, demands, allowed, cap, method, exact_limit, time_limit, hosts)
 def plan(config, headroom: float = 0.10, method: str = "auto",
          exact_limit: int = EXACT_LIMIT, time_limit: float = MILP_TIME_LIMIT_S,
          demands: list[Demand] | None = None, resources: dict | None = None,
-         memory_only: bool = False, hosts: int | None = None) -> Plan:
+         memory_only: bool = False, hosts: int | None = None, refine=None) -> Plan:
     """The fewest hosts meeting every SLO: the tenants' demand vectors
     (memory; and, unless memory_only, disk reads and CPU) packed onto the
     hosts (controller/packing.py: exact MILP for small cases, first-fit
@@ -489,7 +490,9 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
     throughput on its host is then predicted (predict); while one breaks
     its SLO on a busier disk, the disk share a host may be packed to is
     lowered and the packing redone.  `hosts`: force that many, and report
-    what breaks (packed on memory alone: a plan the planner would refuse)."""
+    what breaks (packed on memory alone: a plan the planner would refuse).
+    `refine(assignment, demands)`: the demands as each host would really
+    run them (the controller's allocation of its memory), to predict from."""
     if method not in ("auto", "milp", "ffd"):
         raise UserError(f"plan: method must be auto, milp or ffd, got {method!r}")
     if not config.tenants:
@@ -520,8 +523,9 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
             if found is None:
                 raise UserError(f"plan: {used}" + (f" on {hosts} hosts" if hosts else ""))
             break
+        running = refine(assignment, demands) if refine is not None else demands
         found = assignment, used, _overcommitted(config, demands, assignment,
-                                                 predict(demands, assignment, disk, cores))
+                                                 predict(running, assignment, disk, cores))
         if not any(p["slo_met"] is False for p in found[2].values()):
             break
     assignment, used, predictions = found

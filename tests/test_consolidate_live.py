@@ -215,6 +215,11 @@ def test_admin_plan_is_made_from_what_the_agents_reported(tmp_path):
         assert t1["source"] == "engine" and t1["a"] is not None and t1["miss_ratio"] is not None
         assert t1["disk_bps"] > 0 and math.isfinite(t1["disk_bps"])
         assert plan["predictions"]["t1"]["slo_met"] is True
+        # predicted at what its host's round would give it (the spare memory
+        # of the host is handed out), not at its demand alone
+        p1 = plan["predictions"]["t1"]
+        assert p1["limit_bytes"] > t1["demand_bytes"] and p1["miss_ratio"] < t1["miss_ratio"]
+        assert p1["predicted_ops"] > t1["predicted_throughput"]
         assert len(plan["hosts_used"]) < 3 and plan["moves"]
         assert not reply.applied
         # a forced plan that breaks an SLO is refused on apply

@@ -109,13 +109,13 @@ def node_free(state: EngineState, config, node: str, reports, memory_bytes: int,
                           f"{size(memory_bytes)}")
     if not reports:
         raise WhatIfError(f"node {node!r} has not reported: no curves")
-    before = _allocate(state, config, node, reports, memory_bytes, advisory)
-    after = _allocate(state, config, node, reports, memory_bytes - free_bytes, advisory)
+    before = allocate(state, config, node, reports, memory_bytes, advisory)
+    after = allocate(state, config, node, reports, memory_bytes - free_bytes, advisory)
     return list(zip(before, after))
 
 
-def _allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
-              advisory: bool) -> list[Prediction]:
+def allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
+             advisory: bool = False) -> list[Prediction]:
     """The round itself (decide) on `node`'s last reports with the node's
     memory at `memory_bytes`; its new state is thrown away."""
     from cachepilot.controller.engine import decide
