@@ -12,7 +12,7 @@ APT_LEAN := prometheus
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: run test deps build bpf clean kernel kernel-test bench e2e fuzz sanitize image chaos \
-        install
+        install consolidate
 
 run: build
 	.venv/bin/cachepilot run --config configs/demo.yaml
@@ -139,6 +139,17 @@ e2e: build kernel
 CHAOS_ARGS :=
 chaos: build
 	$(PY) experiments/chaos.py $(CHAOS_ARGS)
+
+# Consolidation for real (experiments/consolidate_host.py): three emulated
+# hosts on this machine (parent cgroups, each with its memory, a disk read
+# throttle and a CPU quota, each with its own agent), seven real tenants
+# behind the exporter, the controller over mutual TLS; a run in place, the
+# plan made from live data and carried out, then the memory-only plan and
+# one host tighter, forced.  Writes experiments/results/consolidate_host.
+# {json,png}.  Not part of make test.  CONSOLIDATE_ARGS: e.g. --quick
+CONSOLIDATE_ARGS :=
+consolidate: build
+	$(PY) experiments/consolidate_host.py $(CONSOLIDATE_ARGS)
 
 clean:
 	rm -rf .venv build *.egg-info out

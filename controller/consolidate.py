@@ -40,8 +40,43 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
             d.why = "not reported yet: its floor"
         else:
             _vector(d, spec, report, state, config, headroom)
+            _trade_memory_for_disk(d, spec, report, state, config, headroom,
+                                   DISK_FIT * _largest_disk(config, registry))
         out.append(d)
     return out
+
+
+# A demand reads at most this share of the largest host's disk: where its
+# size would read more, it takes more memory instead (two such tenants
+# still share a host).
+DISK_FIT = 0.5
+
+
+def _largest_disk(config, registry) -> float:
+    found = [n.disk_read_bytes_per_s or (registry.nodes[n.name].info.disk_read_bytes_per_s
+                                         if n.name in registry.nodes and
+                                         registry.nodes[n.name].info else 0)
+             for n in config.nodes]
+    return max(found, default=0) or math.inf
+
+
+def _trade_memory_for_disk(d: Demand, spec, report, state, config, headroom, cap):
+    """A demand whose disk reads at its size exceed `cap` is raised to the
+    least size (of sixteen between it and the largest host) at which they
+    fit: memory is what a host has to spare when its disk has none."""
+    if d.miss_ratio is None or d.disk_bps <= cap:
+        return
+    top = max(n.memory_bytes for n in config.nodes)
+    start = d.demand_bytes
+    for k in range(1, 17):
+        size = int(start * (top / start) ** (k / 16)) // PAGE_SIZE * PAGE_SIZE
+        trial = dataclasses.replace(d, demand_bytes=size)
+        _vector(trial, spec, report, state, config, headroom)
+        if trial.disk_bps <= cap or k == 16:
+            trial.why = (f"{d.why}; {size >> 20} MiB rather than {start >> 20} MiB, so that "
+                         f"its disk reads fit")
+            d.__dict__.update(trial.__dict__)
+            return
 
 
 def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:

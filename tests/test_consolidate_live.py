@@ -230,6 +230,35 @@ def test_admin_plan_is_made_from_what_the_agents_reported(tmp_path):
         served.stop()
 
 
+def test_a_demand_that_would_read_more_than_half_a_disk_takes_memory_instead(tmp_path):
+    """The same sim tenants on hosts whose disks read 32 MiB/s: the SLO
+    tenant's size for its SLO alone would read more than half of one, so
+    its demand is raised to a size whose reads fit (or to the largest)."""
+    data = _sim_config(tmp_path / "state.db").model_dump(mode="python", exclude={"source"})
+    for n in data["nodes"]:
+        n["disk_read_bytes_per_s"] = 32 * MiB
+    cfg = config_from_dict(data)
+    served = serve(cfg)
+    clients = [NodeClient(SimBackend(cfg, node, seed=3), f"127.0.0.1:{served.port}",
+                          insecure=True) for node in ("n1", "n2", "n3")]
+    try:
+        for _ in range(8):
+            for c in clients:
+                assert c.step().connected
+        from cachepilot.controller import consolidate
+        c = served.controller
+        with c.lock:
+            plain = {d.tenant: d for d in consolidate.live_demands(
+                c.config, c.engine.state, c.registry)}
+        t1 = plain["t1"]
+        assert "so that its disk reads fit" in t1.why
+        assert t1.disk_bps <= 16 * MiB or t1.demand_bytes >= 90 * MiB
+    finally:
+        for cl in clients:
+            cl.close()
+        served.stop()
+
+
 def test_a_move_is_saved_and_kept_across_a_restart(tmp_path):
     cfg = _sim_config(tmp_path / "state.db")
     served = serve(cfg)
