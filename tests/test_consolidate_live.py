@@ -14,8 +14,6 @@ live controller's state.
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +34,7 @@ from cachepilot.onboard import default_cgroup_root
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.sim.backend import SimBackend
+from test_certs_init import _free_port, _stop  # noqa: E402  (the same process helpers)
 
 MiB = 1 << 20
 CLI = [sys.executable, "-m", "cachepilot"]
@@ -366,19 +365,3 @@ def _cli_ok(cmd, *args) -> str:
 def _cli_out(cmd, *args) -> str:
     r = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=60)
     return r.stdout if r.returncode == 0 else ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc):
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
