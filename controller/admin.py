@@ -1,5 +1,5 @@
 """The operators' side of the controller: status, tenants, SLOs, modes,
-the decision log and what-if.
+the decision log, what-if and consolidation plans.
 
 A mixin of the Controller (controller/service.py): every call takes the
 controller's lock, reads or changes its state, and answers with the
@@ -177,44 +177,49 @@ class AdminOps:
     def plan(self, request: pb.PlanRequest) -> pb.PlanReply:
         """A consolidation plan from every tenant's live demand vector
         (controller/consolidate.py); with apply, its moves carried out in
-        order (move_tenant), refused when it predicts a broken SLO."""
+        order (move_tenant), refused when it predicts a broken SLO.  The
+        demands are taken under the lock, the packing (up to the MILP's
+        time limit) is done without it: rounds go on meanwhile."""
         from cachepilot.controller import consolidate, planner
         if not 0 <= request.headroom <= 10 or request.hosts < 0:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
                           "plan: headroom must be in [0, 10] and hosts >= 0")
         with self.lock:
-            demands = consolidate.live_demands(self.config, self.engine.state, self.registry,
+            config = self.config.model_copy(deep=True)
+            demands = consolidate.live_demands(config, self.engine.state, self.registry,
                                                request.headroom or 0.10)
             resources = consolidate.node_resources(self.registry)
-            try:
-                result = planner.plan(
-                    self.config, demands=demands, resources=resources,
-                    memory_only=request.memory_only, hosts=request.hosts or None,
-                    refine=consolidate.as_allocated(self.config, self.engine.state,
-                                                    self.registry))
-            except UserError as err:
-                raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
-            applied, message = [], ""
-            if request.apply:
-                if result.breaks and not request.force:
-                    raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"plan --apply: refused, it predicts these tenants miss "
-                                  f"their SLO: {', '.join(result.breaks)} (--force "
-                                  f"carries it out all the same)")
+            refine = consolidate.as_allocated(config, self.engine.state, self.registry)
+        try:
+            result = planner.plan(config, demands=demands, resources=resources,
+                                  memory_only=request.memory_only,
+                                  hosts=request.hosts or None, refine=refine)
+        except UserError as err:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, str(err)) from None
+        applied, message = [], ""
+        if request.apply:
+            if result.breaks and not request.force:
+                raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"plan --apply: refused, it predicts these tenants miss "
+                              f"their SLO: {', '.join(result.breaks)} (--force "
+                              f"carries it out all the same)")
+            with self.lock:
                 for move in result.moves:
                     self.move_tenant(move["tenant"], move["to"], move["limit_bytes"],
                                      move["policy"])
                     applied.append(f"{move['tenant']}: {move['from']} -> {move['to']}")
-                message = f"{len(applied)} move(s) carried out"
-        return pb.PlanReply(plan_json=json.dumps(result.to_dict(), default=_json_safe),
+            message = f"{len(applied)} move(s) carried out"
+        return pb.PlanReply(plan_json=json.dumps(result.to_dict(), default=str),
                             applied=applied, message=message)
 
     def move_tenant(self, tenant: str, node: str, limit_bytes: int, policy) -> None:
         """Place `tenant` on `node` (the lock held): the config's placement
-        changes and is saved, it arrives at `limit_bytes` under `policy`,
-        and both nodes' agents are told to register again, when the old
-        one lets it go and the new one is handed it.  Its cache stays
-        behind; what the engine learnt of it goes along."""
+        changes and is saved, and both nodes' agents are told to register
+        again, when the old one lets it go and the new one is handed it.
+        Its cache stays behind; what the engine learnt of it goes along.
+        The plan's `limit_bytes` and `policy` are its start (the sim starts
+        it there; on a real host the migration makes its cgroup at that
+        limit, as `make consolidate` does; the rounds take it from there)."""
         spec = self._tenant(tenant)
         if node not in self.registry.nodes:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown node {node!r}")
@@ -289,8 +294,3 @@ def _prediction(p, before=None) -> pb.WhatIfTenant:
         msg.slo_met_before = bool(before.slo_met)
     return msg
 
-
-def _json_safe(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return str(v)

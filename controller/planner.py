@@ -1,14 +1,16 @@
 """Consolidation planner: the fewest hosts on which every SLO is still met.
 
-Input is an ordinary config: `nodes` are the hosts that exist (their
-memory), `tenants` say where each runs now, its SLO, floor, ceiling and
-allowed policies, and where its curves come from: a `curves_file`, or a
-`workload` the planner profiles itself (_needs).  A tenant's demand is the
-least memory with which one allowed policy meets its SLO in every phase of
-its workload (tenant_demands): one (policy, size) pair that needs no
-autopilot to stay safe.  Packing the demands onto hosts is bin packing,
-solved exactly while the case is small and by first-fit decreasing beyond
-(plan).
+Input is an ordinary config: `nodes` are the hosts that exist (memory, and
+disk bandwidth and cores where known), `tenants` say where each runs now,
+its SLO, floor, ceiling and allowed policies.  A tenant's demand is a
+vector: memory, disk reads per second, cores.  Offline (`cachepilot plan`)
+it is the least memory with which one allowed policy meets its SLO in
+every phase of its workload or curves file (tenant_demands); live
+(`admin plan`) it is built from what the agents report
+(controller/consolidate.py).  The vectors are packed onto the hosts
+(controller/packing.py), each tenant's throughput on its host is predicted
+from its model and its fair share of the host's disk and cores (predict),
+and the moves are put in an order that can be carried out (order_moves).
 """
 from __future__ import annotations
 

@@ -15,9 +15,10 @@ tenants are closed-loop; the others are batch jobs at fixed rates.
     1. in place: the tenants run where they start; their SLOs are set to
        SLO_FRACTION of what they do there (`admin set-slo`);
     2. `admin plan` from the live data, then `admin plan --apply`: the
-       controller moves each tenant in its store, and this script moves
-       its processes into the new host's cgroups and drops its files from
-       the page cache (a migration leaves the cache behind);
+       controller moves each tenant in its store, and this script makes
+       its cgroup on the new host at the plan's limit, moves its processes
+       there and drops its files from the page cache (a migration leaves
+       the cache behind);
     3. after the move: each tenant's throughput against the plan's
        prediction and its SLO;
     4. the same for two plans the planner would not make, carried out with
@@ -240,9 +241,15 @@ class Running:
             for name, host in self.where.items():
                 self.hosts.place(self.hosts.pids(host, name), host, name)
 
-    def move(self, name: str, host: str):
-        """Its processes into `host`'s cgroups, its files out of the page cache."""
+    def move(self, name: str, host: str, limit: int):
+        """Its cgroup on `host` made at the plan's `limit` (what it gets on
+        arrival), its processes moved there, its files out of the page
+        cache."""
         old = self.where[name]
+        target = self.hosts.path("memory", host, name)
+        target.mkdir(exist_ok=True)
+        _write(target / ("memory.limit_in_bytes" if self.hosts.version == 1
+                         else "memory.max"), str(limit))
         self.hosts.place(self.hosts.pids(old, name), host, name)
         for f in files_of(self.data, name):
             fd = os.open(f, os.O_RDONLY)
@@ -358,7 +365,7 @@ def carry_out(configs: dict, running: Running, plan_args: list[str], label: str)
     the plan carried out (kept in the work folder, and shown)."""
     reply = json.loads(admin(configs, "--json", "plan", "--apply", *plan_args))
     for move in reply["plan"]["moves"]:
-        running.move(move["tenant"], move["to"])
+        running.move(move["tenant"], move["to"], move["limit_bytes"])
     (running.work / f"plan-{label}.json").write_text(json.dumps(reply["plan"], indent=1))
     print(f"{label}: the plan carried out")
     from cachepilot.controller.plan_cli import print_plan
@@ -390,8 +397,11 @@ def summary(plan: dict, series: dict, slos: dict, warm: int) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--interval", type=float, default=2.0)
-    ap.add_argument("--intervals", type=int, default=30, help="per measured run (30)")
-    ap.add_argument("--warm", type=int, default=10, help="intervals after a move left out")
+    ap.add_argument("--intervals", type=int, default=60, help="per measured run (60)")
+    # a moved tenant's cache starts empty and refills at its share of its
+    # new disk (150 MiB at 8 MiB/s: 20 s), while the rounds step its limit
+    ap.add_argument("--warm", type=int, default=25,
+                    help="intervals after a move left out (25)")
     ap.add_argument("--data", default="/var/tmp/cachepilot-consolidate")
     ap.add_argument("--quick", action="store_true", help="short runs (a smoke test)")
     args = ap.parse_args()
