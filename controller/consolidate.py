@@ -75,8 +75,7 @@ def _trade_memory_for_disk(d: Demand, spec, report, state, config, headroom, cap
         if trial.disk_bps <= cap or k == 16:
             trial.why = (f"{d.why}; {size >> 20} MiB rather than {start >> 20} MiB, so that "
                          f"its disk reads fit")
-            for f in dataclasses.fields(d):
-                setattr(d, f.name, getattr(trial, f.name))
+            d.__dict__.update(trial.__dict__)
             return
 
 
@@ -93,35 +92,17 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
         return
     thr_now = report.throughput or 0.0
     accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
-    d.curve_factor = outcome_factor(state, spec, report, config)
-    m = min(1.0, p.miss_ratio * d.curve_factor)
-    d.policy, d.miss_ratio = policy, m
-    d.disk_per_op = _disk_per_op(report, thr_now, accesses_per_op, m)
+    d.policy, d.miss_ratio = policy, p.miss_ratio
+    d.disk_per_op = _disk_per_op(report, thr_now, accesses_per_op, p.miss_ratio)
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
     if d.slo:
         a, b, _ = whatif._model(state, spec.name, spec, config.control)
         d.a, d.b = a, b
-        d.predicted_throughput = 1.0 / max(a + b * m, 1e-12)
+        d.predicted_throughput = p.throughput if math.isfinite(p.throughput) else None
         rate = d.slo * (1 + headroom)
     else:
         d.predicted_throughput = rate = thr_now
     d.disk_bps, d.cpu = rate * d.disk_per_op, rate * d.cpu_per_op
-
-
-def outcome_factor(state, spec, report, config) -> float:
-    """What the tenant's own misses say of its curves: the miss ratio it
-    had over the one its running policy's curves give at its limit now
-    (1 where either is nil), within [1/4, 4].  The kernel's page cache is
-    two lists and the limit holds more than the tenant's pages, so its
-    curves read lower than it misses, by a factor of its own; a plan reads
-    them at other sizes, so it scales them by that factor."""
-    try:
-        now = whatif.tenant(state, spec, report, config.control, None, report.policy)
-    except whatif.WhatIfError:
-        return 1.0
-    if report.miss_ratio > 0 and now.miss_ratio > 0:
-        return min(4.0, max(0.25, report.miss_ratio / now.miss_ratio))
-    return 1.0
 
 
 def as_allocated(config, state, registry):
@@ -151,10 +132,9 @@ def as_allocated(config, state, registry):
                 d, r = out[p.tenant], reports[p.tenant]
                 thr_now = r.throughput or 0.0
                 per_op = r.accesses_per_s / thr_now if thr_now > 0 else 1.0
-                m = min(1.0, p.miss_ratio * d.curve_factor)
                 out[p.tenant] = dataclasses.replace(
-                    d, demand_bytes=p.limit_bytes, miss_ratio=m,
-                    disk_per_op=_disk_per_op(r, thr_now, per_op, m))
+                    d, demand_bytes=p.limit_bytes, miss_ratio=p.miss_ratio,
+                    disk_per_op=_disk_per_op(r, thr_now, per_op, p.miss_ratio))
         return [out[d.tenant] for d in demands]
     return refine
 

@@ -55,7 +55,6 @@ class Demand:
     b: float | None = None
     disk_per_op: float = 0.0
     cpu_per_op: float = 0.0
-    curve_factor: float = 1.0       # its misses over its curves' (consolidate.py)
 
 
 @dataclass

@@ -213,8 +213,6 @@ def test_admin_plan_is_made_from_what_the_agents_reported(tmp_path):
         t1 = next(d for d in plan["demands"] if d["tenant"] == "t1")
         assert t1["source"] == "engine" and t1["a"] is not None and t1["miss_ratio"] is not None
         assert t1["disk_bps"] > 0 and math.isfinite(t1["disk_bps"])
-        # its curves scaled by what its own misses say of them, within bounds
-        assert 0.25 <= t1["curve_factor"] <= 4 and t1["curve_factor"] != 1.0
         assert plan["predictions"]["t1"]["slo_met"] is True
         # predicted at what its host's round would give it (the spare memory
         # of the host is handed out), not at its demand alone
@@ -232,12 +230,12 @@ def test_admin_plan_is_made_from_what_the_agents_reported(tmp_path):
 
 
 def test_a_demand_that_would_read_more_than_half_a_disk_takes_memory_instead(tmp_path):
-    """The same sim tenants on hosts whose disks read 8 MiB/s: the SLO
+    """The same sim tenants on hosts whose disks read 32 MiB/s: the SLO
     tenant's size for its SLO alone would read more than half of one, so
     its demand is raised to a size whose reads fit (or to the largest)."""
     data = _sim_config(tmp_path / "state.db").model_dump(mode="python", exclude={"source"})
     for n in data["nodes"]:
-        n["disk_read_bytes_per_s"] = 8 * MiB
+        n["disk_read_bytes_per_s"] = 32 * MiB
     cfg = config_from_dict(data)
     served = serve(cfg)
     clients = [NodeClient(SimBackend(cfg, node, seed=3), f"127.0.0.1:{served.port}",
@@ -253,7 +251,7 @@ def test_a_demand_that_would_read_more_than_half_a_disk_takes_memory_instead(tmp
                 c.config, c.engine.state, c.registry)}
         t1 = plain["t1"]
         assert "so that its disk reads fit" in t1.why
-        assert t1.disk_bps <= 4 * MiB or t1.demand_bytes >= 90 * MiB
+        assert t1.disk_bps <= 16 * MiB or t1.demand_bytes >= 90 * MiB
     finally:
         for cl in clients:
             cl.close()
