@@ -437,9 +437,8 @@ def _disk_share(full: np.ndarray, demands, share: float) -> np.ndarray:
     the share alone may still have a host to itself."""
     cap = full.copy()
     heaviest = max(d.disk_bps for d in demands)
-    cap[:, 1] = np.where(np.isfinite(full[:, 1]),
-                         np.minimum(full[:, 1], np.maximum(full[:, 1] * share, heaviest)),
-                         full[:, 1])
+    known = np.isfinite(full[:, 1])            # an unknown disk stays unbounded
+    cap[known, 1] = np.minimum(full[known, 1], np.maximum(full[known, 1] * share, heaviest))
     return cap
 
 

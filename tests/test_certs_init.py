@@ -90,10 +90,18 @@ def cgroup_root():
     tenant = root / "cachepilot-example"
     tenant.mkdir(parents=True)
     yield root
-    for p in (tenant, root):
+    rmdir_all([tenant, root])
+
+
+def rmdir_all(paths) -> None:
+    """Remove cgroup directories, children first as given, each retried
+    for up to 5 s while the kernel lets go of its last task."""
+    for p in paths:
         for _ in range(50):
             try:
                 p.rmdir()
+                break
+            except FileNotFoundError:
                 break
             except OSError:
                 time.sleep(0.1)

@@ -34,7 +34,7 @@ from cachepilot.onboard import default_cgroup_root
 from cachepilot.protocol import cachepilot_pb2 as pb
 from cachepilot.protocol import cachepilot_pb2_grpc as pb_grpc
 from cachepilot.sim.backend import SimBackend
-from test_certs_init import _free_port, _stop  # noqa: E402  (the same process helpers)
+from test_certs_init import _free_port, _stop, rmdir_all  # noqa: E402  (shared helpers)
 
 MiB = 1 << 20
 CLI = [sys.executable, "-m", "cachepilot"]
@@ -339,14 +339,7 @@ def test_admin_plan_apply_moves_a_real_tenant_to_the_other_agent(tmp_path):
     finally:
         for p in reversed(procs):
             _stop(p)
-        for r in roots:
-            for p in (r / "ta", r / "tb", r):
-                for _ in range(50):
-                    try:
-                        p.rmdir()
-                        break
-                    except OSError:
-                        time.sleep(0.1)
+        rmdir_all([p for r in roots for p in (r / "ta", r / "tb", r)])
 
 
 def _start(tmp_path, name, config, logs):
