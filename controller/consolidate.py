@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from cachepilot.controller import planner
 from cachepilot.controller.engine import whatif
 from cachepilot.controller.planner import Demand, live_demand
 from cachepilot.models.mrc import PAGE_SIZE
@@ -30,6 +31,9 @@ def node_resources(registry) -> dict[str, tuple[float, float]]:
 def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand]:
     """Every configured tenant's demand vector from what the controller
     knows of it now (see the module's docstring)."""
+    disks = planner.host_capacity(config, node_resources(registry))[:, 1]
+    known = [v for v in disks if math.isfinite(v)]
+    cap = DISK_FIT * max(known, default=math.inf)       # of the largest disk known
     out = []
     for spec in config.tenants:
         rec = registry.nodes.get(spec.node)
@@ -40,8 +44,7 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
             d.why = "not reported yet: its floor"
         else:
             _vector(d, spec, report, state, config, headroom)
-            _trade_memory_for_disk(d, spec, report, state, config, headroom,
-                                   DISK_FIT * _largest_disk(config, registry))
+            d = _trade_memory_for_disk(d, spec, report, state, config, headroom, cap)
         out.append(d)
     return out
 
@@ -52,31 +55,24 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
 DISK_FIT = 0.5
 
 
-def _largest_disk(config, registry) -> float:
-    found = [n.disk_read_bytes_per_s or (registry.nodes[n.name].info.disk_read_bytes_per_s
-                                         if n.name in registry.nodes and
-                                         registry.nodes[n.name].info else 0)
-             for n in config.nodes]
-    return max(found, default=0) or math.inf
-
-
-def _trade_memory_for_disk(d: Demand, spec, report, state, config, headroom, cap):
-    """A demand whose disk reads at its size exceed `cap` is raised to the
+def _trade_memory_for_disk(d: Demand, spec, report, state, config, headroom,
+                           cap) -> Demand:
+    """d, or, when its disk reads at its size exceed `cap`, d raised to the
     least size (of sixteen between it and the largest host) at which they
     fit: memory is what a host has to spare when its disk has none."""
     if d.miss_ratio is None or d.disk_bps <= cap:
-        return
+        return d
     top = max(n.memory_bytes for n in config.nodes)
     start = d.demand_bytes
     for k in range(1, 17):
         size = int(start * (top / start) ** (k / 16)) // PAGE_SIZE * PAGE_SIZE
         trial = dataclasses.replace(d, demand_bytes=size)
         _vector(trial, spec, report, state, config, headroom)
-        if trial.disk_bps <= cap or k == 16:
-            trial.why = (f"{d.why}; {size >> 20} MiB rather than {start >> 20} MiB, so that "
-                         f"its disk reads fit")
-            d.__dict__.update(trial.__dict__)
-            return
+        if trial.disk_bps <= cap:
+            break
+    trial.why = (f"{d.why}; {size >> 20} MiB rather than {start >> 20} MiB, so that "
+                 f"its disk reads fit")
+    return trial
 
 
 def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
@@ -91,9 +87,8 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
         d.why += f"; no prediction ({err})"
         return
     thr_now = report.throughput or 0.0
-    accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
     d.policy, d.miss_ratio = policy, p.miss_ratio
-    d.disk_per_op = _disk_per_op(report, thr_now, accesses_per_op, p.miss_ratio)
+    d.disk_per_op = _disk_per_op(report, p.miss_ratio)
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
     if d.slo:
         a, b, _ = whatif._model(state, spec.name, spec, config.control)
@@ -129,23 +124,22 @@ def as_allocated(config, state, registry):
             except whatif.WhatIfError:
                 continue
             for p in got:
-                d, r = out[p.tenant], reports[p.tenant]
-                thr_now = r.throughput or 0.0
-                per_op = r.accesses_per_s / thr_now if thr_now > 0 else 1.0
                 out[p.tenant] = dataclasses.replace(
-                    d, demand_bytes=p.limit_bytes, miss_ratio=p.miss_ratio,
-                    disk_per_op=_disk_per_op(r, thr_now, per_op, p.miss_ratio))
+                    out[p.tenant], demand_bytes=p.limit_bytes, miss_ratio=p.miss_ratio,
+                    disk_per_op=_disk_per_op(reports[p.tenant], p.miss_ratio))
         return [out[d.tenant] for d in demands]
     return refine
 
 
-def _disk_per_op(report, thr_now: float, accesses_per_op: float, m: float) -> float:
+def _disk_per_op(report, m: float) -> float:
     """Disk bytes an operation reads at miss ratio m: what it reads now
     per operation (its disk reads where known, else the pages put in its
     cache, read-ahead and all), scaled by m over its miss ratio now; a
     page per miss where it reads nothing now."""
+    thr_now = report.throughput or 0.0
     reads = report.read_bytes_per_s if report.read_bytes_per_s is not None \
         else report.inserts_per_s * PAGE_SIZE
     if thr_now > 0 and reads > 0 and report.miss_ratio > 0:
         return reads / thr_now * m / report.miss_ratio
+    accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
     return accesses_per_op * m * PAGE_SIZE

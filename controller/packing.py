@@ -52,7 +52,8 @@ def first_fit_decreasing(demand, capacity, allowed, current, names, hosts=None):
     nowhere."""
     free = capacity.astype(float).copy()
     opened: list[int] = []
-    order = sorted(range(len(demand)), key=lambda t: (-_share(demand, capacity)[t], names[t]))
+    share = _share(demand, capacity)
+    order = sorted(range(len(demand)), key=lambda t: (-share[t], names[t]))
     by_size = sorted(range(len(capacity)), key=lambda h: -capacity[h, 0])
     out = {}
     for t in order:
