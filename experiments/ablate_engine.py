@@ -58,6 +58,11 @@ def no_phase_hold(R):
     return [None] * R.n
 
 
+def no_prediction_sigma(R):
+    """prediction_sigma without a record: every prediction taken as exact."""
+    return np.zeros(R.n)
+
+
 def no_trial(st, policy, limit_bytes, usable, least=2):
     """watchdog.trial_reference without trials: no reference, no trial."""
     return None
@@ -90,6 +95,8 @@ RULES = {
                         {"autopilot_baseline": None}),
     "reallocation-deadband": ("memory moves only for a 3 % modelled gain", {},
                               {"reallocation_gain": 0.0}),
+    "prediction-doubt": ("a new division must win by more than its predictions' error",
+                         {"prediction_sigma": no_prediction_sigma}, {}),
     "curve-error-stretch": ("sampled curves read as needing 2 standard errors more", {},
                             {"curve_error_sigmas": 0.0}),
     "policies": ("the policy autopilot as a whole (allocation alone)",

@@ -530,20 +530,32 @@ def test_a_tenant_whose_operations_change_has_its_builders_count_the_new_phase(t
             calls.append(self)
 
     first, handover = Builder(), Builder()
-    w = types.SimpleNamespace(tenant="search", ops_per_access=None, builder=first,
-                              builders=lambda: [first, handover])
+    w = types.SimpleNamespace(tenant="search", ops_per_access=None, ops_pending=None,
+                              builder=first, builders=lambda: [first, handover])
     b = backend_for(v2_tree(tmp_path))
     for ops, acc in [(128, 2048), (130, 2000), (126, 2100), (None, 2000), (128, 0)]:
         b._follow_phase(w, ops, acc)          # 64 KiB passes, noise, no readings
     assert calls == [] and 0.05 < w.ops_per_access < 0.08
+    b._follow_phase(w, 128, 8000)              # one interval of a cache refilling
+    b._follow_phase(w, 128, 2000)              # and back: no phase
+    assert calls == [] and 0.05 < w.ops_per_access < 0.08
     b._follow_phase(w, 2600, 2650)             # 4 KiB lookups
+    assert calls == []                         # one reading is not yet a phase
+    b._follow_phase(w, 2700, 2600)
     assert calls == [first, handover]
-    assert w.ops_per_access == pytest.approx(2600 / 2650)
+    assert w.ops_per_access == pytest.approx((2600 / 2650 * 2700 / 2600) ** 0.5)
     b._follow_phase(w, 2700, 2600)
     assert len(calls) == 2
-    # the rule itself: a factor of PHASE_FACTOR either way is a phase
-    assert phase.follow(1.0, phase.PHASE_FACTOR * 1.01) == (phase.PHASE_FACTOR * 1.01, True)
-    assert phase.follow(1.0, 1.0 / (phase.PHASE_FACTOR * 1.01))[1]
-    assert not phase.follow(1.0, phase.PHASE_FACTOR * 0.99)[1]
-    assert phase.follow(None, 3.0) == (3.0, False)
-    assert phase.follow(2.0, float("nan")) == (2.0, False)
+    # the rule itself: two readings beyond PHASE_FACTOR either way, and
+    # within it of each other, are a phase
+    f = phase.PHASE_FACTOR
+    ref, changed, pending = phase.follow(1.0, f * 1.01)
+    assert (ref, changed, pending) == (1.0, False, f * 1.01)
+    assert phase.follow(1.0, f * 1.02, pending=pending)[:2] == \
+        (pytest.approx(f * (1.01 * 1.02) ** 0.5), True)
+    assert not phase.follow(1.0, 1.0 / (f * 1.01), pending=pending)[1]   # the other way
+    assert phase.follow(1.0, 1.0 / (f * 1.01), pending=1 / (f * 1.05))[1]
+    assert phase.follow(1.0, f * 0.99, pending=pending) == \
+        (pytest.approx(f ** 0.2 * 0.99 ** 0.2), False, None)
+    assert phase.follow(None, 3.0) == (3.0, False, None)
+    assert phase.follow(2.0, float("nan"), pending=5.0) == (2.0, False, 5.0)

@@ -2,6 +2,7 @@
 curves and service times are known: the reports it sees are what those
 tenants would observe under the limits and policies it directs."""
 import copy
+import math
 
 import numpy as np
 import pytest
@@ -993,6 +994,73 @@ def test_the_deadband_weighs_the_division_not_the_sizes():
     assert not kept[0] and out.tolist() == [150.0, 100.0]
 
 
+def test_a_division_must_win_by_more_than_its_tenants_prediction_error():
+    from cachepilot.controller.engine.allocate import keep_unless_better
+    xs = np.array([[0.0, 100.0, 200.0], [0.0, 100.0, 200.0]])
+    ys = np.array([[1.0, 0.5, 0.1], [1.0, 0.5, 0.45]])
+    a, b = np.array([1.0, 1.0]), np.array([9.0, 9.0])
+    node, lo, hi, budget = np.array([0, 0]), np.zeros(2), np.full(2, 200.0), np.array([200.0])
+    args = (node, budget, lo, hi, np.array([100.0, 100.0]), np.array([200.0, 0.0]),
+            xs, ys, a, b, 0.03)
+    # all to the first gains about a third of the total: made where the
+    # predictions are trusted to 10 %, kept where they err by a factor e^2
+    _, kept = keep_unless_better(*args, np.array([0.1, 0.1]))
+    assert not kept[0]
+    _, kept = keep_unless_better(*args, np.array([2.0, 2.0]))
+    assert kept[0]
+    # the doubt is of the changes, each short by 1 - exp(-sigma) of itself
+    t_stay = 1 / (a + b * 0.5)
+    t_new = 1 / (a + b * np.array([0.1, 1.0]))
+    gain = (t_new - t_stay).sum() - 0.03 * t_stay.sum()
+    short = gain / abs((t_new - t_stay)[0])           # first tenant's error alone
+    sigma = -math.log(1 - short)
+    _, kept = keep_unless_better(*args, np.array([sigma * 0.99, 0.0]))
+    assert not kept[0]
+    _, kept = keep_unless_better(*args, np.array([sigma * 1.01, 0.0]))
+    assert kept[0]
+    # however wild one tenant's predictions, a gain many times its change's
+    # shortfall is still made
+    big = np.array([[0.0, 100.0, 200.0], [0.0, 100.0, 200.0]])
+    ys2 = np.array([[1.0, 1.0, 0.0], [1.0, 0.5, 0.48]])
+    _, kept = keep_unless_better(node, budget, lo, hi, np.array([0.0, 200.0]),
+                                 np.array([200.0, 0.0]), big, ys2, np.array([0.01, 1.0]),
+                                 np.array([9.0, 9.0]), 0.03, np.array([3.0, 0.1]))
+    assert not kept[0]
+
+
+def test_the_prediction_error_is_the_record_of_outcomes_with_the_fit_as_prior():
+    from types import SimpleNamespace
+    from cachepilot.controller.engine.round import PRIOR_WEIGHT, prediction_sigma
+    from cachepilot.controller.engine.types import TenantState
+    fresh, erring = TenantState(), TenantState()
+    erring.t_errors = [math.log(0.5), math.log(0.6), math.log(1.4)]
+    R = SimpleNamespace(n=2, spread=np.array([0.1, 0.1]), tstates=[fresh, erring])
+    s = prediction_sigma(R)
+    assert s[0] == pytest.approx(0.1)                 # no record: its fit's spread
+    want = math.sqrt((sum(e * e for e in erring.t_errors) + PRIOR_WEIGHT * 0.01)
+                     / (3 + PRIOR_WEIGHT))
+    assert s[1] == pytest.approx(want) and s[1] > 0.3
+
+
+def test_each_decision_scored_against_its_outcome_goes_on_the_tenants_record():
+    # a switch predicted to gain and observed two reports later: its
+    # log(observed / predicted) is on the tenant's record, and stays saved
+    synth = {"a": tenant("a", 0.8, 0.8, POLS, better={"s3fifo": 1.6, "lru": 0.9}),
+             "b": tenant("b", 0.8, 0.8, POLS, better={"s3fifo": 1.01})}
+    loop = Loop(make([{"name": n, "node": "n1"} for n in "ab"], autopilot_k=3,
+                     autopilot_threshold=0.05), synth)
+    for _ in range(8):
+        loop.step()
+    obs = [e for d in loop.decisions for e in d.log
+           if e.kind == "observed" and e.predicted and e.tenant == "a"]
+    assert obs
+    st = loop.state.tenants["a"]
+    assert st.t_errors[-len(obs):] == pytest.approx(
+        [math.log(e.observed / e.predicted) for e in obs])
+    from cachepilot.controller.engine.saved import PLAIN
+    assert "t_errors" in PLAIN
+
+
 def test_a_tenant_whose_operations_change_starts_its_model_again():
     # make e2e's search: 64 KiB sequential reads (16 pages an operation),
     # then 4 KiB lookups.  Fitted together, the passes' (miss ratio, time
@@ -1219,10 +1287,30 @@ def test_a_phase_change_drops_a_trial_under_way_and_its_old_reference():
     assert st.probation is not None and st.probation.trial
     loop.synth["a"].pages_per_op = 16.0          # the same reads, 16 to an operation
     loop.step()
+    assert not _log(loop, "phase")               # one report is not yet a phase
+    loop.step()
     st = loop.state.tenants["a"]        # a round returns a new state
     assert _log(loop, "phase") and st.probation is None and len(st.recent_obs) == 0
     loop.step()
     assert len(loop.state.tenants["a"].recent_obs) == 1
+
+
+def test_one_report_of_a_jump_is_no_phase_and_no_observation():
+    # a cache cut or refilled reads many pages an operation for one
+    # interval: that report neither starts a phase nor enters the model
+    ran, loop = _doubt_run(0.045, 0.045, steps=9)
+
+    def count():
+        st = loop.state.tenants["a"]
+        return int(loop.state.obs.count[st.slot])
+    before = count()
+    loop.synth["a"].pages_per_op = 16.0
+    loop.step()
+    assert count() == before and loop.state.tenants["a"].ops_pending is not None
+    loop.synth["a"].pages_per_op = 1.0
+    loop.step()
+    assert not _log(loop, "phase") and count() == before + 1
+    assert loop.state.tenants["a"].ops_pending is None
 
 
 def test_going_back_to_the_baseline_is_no_trial():

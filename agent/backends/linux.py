@@ -109,6 +109,7 @@ class Watched:
     # its operations per page read, smoothed (core/phase.py): a jump is a
     # new phase, and its builders count the new one from then on
     ops_per_access: float | None = None
+    ops_pending: float | None = None     # a jump that the next interval must repeat
     overflow_seen: int = 0               # the policy's overflow last reported
     last_cpu_us: int | None = None       # the cgroup's CPU time at the last report
     last_read_bytes: int | None = None   # its bytes read from disk, likewise
@@ -735,7 +736,8 @@ class LinuxBackend:
         if ops_per_s is None or not accesses_per_s > 0:
             return
         before = w.ops_per_access
-        w.ops_per_access, changed = phase.follow(before, ops_per_s / accesses_per_s)
+        w.ops_per_access, changed, w.ops_pending = phase.follow(
+            before, ops_per_s / accesses_per_s, pending=w.ops_pending)
         if changed and w.builder is not None:
             log.info("tenant %s: %.3g -> %.3g operations per page read: a new phase; "
                      "its curves count it from the next interval", w.tenant, before,

@@ -14,6 +14,7 @@ from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import Directive
 
 OBSERVE_AFTER = 2          # reports to wait before recording an observed effect
+T_ERRORS = 20              # a tenant's scored throughput predictions kept
 PENDING_MAX_AGE = 100      # rounds after which an unobserved decision is dropped
 MIB = 1048576
 
@@ -126,7 +127,8 @@ def _reason(R: Round, col: _Columns, i: int) -> str:
     if hold is not None and col.has_curve[i]:
         curve_m, seen_m = hold
         held = "cut only for SLOs" if new < cur else "not cut"
-        why.append(f"its phase just changed: {held} until its curve reads what it misses"
+        why.append(f"its operations per page read just jumped (a new phase, or its cache "
+                   f"cut or refilled): {held} until its curve reads what it misses"
                    if math.isnan(curve_m) else
                    f"its phase changed and its curve does not yet read what it misses "
                    f"({curve_m:.2f} against {seen_m:.2f}): {held}")
@@ -273,6 +275,10 @@ def _observed(state: EngineState, entry: LogEntry, tenant: str, r, rnd: int,
     already made is never changed)."""
     observed = float(r.throughput)
     gain = observed / entry.observed_before - 1.0 if entry.observed_before else None
+    st = state.tenants.get(tenant)
+    if st is not None and entry.predicted and entry.predicted > 0 and observed > 0 and \
+            math.isfinite(entry.predicted):
+        st.t_errors = (list(st.t_errors) + [math.log(observed / entry.predicted)])[-T_ERRORS:]
     obs = LogEntry(rnd, entry.node, tenant, "observed", entry.before, entry.after,
                    f"{entry.kind} change of round {entry.round}: predicted "
                    f"{_fmt(entry.predicted)}/s, observed {observed:.4g}/s",

@@ -97,6 +97,7 @@ class Round:
     x_lo: np.ndarray = None          # sizes after the SLO stage
     granted: np.ndarray = None
     kept: np.ndarray = None          # the node's last division kept (reallocation_gain)
+    t_sigma: np.ndarray = None       # relative error expected of each modelled throughput
     # step_limits
     target_wanted: np.ndarray = None  # the allocation's target, before a shrink waits
     step: dict = None                # allocate.step_limit's figures per row
@@ -206,6 +207,11 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     R.observed = {"throughput": thr_obs, "miss_ratio": m_obs, "accesses_per_s": acc}
     valid = (thr_obs > 0) & np.isfinite(thr_obs) & (m_obs >= 0) & (m_obs <= 1) & (acc > 0)
     _follow_phases(R, obs, np.where(valid, thr_obs / np.where(acc > 0, acc, 1.0), np.nan))
+    # a report whose operations per page read jumped, unconfirmed, is a
+    # transient or a new phase's first: of the model's phase either way not
+    # (make consolidate: a refilling cache's 265 ops/s at 135 MiB, fitted,
+    # made a tenant's SLO look out of reach for 70 rounds)
+    valid &= np.fromiter((t.ops_pending is None for t in R.tstates), dtype=bool, count=R.n)
     obs.add(slots[valid], m_obs[valid], 1.0 / thr_obs[valid])
     R.a, R.b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
                                  priors[:, 0], priors[:, 1],
@@ -219,8 +225,8 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
 
 
 def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
-    """A tenant whose operations per page read jumped (core/phase.py)
-    changed what an operation is (make e2e's search: 64 KiB sequential
+    """A tenant whose operations per page read jumped, two reports in a
+    row (core/phase.py), changed what an operation is (make e2e's search: 64 KiB sequential
     reads, 16 pages each, then 4 KiB lookups): the (miss ratio, seconds
     per operation) pairs of the old phase say nothing of the new, and
     fitted together they made the lookups look a sixteenth as fast as they
@@ -229,7 +235,8 @@ def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
     separate a from b."""
     for i, st in enumerate(R.tstates):
         ref = st.ops_per_access
-        st.ops_per_access, changed = phase.follow(ref, float(opa[i]), PHASE_FACTOR)
+        st.ops_per_access, changed, st.ops_pending = phase.follow(
+            ref, float(opa[i]), PHASE_FACTOR, st.ops_pending)
         if changed:
             obs.forget(st.slot)
             R.phase_changed.append((i, ref, st.ops_per_access))
@@ -869,15 +876,38 @@ def allocate_memory(R: Round, ctl) -> None:
         a_w, b_w = a_w * k, b_w * k
     R.target[cr] = allocate.distribute(node_of[cr], budget, R.x_lo[cr], R.ub[cr],
                                        pxs, pys, a_w, b_w)
+    R.t_sigma = prediction_sigma(R)
     if ctl.reallocation_gain > 0:
         # the incumbent is last round's target, not the limits in force:
         # a move the step cut short goes on to where it was decided
         incumbent = np.where(R.prev_target > 0, R.prev_target, R.current)
         R.target[cr], kept = allocate.keep_unless_better(
             node_of[cr], budget, R.x_lo[cr], R.ub[cr], incumbent[cr], R.target[cr],
-            pxs, pys, a_w, b_w, ctl.reallocation_gain)
+            pxs, pys, a_w, b_w, ctl.reallocation_gain, R.t_sigma[cr])
         R.kept = np.zeros(R.n, dtype=bool)
         R.kept[cr] = kept[node_of[cr]]
+
+
+PRIOR_WEIGHT = 2        # scored predictions the model's own spread counts as (prediction_sigma)
+
+
+def prediction_sigma(R: Round) -> np.ndarray:
+    """Per row, the relative error to expect of the tenant's modelled
+    throughput: the root mean square of log(observed / predicted) over
+    its scored decisions (TenantState.t_errors), with the model's own
+    spread around its observations (R.spread) standing for PRIOR_WEIGHT
+    of them -- a tenant with no record is trusted as far as its fit, one
+    whose moves keep missing what they promised (a cache that refills
+    slowly, a curve that flatters) as far as its record.  The error's
+    mean counts, not only its spread: a tenant whose predictions are all
+    20 % high is 20 % uncertain to a comparison with others."""
+    spread = R.spread if R.spread is not None else np.zeros(R.n)
+    out = np.empty(R.n)
+    for i, st in enumerate(R.tstates):
+        e = st.t_errors
+        out[i] = math.sqrt((sum(x * x for x in e) + PRIOR_WEIGHT * float(spread[i]) ** 2)
+                           / (len(e) + PRIOR_WEIGHT))
+    return out
 
 
 PHASE_HOLD_ROUNDS = 8   # the most rounds a new phase's limit is held
@@ -897,12 +927,19 @@ def _hold_new_phase(R: Round) -> list:
     fifth of what it served, and cut to a fifth of its file in two rounds
     -- a size where the best policy is another.  Sized on the stale curve
     it is starved; held, it keeps what it had until the curve is its own.
+    The report of a jump not yet confirmed (core/phase.py) is held too.
     SLOs' needs come first, their headroom after the hold (make e2e: kv's
     and zipf's headroom cut the held lookups to 24 MiB)."""
     out = [None] * R.n
     for i, (_, _, r) in enumerate(R.rows):
         st = R.tstates[i]
         since = st.phase_since
+        if st.ops_pending is not None:
+            # a jump the next report must confirm: a new phase's first
+            # report, or a cache cut or refilled -- not a steady state to
+            # cut on either way
+            out[i] = (math.nan, float(r.miss_ratio))
+            continue
         if since is None:
             continue
         if st.rounds - since >= PHASE_HOLD_ROUNDS:

@@ -31,7 +31,7 @@ ROW_ARRAYS = ("limit_now", "equal", "ref", "lb", "ub", "current", "slo", "has_sl
               "spread", "m_spread", "has_curve", "alloc_row", "run_row", "target", "x_lo",
               "granted", "new", "pred_target", "pred_new", "pred_old", "m_new", "feasible",
               "feasible_now", "headroom", "need", "need_safe", "target_wanted", "kept",
-              "shrink_held", "filling")
+              "shrink_held", "filling", "t_sigma")
 STEP_ARRAYS = ("base", "want", "scale", "stepped", "settled")
 
 
@@ -222,7 +222,8 @@ def record(cols: dict, i: int, mine: list[int] | None = None) -> dict:
         "tenant": t["tenant"],
         "inputs": _inputs(v, t, o, bank, mine),
         "model": {"a_s": v["a"], "b_s": v["b"], "fitted": bool(v["fitted"]),
-                  "spread": _num(v["spread"]), "curve_error": _num(v["m_spread"])},
+                  "spread": _num(v["spread"]), "curve_error": _num(v["m_spread"]),
+                  "prediction_error": _num(v.get("t_sigma", math.nan))},
         "bounds": {"node_bytes": _bytes(v["node_pages"]), "floor_bytes": _bytes(v["lb"]),
                    "ceiling_bytes": _bytes(v["ub"]), "equal_bytes": _bytes(v["equal"]),
                    "in_force_bytes": _bytes(v["current"]),
@@ -373,7 +374,8 @@ TARGET_WORDS = {
     "held": "none: the tenant is held", "no-curve": "none: no curve yet",
     "shrink-waits": "a shrink to {wanted} waits until the next round's target agrees",
     "kept-last-division": "the node's last division, kept: the new one would not gain "
-                          "enough throughput to be worth the move",
+                          "enough throughput, beyond the error of the tenants' "
+                          "predictions, to be worth the move",
     "ceiling": "its ceiling {ceiling}: every page up to it adds throughput",
     "throughput": "{after_slos} after the SLO stage, plus {extra} where the node's memory "
                   "adds the most throughput",
@@ -382,8 +384,9 @@ TARGET_WORDS = {
     "slo-need": "its SLO's need {need} (no memory left for headroom)",
     "filling-hold": "held at {after_slos}: its cache is still filling (nothing evicted "
                     "yet), so no curve says yet what less memory would cost it",
-    "phase-hold": "held at {after_slos}: its phase changed and its curve does not yet "
-                  "read what it misses",
+    "phase-hold": "held at {after_slos}: its operations per page read jumped (a new "
+                  "phase, or its cache cut or refilled) and its curve does not yet read "
+                  "what it misses",
     "floor": "its floor {floor}: nothing else on the node wants memory less",
 }
 
@@ -413,9 +416,11 @@ def explain(rec: dict) -> str:
                         "no size within its bounds meets it"))
     lines += _policy_lines(pol, b)
     if pred["throughput"] is not None:
+        err = rec["model"].get("prediction_error")
         lines.append(f"  prediction: miss ratio {pred['miss_ratio']:.3f}, "
                      f"{rate(pred['throughput'])} next interval (under {pred['policy']}; "
-                     f"{rate(pred['throughput_before'])} as it ran)")
+                     f"{rate(pred['throughput_before'])} as it ran)"
+                     + (f", trusted to +/-{100 * err:.0f} %" if err is not None else ""))
     lines.append(f"  inputs: observed miss ratio {_ratio(inp['miss_ratio'])}, "
                  f"{rate(inp['throughput'])}, limit {mib(inp['limit_bytes'])}, anonymous "
                  f"{mib(inp['usage_anon_bytes'])}, {len(inp['curves'])} curves")

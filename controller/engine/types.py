@@ -65,6 +65,7 @@ class TenantState:
     # PHASE_FACTOR says its operations changed (a phase), and the model's
     # observations of the old ones go (engine/round.py fit_models)
     ops_per_access: float | None = None
+    ops_pending: float | None = None    # a jump the next report must repeat (core/phase.py)
     # the page cache it held at its last report (pages): a cache that grew
     # since, with nothing evicted, is still filling (engine/round.py
     # _track_filling)
@@ -82,6 +83,11 @@ class TenantState:
     pred_policy: str | None = None
     pred_pages: float | None = None
     m_errors: list[float] = field(default_factory=list)
+    # log(observed / predicted) throughput of its decisions that took
+    # effect, the last T_ERRORS of them (engine/emit.py _observed): how far
+    # this tenant's predictions are to be trusted (engine/round.py
+    # prediction_sigma)
+    t_errors: list[float] = field(default_factory=list)
     # the curves of the last reports (what-if reads their mean: one
     # interval's curve is not the long-run miss ratio of a workload whose
     # period is longer than an interval); not saved -- reports bring them
@@ -96,7 +102,8 @@ class TenantState:
 
     def copy(self) -> "TenantState":
         """A copy that shares nothing a round changes.  The round replaces
-        its histories (slo_history, floors, recent_targets, m_errors)
+        its histories (slo_history, floors, recent_targets, m_errors,
+        t_errors)
         rather than changing them in place,
         and never changes a report's curves, so those are shared; the
         containers it does change in place are copied
