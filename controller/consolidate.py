@@ -90,6 +90,7 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     d.policy, d.miss_ratio = policy, p.miss_ratio
     d.disk_per_op = _disk_per_op(report, p.miss_ratio)
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
+    thr_now = recent_throughput(state.tenants.get(spec.name) if state else None, report)
     if d.slo:
         a, b, _ = whatif._model(state, spec.name, spec, config.control)
         d.a, d.b = a, b
@@ -98,6 +99,18 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     else:
         d.predicted_throughput = rate = thr_now
     d.disk_bps, d.cpu = rate * d.disk_per_op, rate * d.cpu_per_op
+
+
+def recent_throughput(st, report) -> float:
+    """What the tenant runs at now: the mean over its last reports
+    (TenantState.recent_obs) at the limit and policy of this one, not one
+    interval's reading -- a fixed-rate job read 98/s in the interval a
+    plan was made and ran at 127/s before and after (make consolidate)."""
+    now = report.throughput or 0.0
+    same = [o[3] for o in (st.recent_obs if st is not None else ())
+            if o[0] == report.policy and o[1] == float(report.limit_bytes)
+            and math.isfinite(o[3]) and o[3] > 0]
+    return sum(same) / len(same) if same else now
 
 
 def as_allocated(config, state, registry):

@@ -259,6 +259,19 @@ class Running:
                 os.close(fd)
         self.where[name] = host
 
+    def limits(self) -> dict[str, int | None]:
+        """Each tenant's memory limit where it runs now (None: unreadable)."""
+        out = {}
+        for name, host in self.where.items():
+            f = self.hosts.path("memory", host, name, "memory.limit_in_bytes"
+                                if self.hosts.version == 1 else "memory.max")
+            try:
+                text = f.read_text().strip()
+                out[name] = None if text == "max" else int(text)
+            except (OSError, ValueError):
+                out[name] = None
+        return out
+
     def counts(self) -> dict[str, float | None]:
         return {name: lib.scrape(port) for name, port in self.ports.items()}
 
@@ -329,10 +342,12 @@ def admin(configs: dict, *args: str) -> str:
 # -- a run ------------------------------------------------------------------------
 
 def measure(running: Running, interval: float, intervals: int, label: str) -> dict:
-    """Each tenant's operations per second, and each host's disk reads in
-    bytes per second (key "disk:HOST"), interval by interval."""
+    """Each tenant's operations per second, each host's disk reads in
+    bytes per second (key "disk:HOST") and each tenant's memory limit in
+    bytes at the interval's end (key "limit:NAME"), interval by interval."""
     series = {name: [] for name in running.ports}
     series.update({f"disk:{h}": [] for h in HOSTS})
+    series.update({f"limit:{name}": [] for name in running.ports})
     last, at = _sample(running), time.monotonic()
     for i in range(intervals):
         running.sweep()
@@ -341,6 +356,8 @@ def measure(running: Running, interval: float, intervals: int, label: str) -> di
         for name, v in now.items():
             prev = last.get(name)
             series[name].append(None if v is None or prev is None else (v - prev) / (t - at))
+        for name, v in running.limits().items():
+            series[f"limit:{name}"].append(v)
         last, at = now, t
         print(f"\r  {label}: {i + 1}/{intervals}", end="", flush=True)
     print()
@@ -382,12 +399,14 @@ def summary(plan: dict, series: dict, slos: dict, warm: int) -> list[dict]:
     """Per tenant: SLO, prediction, measured mean after warm-up, the share
     of those intervals that met the SLO."""
     out = []
-    for name in (n for n in series if not n.startswith("disk:")):
+    for name in (n for n in series if ":" not in n):
         after = [v for v in series[name][warm:] if v is not None]
         slo = slos.get(name)
         pred = plan["predictions"].get(name, {}).get("predicted_ops")
         out.append({"name": name, "host": plan["assignment"][name], "slo": slo,
                     "predicted_ops": pred, "measured_ops": mean(after),
+                    "planned_limit_bytes": plan["predictions"].get(name, {}).get("limit_bytes"),
+                    "limit_bytes": mean(series.get(f"limit:{name}", [])[warm:]),
                     "met_fraction": (sum(v >= slo for v in after) / len(after))
                     if slo and after else None,
                     "error": (mean(after) / pred - 1) if pred and after else None})
@@ -546,7 +565,8 @@ def plot(result: dict, path: Path):
              "#e0a040"),
             ("one host tighter", [t["measured_ops"] for t in result["tighter"]["tenants"]],
              "#c03030")]
-    fig, ax = plt.subplots(figsize=(11, 4.8))
+    fig, (ax, lim) = plt.subplots(1, 2, figsize=(15, 4.8),
+                                  gridspec_kw={"width_ratios": [2.2, 1]})
     width = 0.16
     for i, (label, vals, colour) in enumerate(bars):
         ax.bar([x + (i - 2) * width for x in range(len(names))],
@@ -563,6 +583,18 @@ def plot(result: dict, path: Path):
                  f"{result['hosts_after']} (median |prediction error| "
                  f"{(result['checks']['median_abs_error'] or 0):.0%})")
     ax.legend(fontsize=8, ncol=3)
+    # the SLO tenants' limits after the move against the plan's
+    after = result["series"]["after"]
+    for t in (t for t in result["tenants"] if t["slo"]):
+        line, = lim.plot([(v or 0) / MiB for v in after.get(f"limit:{t['name']}", [])],
+                         label=t["name"])
+        if t.get("planned_limit_bytes"):
+            lim.axhline(t["planned_limit_bytes"] / MiB, ls="--", lw=1, color=line.get_color())
+    lim.axvline(result["warm_intervals"], color="#999999", lw=0.8)
+    lim.set_xlabel("interval after the move (grey: warm-up ends)")
+    lim.set_ylabel("memory limit, MiB (dashed: the plan's)")
+    lim.set_title("limits held after the move", fontsize=10)
+    lim.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

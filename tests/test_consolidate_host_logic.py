@@ -21,8 +21,12 @@ def test_summary_leaves_out_the_warm_up_and_counts_met_intervals():
     names = [t[0] for t in ch.TENANTS]
     plan = _plan({n: 100.0 for n in names}, {n: "h1" for n in names})
     series = {n: [1.0, 1.0, 120.0, 80.0, None, 100.0] for n in names}
+    series.update({f"limit:{n}": [1, 1, 4, 6, None, 8] for n in names})
+    series["disk:h1"] = [5.0] * 6
     rows = {r["name"]: r for r in ch.summary(plan, series, {"kv-a": 90.0}, warm=2)}
+    assert set(rows) == set(names)                           # not the limits, nor disks
     kv = rows["kv-a"]
+    assert kv["limit_bytes"] == pytest.approx(6.0)           # 4, 6, 8 after warm-up
     assert kv["measured_ops"] == pytest.approx(100.0)       # 120, 80, 100: None left out
     assert kv["met_fraction"] == pytest.approx(2 / 3)       # 80 < 90
     assert kv["error"] == pytest.approx(0.0)

@@ -146,6 +146,23 @@ def test_shares_are_max_min_fair_and_a_tenant_cut_by_cores_leaves_disk_to_the_ot
     assert got["t2"]["cpu_busy"] == pytest.approx(1.0, abs=1e-3)
 
 
+def test_a_tenant_runs_at_its_recent_mean_not_one_intervals_reading():
+    # a fixed-rate job read 98/s in the interval a plan was made and 127/s
+    # before and after: its demand is the mean of its reports at this limit
+    from types import SimpleNamespace
+    from cachepilot.controller.consolidate import recent_throughput
+    from cachepilot.controller.engine.types import TenantState
+    st = TenantState()
+    for thr in (126.0, 130.0, 125.0, 98.0):
+        st.recent_obs.append(("linux", 16.0 * MiB, 0.95, thr))
+    r = SimpleNamespace(throughput=98.0, policy="linux", limit_bytes=16 * MiB)
+    assert recent_throughput(st, r) == pytest.approx((126 + 130 + 125 + 98) / 4)
+    st.recent_obs.append(("linux", 32.0 * MiB, 0.5, 400.0))    # another limit: not it
+    st.recent_obs.append(("mru", 16.0 * MiB, 0.5, float("nan")))
+    assert recent_throughput(st, r) == pytest.approx((125 + 98) / 2)
+    assert recent_throughput(None, r) == 98.0
+
+
 def test_apply_refuses_a_plan_that_predicts_a_missed_slo_unless_forced(monkeypatch):
     from cachepilot.controller import consolidate
     from cachepilot.controller.registry import Refused
