@@ -207,11 +207,12 @@ def keep_unless_better(node, budget, x_lo, x_hi, incumbent, target, xs, ys, a, b
     per cent must win by more than those shortfalls of the changes taken
     together (as independent errors, in quadrature) -- a move wins at the
     pessimistic end or is not made; a tenant whose predictions err
-    wildly still moves for a gain many times what it risks.  Throughput maximised on 1/(a + b m)
-    favours whoever holds the most (the more it holds, the more the next
-    page buys it), so without this, the node's spare memory went to one
-    tenant whole and back to the other on the next swing of their models
-    (make consolidate: 151 MiB between two tenants every 100 s).
+    wildly still moves for a gain many times what it risks.  Throughput
+    maximised on 1/(a + b m) favours whoever holds the most (the more it
+    holds, the more the next page buys it), so without this, the node's
+    spare memory went to one tenant whole and back to the other on the
+    next swing of their models (make consolidate: 151 MiB between two
+    tenants every 100 s).
     Returns (sizes, nodes kept)."""
     nn = len(budget)
     stay = np.clip(incumbent, x_lo, x_hi)

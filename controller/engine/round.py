@@ -208,9 +208,9 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
     valid = (thr_obs > 0) & np.isfinite(thr_obs) & (m_obs >= 0) & (m_obs <= 1) & (acc > 0)
     _follow_phases(R, obs, np.where(valid, thr_obs / np.where(acc > 0, acc, 1.0), np.nan))
     # a report whose operations per page read jumped, unconfirmed, is a
-    # transient or a new phase's first: of the model's phase either way not
-    # (make consolidate: a refilling cache's 265 ops/s at 135 MiB, fitted,
-    # made a tenant's SLO look out of reach for 70 rounds)
+    # transient or a new phase's first: either way not of the phase the
+    # model fits (make consolidate: a refilling cache's 265 ops/s at
+    # 135 MiB, fitted, made a tenant's SLO look out of reach for 70 rounds)
     valid &= np.fromiter((t.ops_pending is None for t in R.tstates), dtype=bool, count=R.n)
     obs.add(slots[valid], m_obs[valid], 1.0 / thr_obs[valid])
     R.a, R.b, fitted = model.fit(obs.m[slots], obs.y[slots], obs.count[slots],
@@ -226,11 +226,11 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
 
 def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
     """A tenant whose operations per page read jumped, two reports in a
-    row (core/phase.py), changed what an operation is (make e2e's search: 64 KiB sequential
-    reads, 16 pages each, then 4 KiB lookups): the (miss ratio, seconds
-    per operation) pairs of the old phase say nothing of the new, and
-    fitted together they made the lookups look a sixteenth as fast as they
-    were, and cost them their memory.  Its observations are dropped; the
+    row (core/phase.py), changed what an operation is (make e2e's search:
+    64 KiB sequential reads, 16 pages each, then 4 KiB lookups): the (miss
+    ratio, seconds per operation) pairs of the old phase say nothing of
+    the new, and fitted together they made the lookups look a sixteenth
+    as fast as they were, and cost them their memory.  Its observations are dropped; the
     prior, scaled to what the new phase shows, stands until the new ones
     separate a from b."""
     for i, st in enumerate(R.tstates):
