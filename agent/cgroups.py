@@ -296,6 +296,11 @@ def limit_file(path, knob: str = "max") -> Path:
     return p / f"memory.{knob}"
 
 
+def read_limit(path, knob: str = "max") -> int:
+    """The limit in force (0 = none), from limit_file."""
+    return _read_limit(limit_file(path, knob))
+
+
 def write_limit(path, limit_bytes: int, knob: str = "max") -> int:
     """Write a limit (0 = remove it) and return what the kernel holds after
     (it rounds to pages; v1 refuses a limit below usage it cannot reclaim)."""

@@ -90,14 +90,14 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     d.policy, d.miss_ratio = policy, p.miss_ratio
     d.disk_per_op = _disk_per_op(report, p.miss_ratio)
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
-    thr_now = recent_throughput(state.tenants.get(spec.name) if state else None, report)
+    rate_now = recent_throughput(state.tenants.get(spec.name) if state else None, report)
     if d.slo:
         a, b, _ = whatif._model(state, spec.name, spec, config.control)
         d.a, d.b = a, b
         d.predicted_throughput = p.throughput if math.isfinite(p.throughput) else None
         rate = d.slo * (1 + headroom)
     else:
-        d.predicted_throughput = rate = thr_now
+        d.predicted_throughput = rate = rate_now
     d.disk_bps, d.cpu = rate * d.disk_per_op, rate * d.cpu_per_op
 
 

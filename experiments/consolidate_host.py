@@ -248,8 +248,7 @@ class Running:
         old = self.where[name]
         target = self.hosts.path("memory", host, name)
         target.mkdir(exist_ok=True)
-        _write(target / ("memory.limit_in_bytes" if self.hosts.version == 1
-                         else "memory.max"), str(limit))
+        cgroups.write_limit(target, limit)
         self.hosts.place(self.hosts.pids(old, name), host, name)
         for f in files_of(self.data, name):
             fd = os.open(f, os.O_RDONLY)
@@ -260,15 +259,13 @@ class Running:
         self.where[name] = host
 
     def limits(self) -> dict[str, int | None]:
-        """Each tenant's memory limit where it runs now (None: unreadable)."""
+        """Each tenant's memory limit where it runs now (None: none, or
+        unreadable)."""
         out = {}
         for name, host in self.where.items():
-            f = self.hosts.path("memory", host, name, "memory.limit_in_bytes"
-                                if self.hosts.version == 1 else "memory.max")
             try:
-                text = f.read_text().strip()
-                out[name] = None if text == "max" else int(text)
-            except (OSError, ValueError):
+                out[name] = cgroups.read_limit(self.hosts.path("memory", host, name)) or None
+            except cgroups.CgroupError:
                 out[name] = None
         return out
 
@@ -402,10 +399,11 @@ def summary(plan: dict, series: dict, slos: dict, warm: int) -> list[dict]:
     for name in (n for n in series if ":" not in n):
         after = [v for v in series[name][warm:] if v is not None]
         slo = slos.get(name)
-        pred = plan["predictions"].get(name, {}).get("predicted_ops")
+        planned = plan["predictions"].get(name, {})
+        pred = planned.get("predicted_ops")
         out.append({"name": name, "host": plan["assignment"][name], "slo": slo,
                     "predicted_ops": pred, "measured_ops": mean(after),
-                    "planned_limit_bytes": plan["predictions"].get(name, {}).get("limit_bytes"),
+                    "planned_limit_bytes": planned.get("limit_bytes"),
                     "limit_bytes": mean(series.get(f"limit:{name}", [])[warm:]),
                     "met_fraction": (sum(v >= slo for v in after) / len(after))
                     if slo and after else None,

@@ -90,8 +90,11 @@ def test_write_limit_v2_max_and_high_and_removal(tmp_path):
     assert (cg / "memory.max").read_text() == str(256 * MiB)
     assert cgroups.write_limit(cg, 128 * MiB, knob="high") == 128 * MiB
     assert (cg / "memory.high").read_text() == str(128 * MiB)
+    assert cgroups.read_limit(cg) == 256 * MiB
+    assert cgroups.read_limit(cg, knob="high") == 128 * MiB
     assert cgroups.write_limit(cg, 0) == 0
     assert (cg / "memory.max").read_text() == "max"
+    assert cgroups.read_limit(cg) == 0
     with pytest.raises(cgroups.CgroupError, match="knob"):
         cgroups.write_limit(cg, MiB, knob="low")
 
@@ -100,6 +103,7 @@ def test_write_limit_v1_and_removal(tmp_path):
     cg = make_v1(tmp_path / "db")
     assert cgroups.write_limit(cg, 64 * MiB) == 64 * MiB
     assert cgroups.limit_file(cg) == cg / "memory.limit_in_bytes"
+    assert cgroups.read_limit(cg) == 64 * MiB
     cgroups.write_limit(cg, 0)
     assert (cg / "memory.limit_in_bytes").read_text() == "-1"
 

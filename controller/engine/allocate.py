@@ -223,7 +223,8 @@ def keep_unless_better(node, budget, x_lo, x_hi, incumbent, target, xs, ys, a, b
     total_target = np.bincount(node, weights=t_target, minlength=nn)
     doubt = np.zeros(nn)
     if sigma is not None:
-        change = np.where(np.isfinite(t_target - t_stay), t_target - t_stay, 0.0)
+        change = t_target - t_stay
+        change = np.where(np.isfinite(change), change, 0.0)
         short = -np.expm1(-np.maximum(sigma, 0.0))
         doubt = np.sqrt(np.bincount(node, weights=(change * short) ** 2, minlength=nn))
     kept = fits & (total_target <= total_stay * (1.0 + min_gain) + doubt)
