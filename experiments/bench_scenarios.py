@@ -49,7 +49,7 @@ policy switches and watchdog reverts per tenant (decision-log entries of
 kind "policy" and "watchdog"; "trial" counts trials kept), the error of
 the throughput predictions acted on (each entry of kind "observed" holds
 the `predicted` throughput of a decision that took effect and the
-`observed` one two reports later: the mean of (predicted - observed) /
+`observed` one the next report gives: the mean of (predicted - observed) /
 observed, signed and absolute, overall and per kind of decision), the
 wall and CPU seconds of each run and the peak RSS of the process that ran
 the scenario (each scenario runs in a process of its own unless
@@ -145,7 +145,7 @@ DECISION = re.compile(r"(\w+) change of round (\d+)")
 def prediction_errors(log, nodes: int = 1, warmup: int = 0) -> dict:
     """The error of the throughput predictions acted upon.  An entry of kind
     "observed" is logged for every decision that took effect (a policy
-    switch, a limit move, a revert), OBSERVE_AFTER (2) reports after it
+    switch, a limit move, a revert), OBSERVE_AFTER (1) report after it
     (controller/engine/emit.py), with the decision's `predicted`
     throughput and the `observed` one in its detail; its message names
     the decision ("loop-1: observed linux -> mru: policy change of round

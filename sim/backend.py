@@ -200,11 +200,15 @@ class SimTenant:
             curves = self.builder.snapshot()
             self.builder.end_window()
         resident = min(self.limit_bytes, _resident_bytes(self.cache))
+        inserted = n * m / self.interval_s
         self.interval += 1
         report = TenantReport(
             tenant=self.spec.name, cgroup=self.spec.cgroup, interval_s=self.interval_s,
-            accesses_per_s=throughput, inserts_per_s=throughput * m,
-            removals_per_s=throughput * m if resident >= self.limit_bytes else 0.0,
+            # the pages its cache took in (and gave up) per second of the
+            # interval: n accesses were simulated, whatever the service
+            # model makes of them in operations
+            accesses_per_s=throughput, inserts_per_s=inserted,
+            removals_per_s=inserted if resident >= self.limit_bytes else 0.0,
             refaults_per_s=0.0, limit_bytes=self.limit_bytes,
             usage_file_bytes=resident, usage_anon_bytes=0, policy=self.policy,
             throughput=throughput, miss_ratio=m, curves=curves,

@@ -1043,8 +1043,9 @@ def test_the_prediction_error_is_the_record_of_outcomes_with_the_fit_as_prior():
 
 
 def test_each_decision_scored_against_its_outcome_goes_on_the_tenants_record():
-    # a switch predicted to gain and observed two reports later: its
-    # log(observed / predicted) is on the tenant's record, and stays saved
+    # a switch predicted to gain and observed on the next report, the one
+    # interval it governed alone: its log(observed / predicted) is on the
+    # tenant's record, and stays saved
     synth = {"a": tenant("a", 0.8, 0.8, POLS, better={"s3fifo": 1.6, "lru": 0.9}),
              "b": tenant("b", 0.8, 0.8, POLS, better={"s3fifo": 1.01})}
     loop = Loop(make([{"name": n, "node": "n1"} for n in "ab"], autopilot_k=3,
@@ -1057,6 +1058,7 @@ def test_each_decision_scored_against_its_outcome_goes_on_the_tenants_record():
     st = loop.state.tenants["a"]
     assert st.t_errors[-len(obs):] == pytest.approx(
         [math.log(e.observed / e.predicted) for e in obs])
+    assert all(e.round == e.decided_round + 1 for e in obs)
     from cachepilot.controller.engine.saved import PLAIN
     assert "t_errors" in PLAIN
 

@@ -417,3 +417,54 @@ def test_a_tenant_restored_again_keeps_its_row_of_observations():
     a, b = saved.tenant_record(state, "a")["obs"], saved.tenant_record(state, "b")["obs"]
     assert a["m"][:a["count"]] == [0.5, 0.6]
     assert b["m"][:b["count"]] == [0.1, 0.2, 0.3]
+
+
+def _fill_round(curve, resident, new, fill_rate, interval_s=1.0):
+    """A one-row Round with what round._filled reads."""
+    from types import SimpleNamespace
+    from cachepilot.controller.engine.round import Round
+    R = Round(1)
+    R.rows = [(0, None, SimpleNamespace(interval_s=interval_s))]
+    R.bank = CurveBank([curve])
+    R.alloc_row = np.array([0])
+    R.new, R.resident = np.array([float(new)]), np.array([float(resident)])
+    R.fill_rate = np.array([float(fill_rate)])
+    return R
+
+
+def test_a_raised_limit_is_predicted_where_its_misses_can_have_filled_it():
+    from cachepilot.controller.engine.round import _filled
+    loop = MRC(np.array([999, 1000, 4000]), np.array([1.0, 0.0, 0.0]), "lru")
+    rows = np.array([0])
+    # a loop of 1,000 pages held at 500, raised to 1,200: the misses of
+    # half an interval bring in 100 pages, so the next interval still
+    # misses every access (its steady state hits every one)
+    R = _fill_round(loop, 500, 1200, fill_rate=200)
+    x = _filled(R, rows, 0.5)
+    assert x[0] == pytest.approx(600)
+    assert R.bank.miss_at(np.array([0]), x)[0] == 1.0
+    # fast enough, the cache reaches the new limit and the loop fits
+    assert _filled(_fill_round(loop, 500, 1200, fill_rate=1e5), rows, 0.5)[0] == 1200
+    # a cut takes hold at once, whatever the fill rate
+    assert _filled(_fill_round(loop, 1000, 700, fill_rate=0), rows, 0.5)[0] == 700
+    # a cache that hits everything it holds does not grow: its working set
+    # fits (its curve is at its floor where it stands)
+    flat = MRC(np.array([100, 4000]), np.array([0.0, 0.0]), "lru")
+    assert _filled(_fill_round(flat, 300, 3000, fill_rate=1e6), rows, 0.5)[0] == 300
+
+
+def test_a_filling_cache_grows_between_its_miss_ratios_at_either_end():
+    # uniform over 4,000 pages: misses 1 - x / 4000.  Grown for t seconds
+    # at `rate` pages per unit miss ratio, it gains at most what it would
+    # at its starting miss ratio and at least what it would at its end's
+    from cachepilot.controller.engine.round import _filled
+    uni = MRC(np.array([0, 4000]), np.array([1.0, 0.0]), "lru")
+    rows = np.array([0])
+    for x0, new, rate, t in ((1000, 3000, 2000, 0.5), (500, 3900, 3000, 1.5),
+                             (2000, 2500, 100, 0.5)):
+        x = _filled(_fill_round(uni, x0, new, rate), rows, t)[0]
+        hi = min(new, x0 + rate * t * (1 - x0 / 4000))
+        assert x0 < x <= hi + 1e-9
+        # the exact growth: dx/dt = rate (1 - x / 4000)
+        exact = min(new, 4000 - (4000 - x0) * np.exp(-rate * t / 4000))
+        assert x == pytest.approx(exact, rel=0.02)

@@ -7,13 +7,12 @@ import math
 
 import numpy as np
 
-from cachepilot.controller.engine.round import FEASIBILITY_ROUNDS, Round
+from cachepilot.controller.engine.round import FEASIBILITY_ROUNDS, OBSERVE_AFTER, Round
 from cachepilot.controller.engine.types import (Decision, EngineState, LogEntry,
                                                 TenantPlan, Violation)
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import Directive
 
-OBSERVE_AFTER = 2          # reports to wait before recording an observed effect
 T_ERRORS = 20              # a tenant's scored throughput predictions kept
 PENDING_MAX_AGE = 100      # rounds after which an unobserved decision is dropped
 MIB = 1048576

@@ -91,6 +91,9 @@ class Round:
     feasible_now: np.ndarray = None  # this round's own verdict (feasible: in force)
     shrink_held: np.ndarray = None   # step_limits: a shrink not yet confirmed
     filling: np.ndarray = None       # size_bounds: its page cache is still filling
+    resident: np.ndarray = None      # size_bounds: pages it holds now, in curve sizes
+    fill_rate: np.ndarray = None     # ... pages a cache growing into a raised limit
+                                     # gains per second, per unit of miss ratio
     infeasible_share: np.ndarray = None  # share of recent rounds no size met the SLO
     # allocate_memory
     target: np.ndarray = None
@@ -106,7 +109,8 @@ class Round:
     pred_target: np.ndarray = None
     pred_new: np.ndarray = None
     pred_old: np.ndarray = None
-    m_new: np.ndarray = None         # the allocation's curve at the new limit
+    m_new: np.ndarray = None         # the allocation's curve where the cache will be
+                                     # over the next interval (_filled)
 
     @property
     def n(self) -> int:
@@ -425,6 +429,17 @@ def _track_filling(R: Round) -> None:
     show it.  Such a tenant keeps its limit (allocate_memory) until its
     cache stops growing or evicts."""
     usage = R.column(lambda s, r: r.usage_file_bytes) / PAGE_SIZE
+    # a curve's sizes are limits (the agent shifted them by the cgroup's
+    # anonymous memory), so the cache stands at file + anon on them
+    R.resident = usage + R.column(lambda s, r: r.usage_anon_bytes) / PAGE_SIZE
+    ins = R.column(lambda s, r: r.inserts_per_s)
+    m = R.observed["miss_ratio"]
+    acc = R.observed["accesses_per_s"]
+    # pages inserted per second per unit of miss ratio, as measured (a real
+    # kernel's readahead inserts more than one page per miss); one per
+    # access where nothing missed to measure it by
+    R.fill_rate = np.where((ins > 0) & (m > 0), ins / np.where(m > 0, m, 1.0),
+                           np.maximum(acc, 0.0))
     removals = R.column(lambda s, r: r.removals_per_s)
     before = np.fromiter((-1.0 if t.usage_pages is None else t.usage_pages
                           for t in R.tstates), dtype=np.float64, count=R.n)
@@ -992,9 +1007,16 @@ def _confirm_shrinks(R: Round, ctl) -> None:
             R.shrink_held[i] = True
 
 
+OBSERVE_AFTER = 1       # reports after a decision that score its prediction (engine/emit.py)
+FILL_STEPS = 32         # steps _filled integrates a cache's growth in
+
+
 def predict(R: Round) -> None:
-    """Modelled throughput at the target and the new limit on the
-    allocation's curve, and before: the running policy at the limit in force."""
+    """Modelled throughput at the target; at the new limit on the
+    allocation's curve, as the cache will stand over the next interval,
+    whose report scores it (_filled; a later report would score the next
+    round's decision as much as this one's); and before: the running
+    policy at the limit in force."""
     R.pred_target = np.full(R.n, np.nan)
     R.pred_new = np.full(R.n, np.nan)
     R.pred_old = np.full(R.n, np.nan)
@@ -1004,9 +1026,34 @@ def predict(R: Round) -> None:
     if len(cr):
         ar = R.alloc_row[cr]
         R.pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.target[cr]))
-        R.m_new[cr] = bank.miss_at(ar, R.new[cr])
+        R.m_new[cr] = bank.miss_at(ar, _filled(R, cr, OBSERVE_AFTER - 0.5))
         R.pred_new[cr] = model.throughput(a[cr], b[cr], R.m_new[cr])
     orr = np.flatnonzero(R.run_row >= 0)
     if len(orr):
         R.pred_old[orr] = model.throughput(a[orr], b[orr],
                                            bank.miss_at(R.run_row[orr], R.current[orr]))
+
+
+def _filled(R: Round, rows: np.ndarray, intervals: float) -> np.ndarray:
+    """The size each row's cache stands at `intervals` report intervals
+    after this round, on its new limit.  A cut takes hold at once; a raise
+    only as fast as misses bring pages in: every miss inserts, and a cache
+    that has not evicted holds what an LRU cache of its size would, so its
+    curve read at the size it has reached says what it misses on the way.
+    A loop raised to fit misses every access until one whole pass is in;
+    predicted at its steady state, it promised 50x what came."""
+    out = R.new[rows].copy()
+    x = np.minimum(R.resident[rows], out)
+    grow = np.flatnonzero(x < out)
+    if not len(grow):
+        return out
+    g = rows[grow]
+    new, x, ar = out[grow], x[grow], R.alloc_row[g]
+    dt = intervals * R.column(lambda s, r: r.interval_s)[g] / FILL_STEPS
+    rate = R.fill_rate[g]
+    # Euler steps: each reads the miss ratio at its start, where it is
+    # highest, so the growth errs by at most one step's
+    for _ in range(FILL_STEPS):
+        x = np.minimum(new, x + dt * rate * R.bank.miss_at(ar, x))
+    out[grow] = x
+    return out
