@@ -323,7 +323,9 @@ def test_autopilot_switches_after_k_intervals_and_logs_the_effect():
     log = [e for d in loop.decisions for e in d.log if e.tenant == "a"]
     sw = [e for e in log if e.kind == "policy"]
     assert len(sw) == 1 and sw[0].before == "linux" and sw[0].after == "s3fifo"
-    assert sw[0].predicted_gain > 0.05
+    # predicted for the next interval, as far as the cache turns over in
+    # it (round._anchored); a synthetic tenant is at its new curve at once
+    assert 0 < sw[0].predicted_gain < 0.6
     obs = [e for e in log if e.kind == "observed" and e.decided_round == sw[0].round]
     assert len(obs) == 1
     assert obs[0].observed_gain > 0.05           # the switch really helped

@@ -419,16 +419,22 @@ def test_a_tenant_restored_again_keeps_its_row_of_observations():
     assert b["m"][:b["count"]] == [0.1, 0.2, 0.3]
 
 
-def _fill_round(curve, resident, new, fill_rate, interval_s=1.0):
-    """A one-row Round with what round._filled reads."""
+def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,
+                observed=None, current=None):
+    """A one-row Round with what round._filled and round._anchored read:
+    `curve` is the allocation's, `running` the running policy's (bank
+    row 1; default: the same curve, row 0)."""
     from types import SimpleNamespace
     from cachepilot.controller.engine.round import Round
     R = Round(1)
     R.rows = [(0, None, SimpleNamespace(interval_s=interval_s))]
-    R.bank = CurveBank([curve])
+    R.bank = CurveBank([curve] + ([running] if running is not None else []))
     R.alloc_row = np.array([0])
+    R.run_row = np.array([1 if running is not None else 0])
     R.new, R.resident = np.array([float(new)]), np.array([float(resident)])
+    R.current = np.array([float(resident if current is None else current)])
     R.fill_rate = np.array([float(fill_rate)])
+    R.observed = {"miss_ratio": np.array([np.nan if observed is None else float(observed)])}
     return R
 
 
@@ -468,3 +474,43 @@ def test_a_filling_cache_grows_between_its_miss_ratios_at_either_end():
         # the exact growth: dx/dt = rate (1 - x / 4000)
         exact = min(new, 4000 - (4000 - x0) * np.exp(-rate * t / 4000))
         assert x == pytest.approx(exact, rel=0.02)
+
+
+def test_a_prediction_starts_from_what_the_tenant_misses_and_turns_over_to_its_curve():
+    from cachepilot.controller.engine.round import _anchored
+    rows, x = np.array([0]), np.array([1000.0])
+    new = MRC(np.array([0, 4000]), np.array([0.2, 0.2]), "mru")      # reads 0.2
+    old = MRC(np.array([0, 4000]), np.array([0.9, 0.9]), "lru")      # reads 0.9
+
+    def at(rate, observed, running=old, t=0.5):
+        R = _fill_round(new, 1000, 1000, rate, running=running, observed=observed)
+        return _anchored(R, rows, x, R.bank.miss_at(np.array([0]), x), t)[0]
+    # a switch whose cache does not turn over misses what it missed: the
+    # new policy has evicted nothing yet
+    assert at(0.0, 0.9) == pytest.approx(0.9)
+    # ... and as much of the way as the cache turned over: 200 pages a
+    # second at 0.9 miss ratio, half a second, 1,000 pages: 9 %
+    assert at(200.0, 0.9) == pytest.approx(0.9 + (0.2 - 0.9) * 0.09)
+    # a cache turned over whole is at the new curve
+    assert at(1e6, 0.9) == pytest.approx(0.2)
+    # it starts from what it misses, not from its running curve's level:
+    # a switch undone because its curve read low (it misses 0.9 where its
+    # curve reads 0.2) goes back from 0.9
+    undo = _fill_round(old, 1000, 1000, 0.0, running=new, observed=0.9)
+    assert _anchored(undo, rows, x, np.array([0.9]), 0.5)[0] == pytest.approx(0.9)
+    # where the tenant misses what its curve says, it is its curve's reading
+    assert at(200.0, 0.2, running=None) == pytest.approx(0.2)
+    # an observation outside [0, 1] is no start: the curve's reading
+    assert at(200.0, 1.7) == pytest.approx(0.2)
+
+
+def test_a_cut_is_predicted_from_what_the_tenant_misses_moved_by_its_curve():
+    from cachepilot.controller.engine.round import _anchored
+    uni = MRC(np.array([0, 4000]), np.array([1.0, 0.0]), "lru")
+    # held at 3,000 pages (curve 0.25) it misses 0.35; cut to 2,000 (curve
+    # 0.5): it starts from 0.35 + 0.25, and turns over toward 0.5
+    R = _fill_round(uni, 3000, 2000, 0.0, observed=0.35, current=3000)
+    x = np.array([2000.0])
+    assert _anchored(R, np.array([0]), x, np.array([0.5]), 0.5)[0] == pytest.approx(0.6)
+    R.fill_rate[:] = 1e6
+    assert _anchored(R, np.array([0]), x, np.array([0.5]), 0.5)[0] == pytest.approx(0.5)

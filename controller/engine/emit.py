@@ -59,7 +59,7 @@ def emit(state: EngineState, R: Round, ctl) -> Decision:
         st.limit_bytes = limit_b
         st.last_round = R.number
         if col.has_curve[i] and not R.recommend[i]:
-            st.pred_m = R.m_new[i].item()
+            st.pred_m = R.m_curve[i].item()
             st.pred_policy = R.row_policy[col.alloc_row[i]]
             st.pred_pages = limit_b / PAGE_SIZE
         else:

@@ -109,8 +109,9 @@ class Round:
     pred_target: np.ndarray = None
     pred_new: np.ndarray = None
     pred_old: np.ndarray = None
-    m_new: np.ndarray = None         # the allocation's curve where the cache will be
+    m_curve: np.ndarray = None       # the allocation's curve where the cache will be
                                      # over the next interval (_filled)
+    m_new: np.ndarray = None         # ... and what the tenant will miss there (_anchored)
 
     @property
     def n(self) -> int:
@@ -1014,19 +1015,22 @@ FILL_STEPS = 32         # steps _filled integrates a cache's growth in
 def predict(R: Round) -> None:
     """Modelled throughput at the target; at the new limit on the
     allocation's curve, as the cache will stand over the next interval,
-    whose report scores it (_filled; a later report would score the next
-    round's decision as much as this one's); and before: the running
-    policy at the limit in force."""
+    whose report scores it (_filled, _anchored; a later report would
+    score the next round's decision as much as this one's); and before:
+    the running policy at the limit in force."""
     R.pred_target = np.full(R.n, np.nan)
     R.pred_new = np.full(R.n, np.nan)
     R.pred_old = np.full(R.n, np.nan)
     a, b, bank = R.a, R.b, R.bank
     R.m_new = np.full(R.n, np.nan)
+    R.m_curve = np.full(R.n, np.nan)
     cr = np.flatnonzero(R.has_curve)
     if len(cr):
         ar = R.alloc_row[cr]
         R.pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.target[cr]))
-        R.m_new[cr] = bank.miss_at(ar, _filled(R, cr, OBSERVE_AFTER - 0.5))
+        x = _filled(R, cr, OBSERVE_AFTER - 0.5)
+        R.m_curve[cr] = bank.miss_at(ar, x)
+        R.m_new[cr] = _anchored(R, cr, x, R.m_curve[cr], OBSERVE_AFTER - 0.5)
         R.pred_new[cr] = model.throughput(a[cr], b[cr], R.m_new[cr])
     orr = np.flatnonzero(R.run_row >= 0)
     if len(orr):
@@ -1057,3 +1061,30 @@ def _filled(R: Round, rows: np.ndarray, intervals: float) -> np.ndarray:
         x = np.minimum(new, x + dt * rate * R.bank.miss_at(ar, x))
     out[grow] = x
     return out
+
+
+def _anchored(R: Round, rows: np.ndarray, x: np.ndarray, m_to: np.ndarray,
+              intervals: float) -> np.ndarray:
+    """Miss ratio of each row over `intervals` report intervals after this
+    round, at size x where its new curve reads m_to.  A cache reshapes
+    only as fast as it evicts, a page a miss: the tenant starts from what
+    it misses now (moved as the running policy's curve moves to size x)
+    and comes to its curve's reading by the share of its cache turned
+    over.  So a new policy starts from the cache the old one filled, and a
+    curve that reads below what the tenant misses (a switch undone because
+    its curve read low; a cache not yet at its steady state) comes true
+    only as its cache turns over.  Where the tenant misses what its curve
+    says, this is its curve's reading."""
+    m = m_to.copy()
+    rr = R.run_row[rows]
+    m_obs = R.observed["miss_ratio"][rows]
+    ok = np.flatnonzero((rr >= 0) & (m_obs >= 0.0) & (m_obs <= 1.0))
+    if not len(ok):
+        return m
+    g = rows[ok]
+    m_from = np.clip(m_obs[ok] + R.bank.miss_at(rr[ok], x[ok])
+                     - R.bank.miss_at(rr[ok], R.current[g]), 0.0, 1.0)
+    seconds = intervals * R.column(lambda s, r: r.interval_s)[g]
+    turned = np.minimum(1.0, R.fill_rate[g] * m_from * seconds / np.maximum(x[ok], 1.0))
+    m[ok] = m_from + (m_to[ok] - m_from) * turned
+    return m
