@@ -435,6 +435,9 @@ def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,
     R.current = np.array([float(resident if current is None else current)])
     R.fill_rate = np.array([float(fill_rate)])
     R.observed = {"miss_ratio": np.array([np.nan if observed is None else float(observed)])}
+    R.filling = np.array([False])
+    from cachepilot.controller.engine.types import TenantState
+    R.tstates = [TenantState()]
     return R
 
 
@@ -514,3 +517,36 @@ def test_a_cut_is_predicted_from_what_the_tenant_misses_moved_by_its_curve():
     assert _anchored(R, np.array([0]), x, np.array([0.5]), 0.5)[0] == pytest.approx(0.6)
     R.fill_rate[:] = 1e6
     assert _anchored(R, np.array([0]), x, np.array([0.5]), 0.5)[0] == pytest.approx(0.5)
+
+
+def test_a_filling_cache_is_anchored_where_it_stood_not_at_its_limit():
+    # uniform over 4,000 pages, limit 3,000, the cache still at 2,000 and
+    # missing 0.5 there: grown to 2,500 it misses 0.375, whatever its
+    # curve reads at the limit it has not reached
+    from cachepilot.controller.engine.round import _anchored
+    uni = MRC(np.array([0, 4000]), np.array([1.0, 0.0]), "lru")
+    R = _fill_round(uni, 2000, 3000, 0.0, observed=0.5, current=3000)
+    x = np.array([2500.0])
+    assert _anchored(R, np.array([0]), x, np.array([0.375]), 0.5)[0] == pytest.approx(0.375)
+
+
+def test_what_a_tenant_misses_now_is_the_mean_of_its_reports_at_what_it_holds():
+    from cachepilot.controller.engine.round import _missing_now
+    uni = MRC(np.array([0, 4000]), np.array([1.0, 0.0]), "lru")
+    R = _fill_round(uni, 2000, 2000, 0.0, observed=0.5)
+    rows = np.array([0])
+    obs = R.tstates[0].recent_obs
+    for rec in (("lru", 9.0, 0.9, 1.0), ("lru", 8.0, 0.3, 1.0), ("lru", 8.0, 0.5, 1.0)):
+        obs.append(rec)
+    # the last two held what it holds now; the one before held more
+    assert _missing_now(R, rows)[0] == pytest.approx(0.4)
+    # another policy now: only its own report
+    obs.append(("s3fifo", 8.0, 0.2, 1.0))
+    R.observed["miss_ratio"][:] = 0.2
+    assert _missing_now(R, rows)[0] == pytest.approx(0.2)
+    # a cache still filling misses less each report: its last one
+    obs.append(("s3fifo", 8.0, 0.1, 1.0))
+    R.observed["miss_ratio"][:] = 0.1
+    assert _missing_now(R, rows)[0] == pytest.approx(0.15)
+    R.filling[:] = True
+    assert _missing_now(R, rows)[0] == pytest.approx(0.1)

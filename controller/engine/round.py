@@ -1063,6 +1063,28 @@ def _filled(R: Round, rows: np.ndarray, intervals: float) -> np.ndarray:
     return out
 
 
+def _missing_now(R: Round, rows: np.ndarray) -> np.ndarray:
+    """What each row misses now: the mean of its last reports at the
+    policy and limit it holds (as far back as TenantState.recent_obs
+    goes), or, while its cache fills, its last report.  One report is one
+    interval's noise, and decisions follow noise (an SLO missed raises its
+    size): anchored on it, predictions read low."""
+    out = R.observed["miss_ratio"][rows].copy()
+    for k, i in enumerate(rows.tolist()):
+        obs = R.tstates[i].recent_obs
+        if R.filling[i] or not obs:
+            continue
+        pol, lim = obs[-1][0], obs[-1][1]
+        same = []
+        for p, l, mr, _ in reversed(obs):
+            if p != pol or l != lim:
+                break
+            same.append(mr)
+        if same and all(0.0 <= v <= 1.0 for v in same):
+            out[k] = sum(same) / len(same)
+    return out
+
+
 def _anchored(R: Round, rows: np.ndarray, x: np.ndarray, m_to: np.ndarray,
               intervals: float) -> np.ndarray:
     """Miss ratio of each row over `intervals` report intervals after this
@@ -1077,13 +1099,14 @@ def _anchored(R: Round, rows: np.ndarray, x: np.ndarray, m_to: np.ndarray,
     says, this is its curve's reading."""
     m = m_to.copy()
     rr = R.run_row[rows]
-    m_obs = R.observed["miss_ratio"][rows]
+    m_obs = _missing_now(R, rows)
     ok = np.flatnonzero((rr >= 0) & (m_obs >= 0.0) & (m_obs <= 1.0))
     if not len(ok):
         return m
     g = rows[ok]
+    held = np.minimum(R.resident[g], R.current[g])      # where it missed m_obs
     m_from = np.clip(m_obs[ok] + R.bank.miss_at(rr[ok], x[ok])
-                     - R.bank.miss_at(rr[ok], R.current[g]), 0.0, 1.0)
+                     - R.bank.miss_at(rr[ok], held), 0.0, 1.0)
     seconds = intervals * R.column(lambda s, r: r.interval_s)[g]
     turned = np.minimum(1.0, R.fill_rate[g] * m_from * seconds / np.maximum(x[ok], 1.0))
     m[ok] = m_from + (m_to[ok] - m_from) * turned
