@@ -434,6 +434,7 @@ def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,
     R.new, R.resident = np.array([float(new)]), np.array([float(resident)])
     R.current = np.array([float(resident if current is None else current)])
     R.fill_rate = np.array([float(fill_rate)])
+    R.interval_s = np.array([float(interval_s)])
     R.observed = {"miss_ratio": np.array([np.nan if observed is None else float(observed)])}
     R.filling = np.array([False])
     from cachepilot.controller.engine.types import TenantState

@@ -94,6 +94,7 @@ class Round:
     resident: np.ndarray = None      # size_bounds: pages it holds now, in curve sizes
     fill_rate: np.ndarray = None     # ... pages a cache growing into a raised limit
                                      # gains per second, per unit of miss ratio
+    interval_s: np.ndarray = None    # ... the seconds its report covers
     infeasible_share: np.ndarray = None  # share of recent rounds no size met the SLO
     # allocate_memory
     target: np.ndarray = None
@@ -441,6 +442,7 @@ def _track_filling(R: Round) -> None:
     # access where nothing missed to measure it by
     R.fill_rate = np.where((ins > 0) & (m > 0), ins / np.where(m > 0, m, 1.0),
                            np.maximum(acc, 0.0))
+    R.interval_s = R.column(lambda s, r: r.interval_s)
     removals = R.column(lambda s, r: r.removals_per_s)
     before = np.fromiter((-1.0 if t.usage_pages is None else t.usage_pages
                           for t in R.tstates), dtype=np.float64, count=R.n)
@@ -1053,7 +1055,7 @@ def _filled(R: Round, rows: np.ndarray, intervals: float) -> np.ndarray:
         return out
     g = rows[grow]
     new, x, ar = out[grow], x[grow], R.alloc_row[g]
-    dt = intervals * R.column(lambda s, r: r.interval_s)[g] / FILL_STEPS
+    dt = intervals * R.interval_s[g] / FILL_STEPS
     rate = R.fill_rate[g]
     # Euler steps: each reads the miss ratio at its start, where it is
     # highest, so the growth errs by at most one step's
@@ -1107,7 +1109,7 @@ def _anchored(R: Round, rows: np.ndarray, x: np.ndarray, m_to: np.ndarray,
     held = np.minimum(R.resident[g], R.current[g])      # where it missed m_obs
     m_from = np.clip(m_obs[ok] + R.bank.miss_at(rr[ok], x[ok])
                      - R.bank.miss_at(rr[ok], held), 0.0, 1.0)
-    seconds = intervals * R.column(lambda s, r: r.interval_s)[g]
+    seconds = intervals * R.interval_s[g]
     turned = np.minimum(1.0, R.fill_rate[g] * m_from * seconds / np.maximum(x[ok], 1.0))
     m[ok] = m_from + (m_to[ok] - m_from) * turned
     return m
