@@ -522,14 +522,37 @@ def test_odd_report_values_do_not_break_a_round():
     b.limit_bytes, b.usage_anon_bytes = 0, -5                    # no limit yet, junk usage
     c.accesses_per_s, c.throughput = 0.0, 0.0                    # an idle interval
     c.policy = "no-such-policy"
+    b.inserts_per_s, b.interval_s = float("nan"), float("inf")   # junk rates
     d, loop.state = engine.decide(loop.state, r, cfg)
     limits = {x.tenant: x.limit_bytes for x in d.directives["n1"]}
     assert set(limits) == {"a", "b", "c"}
+    # a prediction made from junk rates is still a figure
+    recs = {t: rec for t, rec in zip(d.trace.tenants(), d.trace.records())}
+    assert math.isfinite(recs["b"]["prediction"]["miss_ratio"])
+
     assert all(16 << 20 <= v <= GiB for v in limits.values())
     # b had no limit ("all it may have"): it is brought down by at most the step
     assert limits["b"] >= GiB - 0.1 * GiB - 4096
     assert {x.tenant: x.policy for x in d.directives["n1"]}["c"] in POLS
 
+
+def test_junk_rates_predict_no_growth_rather_than_no_figure():
+    from types import SimpleNamespace
+    from cachepilot.controller.engine.round import Round, _track_filling
+    from cachepilot.controller.engine.types import TenantState
+    R = Round(1)
+    rep = dict(usage_file_bytes=4096 * 100, usage_anon_bytes=0, removals_per_s=0.0,
+               limit_bytes=4096 * 200)
+    R.rows = [(0, None, SimpleNamespace(**rep, inserts_per_s=v, interval_s=iv))
+              for v, iv in ((float("nan"), float("inf")), (50.0, -1.0), (50.0, 2.0))]
+    R.tstates = [TenantState() for _ in R.rows]
+    R.held = [""] * 3
+    R.limit_now = np.full(3, 200.0)
+    R.observed = {"miss_ratio": np.array([0.5, 0.5, 0.5]),
+                  "accesses_per_s": np.array([float("inf"), 100.0, 100.0])}
+    _track_filling(R)
+    assert R.fill_rate.tolist() == [0.0, 100.0, 100.0]
+    assert R.interval_s.tolist() == [0.0, 0.0, 2.0]
 
 def test_unknown_throughput_holds_the_tenant_and_never_raises_its_limit():
     # x's SLO needs 0.5 of the node and it sits at 0.1: a report with its

@@ -440,9 +440,10 @@ def _track_filling(R: Round) -> None:
     # pages inserted per second per unit of miss ratio, as measured (a real
     # kernel's readahead inserts more than one page per miss); one per
     # access where nothing missed to measure it by
-    R.fill_rate = np.where((ins > 0) & (m > 0), ins / np.where(m > 0, m, 1.0),
-                           np.maximum(acc, 0.0))
-    R.interval_s = R.column(lambda s, r: r.interval_s)
+    rate = np.where((ins > 0) & (m > 0), ins / np.where(m > 0, m, 1.0), np.maximum(acc, 0.0))
+    R.fill_rate = np.where(np.isfinite(rate), rate, 0.0)     # no figure: no growth
+    iv = R.column(lambda s, r: r.interval_s)
+    R.interval_s = np.where(np.isfinite(iv) & (iv > 0), iv, 0.0)
     removals = R.column(lambda s, r: r.removals_per_s)
     before = np.fromiter((-1.0 if t.usage_pages is None else t.usage_pages
                           for t in R.tstates), dtype=np.float64, count=R.n)
