@@ -427,7 +427,8 @@ def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,
     from types import SimpleNamespace
     from cachepilot.controller.engine.round import Round
     R = Round(1)
-    R.rows = [(0, None, SimpleNamespace(interval_s=interval_s))]
+    R.rows = [(0, None, SimpleNamespace(interval_s=interval_s, policy=curve.policy,
+                                        limit_bytes=0))]
     R.bank = CurveBank([curve] + ([running] if running is not None else []))
     R.alloc_row = np.array([0])
     R.run_row = np.array([1 if running is not None else 0])
@@ -536,6 +537,8 @@ def test_what_a_tenant_misses_now_is_the_mean_of_its_reports_at_what_it_holds():
     uni = MRC(np.array([0, 4000]), np.array([1.0, 0.0]), "lru")
     R = _fill_round(uni, 2000, 2000, 0.0, observed=0.5)
     rows = np.array([0])
+    report = R.rows[0][2]
+    report.policy, report.limit_bytes = "lru", 8.0
     obs = R.tstates[0].recent_obs
     for rec in (("lru", 9.0, 0.9, 1.0), ("lru", 8.0, 0.3, 1.0), ("lru", 8.0, 0.5, 1.0)):
         obs.append(rec)
@@ -543,6 +546,7 @@ def test_what_a_tenant_misses_now_is_the_mean_of_its_reports_at_what_it_holds():
     assert _missing_now(R, rows)[0] == pytest.approx(0.4)
     # another policy now: only its own report
     obs.append(("s3fifo", 8.0, 0.2, 1.0))
+    report.policy = "s3fifo"
     R.observed["miss_ratio"][:] = 0.2
     assert _missing_now(R, rows)[0] == pytest.approx(0.2)
     # a cache still filling misses less each report: its last one

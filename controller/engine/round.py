@@ -429,7 +429,9 @@ def _track_filling(R: Round) -> None:
     yet (a loop's first pass): its curve says nothing yet of what less
     memory would cost, and cut on it, it never gets the memory that would
     show it.  Such a tenant keeps its limit (allocate_memory) until its
-    cache stops growing or evicts."""
+    cache stops growing or evicts.  Beside it, what predict() reads of how
+    a cache grows: where it stands (R.resident), how fast misses fill it
+    (R.fill_rate) and over how long a report (R.interval_s)."""
     usage = R.column(lambda s, r: r.usage_file_bytes) / PAGE_SIZE
     # a curve's sizes are limits (the agent shifted them by the cgroup's
     # anonymous memory), so the cache stands at file + anon on them
@@ -1031,9 +1033,10 @@ def predict(R: Round) -> None:
     if len(cr):
         ar = R.alloc_row[cr]
         R.pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.target[cr]))
-        x = _filled(R, cr, OBSERVE_AFTER - 0.5)
+        over = OBSERVE_AFTER - 0.5          # the middle of the interval that scores it
+        x = _filled(R, cr, over)
         R.m_curve[cr] = bank.miss_at(ar, x)
-        R.m_new[cr] = _anchored(R, cr, x, R.m_curve[cr], OBSERVE_AFTER - 0.5)
+        R.m_new[cr] = _anchored(R, cr, x, R.m_curve[cr], over)
         R.pred_new[cr] = model.throughput(a[cr], b[cr], R.m_new[cr])
     orr = np.flatnonzero(R.run_row >= 0)
     if len(orr):
@@ -1067,24 +1070,20 @@ def _filled(R: Round, rows: np.ndarray, intervals: float) -> np.ndarray:
 
 
 def _missing_now(R: Round, rows: np.ndarray) -> np.ndarray:
-    """What each row misses now: the mean of its last reports at the
-    policy and limit it holds (as far back as TenantState.recent_obs
-    goes), or, while its cache fills, its last report.  One report is one
-    interval's noise, and decisions follow noise (an SLO missed raises its
-    size): anchored on it, predictions read low."""
+    """What each row misses now: the mean of its latest reports at the
+    policy and limit it holds (watchdog.trial_reference, over as many as
+    TenantState.recent_obs keeps), or, while its cache fills, its last
+    report.  One report is one interval's noise, and decisions follow
+    noise (an SLO missed raises its size): anchored on it, predictions
+    read low."""
     out = R.observed["miss_ratio"][rows].copy()
     for k, i in enumerate(rows.tolist()):
-        obs = R.tstates[i].recent_obs
-        if R.filling[i] or not obs:
+        st, r = R.tstates[i], R.rows[i][2]
+        if R.filling[i]:
             continue
-        pol, lim = obs[-1][0], obs[-1][1]
-        same = []
-        for p, l, mr, _ in reversed(obs):
-            if p != pol or l != lim:
-                break
-            same.append(mr)
-        if same and all(0.0 <= v <= 1.0 for v in same):
-            out[k] = sum(same) / len(same)
+        ref = watchdog.trial_reference(st, r.policy, r.limit_bytes, len(st.recent_obs), 1)
+        if ref is not None:
+            out[k] = ref[0]
     return out
 
 
