@@ -40,8 +40,12 @@ def small_config_dict(tmp: Path | None = None, tls: bool = True, nodes=("n1",),
                "tls_ca": str(cert), "token": TOKEN}
     if metrics_port is not None:
         ctl["metrics_port"] = metrics_port
+    # Shedding (a report that waited over shed_after of an interval goes
+    # undecided) is tested on its own; at these 0.2-s intervals the default
+    # would shed a report that merely met a busy CI machine.
     data = {
-        "control": {"interval_s": interval_s, "lost_after_intervals": lost_after},
+        "control": {"interval_s": interval_s, "lost_after_intervals": lost_after,
+                    "shed_after": 5.0},
         "controller": ctl,
         "nodes": [{"name": n, "memory_bytes": memory} for n in nodes],
         "tenants": [{"name": f"{n}-t{i}", "node": n, "slo": {"min_throughput": 1000},
