@@ -68,6 +68,11 @@ def no_trial(st, policy, limit_bytes, usable, least=2):
     return None
 
 
+def no_trial_window(raw_scores, cur, share):
+    """round._within_window without the window: a challenger's whole lead."""
+    return raw_scores
+
+
 # name -> (what the rule does, round figures / functions, control fields)
 RULES = {
     "filling-hold": ("a cache still filling is not cut", {"_track_filling": no_filling}, {}),
@@ -87,6 +92,8 @@ RULES = {
     "doubt": ("a challenger's curve is scored 0.01 worse", {"DOUBT": 0.0}, {}),
     "trials": ("a lead only the doubt hides is tried", {"watchdog:trial_reference": no_trial},
                {}),
+    "trial-window": ("a trial's lead counts as far as its window turns the cache over",
+                     {"_within_window": no_trial_window}, {}),
     "memory-thrift": ("a tied policy that saves SLO memory earns a switch",
                       {"MEMORY_THRESHOLD": 1e9}, {}),
     "watchdog": ("a switch that does worse than staying is undone",

@@ -555,3 +555,23 @@ def test_what_a_tenant_misses_now_is_the_mean_of_its_reports_at_what_it_holds():
     assert _missing_now(R, rows)[0] == pytest.approx(0.15)
     R.filling[:] = True
     assert _missing_now(R, rows)[0] == pytest.approx(0.1)
+
+
+def test_a_trials_window_shows_the_share_of_the_cache_it_turns_over():
+    from types import SimpleNamespace
+    from cachepilot.controller.engine import round as rnd
+
+    def rep(rate, seconds, pages=1000):
+        return SimpleNamespace(inserts_per_s=rate, interval_s=seconds,
+                               usage_file_bytes=pages * 4096)
+    window = rnd.WATCHDOG_INTERVALS + 1
+    assert rnd._showable(rep(10.0, 2.0)) == pytest.approx(20.0 * window / 1000)
+    assert rnd._showable(rep(1e6, 1.0)) == 1.0               # turned over: the whole lead
+    assert rnd._showable(rep(0.0, 1.0)) == 0.0               # a cache that never turns over
+    for junk in (rep(float("nan"), 1.0), rep(5.0, float("inf")), rep(-1.0, 1.0),
+                 rep(5.0, 0.0), rep(5.0, 1.0, pages=0)):
+        assert rnd._showable(junk) == 1.0                    # cannot tell: no discount
+    scores = {"linux": 100.0, "s3fifo": 120.0, "lfu": 90.0}
+    cut = rnd._within_window(scores, "linux", 0.25)
+    assert cut == {"linux": 100.0, "s3fifo": 105.0, "lfu": 97.5}
+    assert rnd._within_window(scores, "linux", 1.0) == scores

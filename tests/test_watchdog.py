@@ -160,7 +160,7 @@ PAGES = GiB // 4096
 class LyingTenant(SynthTenant):
     """Reports `liar`'s curve as a near-zero miss ratio; observes the truth."""
 
-    def report(self, limit_bytes, policy, interval_s=1.0):
+    def report(self, limit_bytes, policy, interval_s=None):
         r = super().report(limit_bytes, policy, interval_s)
         r.curves = [flat(c.policy, 0.01) if c.policy == self.extra.get("liar") else c
                     for c in r.curves]

@@ -656,6 +656,8 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
         if st.probation is None and not st.trial_done else None
     if reference is not None and slo is not None and not reference[1] < slo:
         reference = None    # a met SLO (or one it cannot tell) is not risked on a trial
+    if reference is not None and raw_scores and cur in raw_scores:
+        raw_scores = _within_window(raw_scores, cur, _showable(r))
     ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
                        watchdog.held_off(st), ctl.autopilot_baseline, needs,
                        MEMORY_THRESHOLD, raw_scores, reference is not None)
@@ -665,6 +667,28 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     if verdict is not None and verdict.kept:
         ch.reason = f"{ch.reason}; {verdict.reason}" if ch.reason != "keep" else verdict.reason
     return cur, ch, verdict
+
+
+def _showable(r: TenantReport) -> float:
+    """The share of its cache a trial can turn over before the watchdog
+    judges it: a new policy reshapes the cache a page per miss, and the
+    trial is judged on the WATCHDOG_INTERVALS reports after its first, so
+    its lead shows only on the pages inserted over WATCHDOG_INTERVALS + 1
+    intervals.  1 where the report's rates cannot tell (no discount)."""
+    rate, seconds = float(r.inserts_per_s), float(r.interval_s)
+    pages = float(r.usage_file_bytes) / PAGE_SIZE
+    if not (math.isfinite(rate) and math.isfinite(seconds) and rate >= 0 and seconds > 0
+            and pages > 0):
+        return 1.0
+    return min(1.0, rate * seconds * (WATCHDOG_INTERVALS + 1) / pages)
+
+
+def _within_window(raw_scores: dict[str, float], cur: str, share: float) -> dict[str, float]:
+    """Each challenger's score with its lead over `cur` cut to the share
+    of it a trial's window can show (_showable): a lead a trial cannot
+    show in time is undone by the watchdog however real it is."""
+    base = raw_scores[cur]
+    return {p: v if p == cur else base + share * (v - base) for p, v in raw_scores.items()}
 
 
 def _hold_siblings(st: TenantState, verdict, allowed: list[str],

@@ -27,6 +27,9 @@ def power_curve(policy: str, footprint_pages: float, alpha: float, floor: float,
     return MRC(sizes, np.minimum(m, 1.0), policy, "synthetic", 1.0)
 
 
+TURNOVERS = 5.0     # caches' worth of insertions a synthetic report covers (1 - e^-5: 99 %)
+
+
 @dataclass
 class SynthTenant:
     name: str
@@ -55,9 +58,21 @@ class SynthTenant:
         return self.concurrency / (self.t_hit + hook
                                    + miss_ratio * (self.t_miss + self.pages_per_op * miss))
 
-    def report(self, limit_bytes: int, policy: str, interval_s: float = 1.0) -> TenantReport:
+    def report(self, limit_bytes: int, policy: str,
+               interval_s: float | None = None) -> TenantReport:
+        """What an agent would report at this limit and policy.  The tenant
+        is at its steady state at once, as a real cache is only after its
+        misses have inserted several times its size; so a report covers,
+        unless told, the time they take to insert TURNOVERS times its limit
+        (1 s to an hour), and the rates the engine infers from (how fast a
+        cache fills, how much of it a new policy has reshaped) agree with
+        what the tenant does."""
         m = float(self.curves[policy].at(limit_bytes / PAGE_SIZE))
         thr = self.throughput(m, policy)
+        if interval_s is None:
+            inserts = thr * self.pages_per_op * m
+            need = TURNOVERS * limit_bytes / PAGE_SIZE
+            interval_s = float(np.clip(need / inserts if inserts > 0 else np.inf, 1.0, 3600.0))
         curves = list((self.shown or self.curves).values())
         cpu = 0.0
         if self.hook_s or self.miss_hook_s:
