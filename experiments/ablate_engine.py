@@ -15,7 +15,7 @@ tenant in a run.  A rule whose removal loses nothing on any of these is
 not worth its line (issue 45).
 
     experiments/ablate_engine.py --corpus DIR [--seeds 0,1,2] [--only RULE ...]
-        [--jobs 2] [--results DIR]
+        [--jobs 2] [--results DIR] [--curve-rate R]
 
 Writes ablation.json and ablation.png (the change in mean ratio and in
 failed SLO checks per rule) into --results (default experiments/results).
@@ -112,11 +112,12 @@ RULES = {
 }
 
 
-def run_corpus(paths, intervals, offsets, classes, fixed, control, jobs) -> list[dict]:
+def run_corpus(paths, intervals, offsets, classes, fixed, control, jobs,
+               curve_rate: float = 1.0) -> list[dict]:
     runs = ("equal", "autopilot")
     out = []
     for offset in offsets:
-        todo = [(p, intervals, offset, runs, classes.get(p.stem), control, fixed)
+        todo = [(p, intervals, offset, runs, classes.get(p.stem), control, fixed, curve_rate)
                 for p in paths]
         out += list(bench_scenarios.run_isolated(todo, jobs))
     return out
@@ -170,7 +171,14 @@ def main(argv=None) -> int:
                     help=f"rules to switch off (default: all): {', '.join(RULES)}")
     ap.add_argument("--jobs", type=int, default=2, metavar="N")
     ap.add_argument("--results", type=Path, default=RESULTS, metavar="DIR")
+    ap.add_argument("--curve-rate", type=float, default=1.0, metavar="R",
+                    help="the sim samples accesses at rate R for the curves, as an agent "
+                    "does (0.01); default 1: exact curves")
     args = ap.parse_args(argv)
+    if not 0 < args.curve_rate <= 1:
+        print(f"ablate_engine: --curve-rate {args.curve_rate:g}: expected a rate in (0, 1]",
+              file=sys.stderr)
+        return 2
     index_file = Path(args.corpus) / "index.json"
     if not index_file.is_file():
         print(f"ablate_engine: {args.corpus} holds no corpus (no index.json); write one "
@@ -187,7 +195,7 @@ def main(argv=None) -> int:
         started = time.monotonic()
         print(f"[{k}/{len(todo)}] {name}{': off -- ' + what if what else ''} ...", flush=True)
         res = run_corpus(paths, index["intervals"], args.seeds, classes, fixed, control,
-                         args.jobs)
+                         args.jobs, args.curve_rate)
         rows[name] = {"rule": what, **summary(res)}
         r = rows[name]
         print(f"    mean {r['mean']:.3f}x  median {r['median']:.3f}x  lowest "
@@ -204,6 +212,7 @@ def main(argv=None) -> int:
     args.results.mkdir(parents=True, exist_ok=True)
     out = args.results / "ablation.json"
     out.write_text(json.dumps({"corpus": str(args.corpus), "seeds": args.seeds,
+                               "curve_rate": args.curve_rate,
                                "corpus_index": {k: v for k, v in index.items()
                                                 if k != "scenarios"},
                                "rules": rows}, indent=1))

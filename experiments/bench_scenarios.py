@@ -214,12 +214,14 @@ class figures:
 
 def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
                  runs: tuple = ALL_RUNS, classes: dict | None = None,
-                 control: dict | None = None, fixed: dict | None = None) -> dict:
+                 control: dict | None = None, fixed: dict | None = None,
+                 curve_rate: float = 1.0) -> dict:
     """`runs`: which of equal, whole, fixed, autopilot to run (equal and
     whole always run).  `classes`: tenant -> its SLO's class, when known.
     `control`: fields of the control section to override (--set);
     `fixed`: the round's fixed figures to set for the autopilot run
-    (experiments/ablate_engine.py)."""
+    (experiments/ablate_engine.py); `curve_rate`: the rate the sim samples
+    accesses at for the curves (1: exact; an agent's default is 0.01)."""
     cfg = load_config(path)
     if control:
         cfg.control = type(cfg.control).model_validate(
@@ -237,7 +239,7 @@ def run_scenario(path: Path, intervals: int, seed_offset: int = 0,
 
     def autopilot(which, c, values):
         with figures(**values):
-            history, log, _ = run_autopilot(c, intervals)
+            history, log, _ = run_autopilot(c, intervals, curve_rate=curve_rate)
         logs[which] = log
         return history
     todo = (("equal", lambda: run_static_equal(cfg, intervals)),
@@ -526,11 +528,18 @@ def main(argv=None) -> int:
                     help=f"where to write the JSON and PNG (default {RESULTS})")
     ap.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="scenarios run at once, each in its own process (default 1)")
+    ap.add_argument("--curve-rate", type=float, default=1.0, metavar="R",
+                    help="the sim samples accesses at rate R for the curves, as an agent "
+                    "does (its default 0.01); default 1: exact curves")
     ap.add_argument("--set", dest="control", action="append", default=[],
                     type=_control_field, metavar="FIELD=VALUE",
                     help="override a control field in every scenario (YAML value), "
                     "e.g. --set autopilot_k=3; repeatable")
     args = ap.parse_args(argv)
+    if not 0 < args.curve_rate <= 1:
+        print(f"bench_scenarios: --curve-rate {args.curve_rate:g}: expected a rate in (0, 1]",
+              file=sys.stderr)
+        return 2
     control = dict(args.control)
     if control:
         try:
@@ -573,7 +582,8 @@ def main(argv=None) -> int:
         for path in paths:
             entry = entries.get(path.stem)
             classes = {s["tenant"]: s["class"] for s in entry["slos"]} if entry else None
-            jobs.append((path, intervals, offset, runs, classes, control))
+            jobs.append((path, intervals, offset, runs, classes, control, None,
+                         args.curve_rate))
         done = (run_scenario(*job) for job in jobs) if args.in_process \
             else run_isolated(jobs, max(1, args.jobs))
         for i, (path, r) in enumerate(zip(paths, done), 1):
@@ -596,7 +606,7 @@ def main(argv=None) -> int:
         (args.results / f"{name}.json").write_text(json.dumps(
             {"intervals": intervals, "target": TARGET, "seed_offset": offset,
              "runs": list(runs), "corpus": str(where) if entries else None,
-             "control": control,
+             "control": control, "curve_rate": args.curve_rate,
              "corpus_index": ({k: v for k, v in index.items() if k != "scenarios"}
                               if entries else None),
              "scenarios": results}, indent=1))

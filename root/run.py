@@ -47,6 +47,9 @@ def register(subparsers):
     p.add_argument("--record", metavar="DIR",
                    help="keep a recording of the controller's rounds in DIR, for "
                         "`cachepilot replay` (one already there is replaced)")
+    p.add_argument("--curve-rate", type=float, default=1.0, metavar="R",
+                   help="sample each tenant's accesses at rate R for its curves, as an "
+                        "agent does (its default is 0.01); default 1: exact curves")
     p.set_defaults(func=cmd_run)
 
 
@@ -54,6 +57,8 @@ def cmd_run(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     if args.intervals is not None and args.intervals < 1:
         raise UserError(f"--intervals {args.intervals}: expected at least 1")
+    if not 0 < args.curve_rate <= 1:
+        raise UserError(f"--curve-rate {args.curve_rate:g}: expected a rate in (0, 1]")
     cfg = load_config(args.config)
     bad = [n.name for n in cfg.nodes if n.backend != "sim"]
     if bad:
@@ -65,15 +70,17 @@ def cmd_run(args) -> int:
         raise UserError(f"--plots {plots}: not a folder")
     intervals = DEFAULT_INTERVALS if args.intervals is None else args.intervals
     run_command(cfg, intervals=intervals, json_out=args.json_out,
-                plots=plots, live=not args.no_live, seed=args.seed, record=args.record)
+                plots=plots, live=not args.no_live, seed=args.seed, record=args.record,
+                curve_rate=args.curve_rate)
     return 0
 
 
 # -- the two runs ------------------------------------------------------------------
 def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None,
-                  engine=None, record: str | None = None):
+                  engine=None, record: str | None = None, curve_rate: float = 1.0):
     """Controller + sim nodes over loopback gRPC.  Returns per-tenant history.
-    `record`: a folder for a recording of the controller's rounds."""
+    `record`: a folder for a recording of the controller's rounds;
+    `curve_rate`: the rate the sim nodes sample accesses at for curves."""
     run_cfg = cfg.model_copy(deep=True)
     spec = run_cfg.controller
     root = spec.client_root_cert()
@@ -88,7 +95,8 @@ def run_autopilot(cfg, intervals: int, seed: int | None = None, on_interval=None
     clients = {}
     try:
         for node in run_cfg.nodes:
-            backend = SimBackend(run_cfg, node.name, seed=_node_seed(node, seed))
+            backend = SimBackend(run_cfg, node.name, seed=_node_seed(node, seed),
+                                 curve_rate=curve_rate)
             clients[node.name] = NodeClient(backend, target, token=spec.token_value(),
                                             root_cert=root, insecure=spec.insecure)
         history = {t.name: [] for t in run_cfg.tenants}
@@ -303,7 +311,7 @@ def _check_writable(folder: Path, option: str, given) -> None:
 
 
 def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, live=True,
-                seed=None, console=None, record=None) -> dict:
+                seed=None, console=None, record=None, curve_rate: float = 1.0) -> dict:
     from rich.console import Console
     console = console or Console()
     if not console.is_terminal:
@@ -336,7 +344,7 @@ def run_command(cfg, intervals=DEFAULT_INTERVALS, json_out=None, plots=None, liv
                                          f"(decision rounds: {controller.rounds})"))
     try:
         auto_hist, decisions, controller = run_autopilot(cfg, intervals, seed, on_interval,
-                                                         record=record)
+                                                         record=record, curve_rate=curve_rate)
     finally:
         if live_ctx is not None:
             live_ctx.stop()

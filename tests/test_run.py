@@ -222,12 +222,27 @@ def test_bad_run_arguments_get_one_line_errors(tmp_path):
     bad_yaml.write_text("nodes: [{name: n, memory_bytes: -1}]\n")
     for args, expect in [(["--config", str(tmp_path / "absent.yaml")], "no such config file"),
                          (["--config", str(bad_yaml)], "nodes[0].memory_bytes"),
-                         (["--config", str(DEMO), "--intervals", "0"], "at least 1")]:
+                         (["--config", str(DEMO), "--intervals", "0"], "at least 1"),
+                         (["--config", str(DEMO), "--curve-rate", "0"], "a rate in (0, 1]"),
+                         (["--config", str(DEMO), "--curve-rate", "1.5"], "a rate in (0, 1]")]:
         proc = subprocess.run([sys.executable, "-m", "cachepilot", "run", "--no-live",
                                "--no-plots", *args],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_curve_rate_samples_the_sim_nodes_curves_as_an_agent_would():
+    from cachepilot.controller.config import load_config
+    from cachepilot.run import run_autopilot
+    cfg = load_config(DEMO)
+    for rate, methods in ((1 / 64, {"shards", "minisim"}), (1.0, None)):
+        _, _, controller = run_autopilot(cfg, 2, curve_rate=rate)
+        curves = [c for rec in controller.registry.nodes.values()
+                  for r in rec.tenants.values() for c in r.curves]
+        assert curves and all(c.rate == rate for c in curves)
+        if methods:
+            assert {c.method for c in curves} <= methods
 
 
 def test_an_unwritable_output_is_refused_before_the_run(tmp_path):
