@@ -88,7 +88,7 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
         return
     thr_now = report.throughput or 0.0
     d.policy, d.miss_ratio = policy, p.miss_ratio
-    d.disk_per_op = _disk_per_op(report, p.miss_ratio)
+    d.disk_per_op = _disk_per_op(report, p.miss_ratio, _miss_now(state, spec.name, report))
     d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
     rate_now = recent_throughput(state.tenants.get(spec.name) if state else None, report)
     if d.slo:
@@ -137,22 +137,36 @@ def as_allocated(config, state, registry):
             except whatif.WhatIfError:
                 continue
             for p in got:
+                r = reports[p.tenant]
                 out[p.tenant] = dataclasses.replace(
                     out[p.tenant], demand_bytes=p.limit_bytes, miss_ratio=p.miss_ratio,
-                    disk_per_op=_disk_per_op(reports[p.tenant], p.miss_ratio))
+                    disk_per_op=_disk_per_op(r, p.miss_ratio, _miss_now(state, p.tenant, r)))
         return [out[d.tenant] for d in demands]
     return refine
 
 
-def _disk_per_op(report, m: float) -> float:
+def _miss_now(state, name: str, report) -> float:
+    """The miss ratio its predictions start from (whatif.missing_now: the
+    mean of its latest reports where its cache stands), else its report's:
+    one interval's miss ratio swings (a fixed-rate scan read 0.0 and 1.0
+    in turn under read-ahead), and disk reads scaled by it would swing
+    with it."""
+    st = state.tenants.get(name) if state is not None else None
+    now = whatif.missing_now(st, report)
+    return float(report.miss_ratio) if now is None else now
+
+
+def _disk_per_op(report, m: float, m_now: float | None = None) -> float:
     """Disk bytes an operation reads at miss ratio m: what it reads now
     per operation (its disk reads where known, else the pages put in its
-    cache, read-ahead and all), scaled by m over its miss ratio now; a
-    page per miss where it reads nothing now."""
+    cache, read-ahead and all), scaled by m over its miss ratio now
+    (`m_now`, as predicted where it stands; default: its report's); a page
+    per miss where it reads nothing now."""
     thr_now = report.throughput or 0.0
     reads = report.read_bytes_per_s if report.read_bytes_per_s is not None \
         else report.inserts_per_s * PAGE_SIZE
-    if thr_now > 0 and reads > 0 and report.miss_ratio > 0:
-        return reads / thr_now * m / report.miss_ratio
+    m_now = report.miss_ratio if m_now is None else m_now
+    if thr_now > 0 and reads > 0 and m_now > 0:
+        return reads / thr_now * m / m_now
     accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
     return accesses_per_op * m * PAGE_SIZE

@@ -24,7 +24,9 @@ tenants are closed-loop; the others are batch jobs at fixed rates.
     4. the same for two plans the planner would not make, carried out with
        --force: the memory-only plan, and one host fewer than the plan.
 
-Writes experiments/results/consolidate_host.json and .png.
+Writes experiments/results/consolidate_host.json and .png, and keeps the
+controller's recording of every round in consolidate_host_consolidate.recording/
+(`cachepilot replay` it to judge an engine change against this run).
 Usage: experiments/consolidate_host.py [--interval S] [--quick] [--data DIR]
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -442,9 +445,12 @@ def main() -> int:
     try:
         running = Running(hosts, data, work, seconds)
         configs = deployment(work, hosts, running, args.interval)
+        recording = lib.recording_of(work, "consolidate")
+        shutil.rmtree(recording, ignore_errors=True)
         for key, kind in [("controller", "controller")] + [(h, "agent") for h in HOSTS]:
+            record = ["--record", str(recording)] if kind == "controller" else []
             daemons.append(subprocess.Popen(
-                [*lib.CLI, kind, "--config", str(configs[key])],
+                [*lib.CLI, kind, "--config", str(configs[key]), *record],
                 stdout=open(work / f"{key}.log", "w"), stderr=subprocess.STDOUT,
                 start_new_session=True))
         return run(args, configs, running, work)
@@ -540,6 +546,10 @@ def report(result: dict, work: Path) -> int:
     out.write_text(json.dumps(result, indent=1, default=str))
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
+    kept = lib.keep_recording(work, "consolidate", lib.RESULTS, "consolidate_host")
+    if kept is not None:
+        print(f"kept the controller's recording of every round in {kept} "
+              f"(`cachepilot replay {kept}`)")
     return 0
 
 

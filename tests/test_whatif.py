@@ -110,3 +110,68 @@ def test_what_if_refuses_what_it_cannot_answer(after_run):
         with pytest.raises(Refused) as err:
             c.what_if(req)
         assert words in err.value.message, (req, err.value.message)
+
+
+def _anchor_case(obs, limit=4096 * 100, usage=4096 * 100, removals=10.0):
+    """A tenant whose curve reads 0.5 at 50 pages and 0.2 at 100 (and
+    stays 0.2), holding 100 pages, with its last reports' miss ratios `obs`
+    at that limit under lru."""
+    from types import SimpleNamespace
+    from cachepilot.controller.engine.types import TenantState
+    from cachepilot.models.mrc import MRC
+    curve = MRC(np.array([50, 100, 400]), np.array([0.5, 0.2, 0.2]), "lru", "exact")
+    st = TenantState()
+    for m in obs:
+        st.recent_obs.append(("lru", float(limit), m, 1000.0))
+    rep = SimpleNamespace(policy="lru", limit_bytes=limit, usage_file_bytes=usage,
+                          usage_anon_bytes=0, removals_per_s=removals, curves=[curve],
+                          miss_ratio=obs[-1] if obs else 0.2)
+    return st, rep
+
+
+def test_what_if_is_anchored_on_what_the_tenant_misses_where_it_stands():
+    from cachepilot.controller.engine import whatif
+    # its reports miss 0.3 where the curve says 0.2: 0.1 more at any size
+    st, rep = _anchor_case([0.29, 0.31, 0.3])
+    assert whatif.missing_now(st, rep) == pytest.approx(0.3)
+    assert whatif.anchored_miss(st, rep, "lru", 50) == pytest.approx(0.6)
+    assert whatif.anchored_miss(st, rep, "lru", 100) == pytest.approx(0.3)
+    assert whatif.mean_miss(st, rep, "lru", 50) == pytest.approx(0.5)   # the curve as read
+    # ... and never beyond [0, 1]
+    st, rep = _anchor_case([0.95, 0.95])
+    assert whatif.anchored_miss(st, rep, "lru", 50) == 1.0
+    st, rep = _anchor_case([0.0, 0.0])
+    assert whatif.anchored_miss(st, rep, "lru", 400) == 0.0
+
+
+@pytest.mark.parametrize("why", ["one report", "filling", "no state"])
+def test_what_if_reads_the_curve_where_the_tenant_has_not_shown_what_it_misses(why):
+    from cachepilot.controller.engine import whatif
+    if why == "one report":
+        st, rep = _anchor_case([0.3])
+    elif why == "filling":       # below its limit, nothing evicted: every miss a first read
+        st, rep = _anchor_case([0.3, 0.3, 0.3], usage=4096 * 60, removals=0.0)
+    else:
+        st, rep = _anchor_case([0.3, 0.3])
+        st = None
+    assert whatif.missing_now(st, rep) is None
+    assert whatif.anchored_miss(st, rep, "lru", 50) == pytest.approx(0.5)
+
+
+def test_disk_reads_are_scaled_from_the_miss_ratio_predictions_start_from():
+    # a fixed-rate scan whose reported miss ratio flips between 0 and 1
+    # under read-ahead: its disk bytes per operation where it stands are
+    # what it reads now, not that scaled by the last interval's flip
+    from types import SimpleNamespace
+    from cachepilot.controller import consolidate
+    st, rep = _anchor_case([0.0, 1.0, 0.0, 1.0])
+    rep.throughput, rep.read_bytes_per_s, rep.inserts_per_s = 50.0, 50.0 * 131072, 0.0
+    rep.accesses_per_s = 50.0 * 32
+    state = SimpleNamespace(tenants={"scan": st})
+    m_now = consolidate._miss_now(state, "scan", rep)
+    assert m_now == pytest.approx(0.5)
+    assert consolidate._disk_per_op(rep, m_now, m_now) == pytest.approx(131072)
+    assert consolidate._disk_per_op(rep, 2 * m_now, m_now) == pytest.approx(2 * 131072)
+    # the report's own miss ratio where there is no run of reports to read
+    st.recent_obs.clear()
+    assert consolidate._miss_now(state, "scan", rep) == 1.0

@@ -16,7 +16,9 @@ the mean, over the tenant's last CURVE_HISTORY reports that have the
 policy's curve, of that curve at the limit: a report's curve covers one
 interval, and a workload whose period is longer (a loop read half a pass
 per interval) misses in the long run what its intervals miss on average,
-not what the last one did.  The allocation is the round's own: decide()
+not what the last one did.  It is anchored where the tenant has shown what
+it misses (anchored_miss), as the round's own predictions are.  The
+allocation is the round's own: decide()
 on the node's last reports at the memory asked about, its new state
 thrown away (a round never changes the state it is given).  The curves are
 read as they are, not shifted by their sampling error as the allocation's
@@ -24,11 +26,12 @@ safety margin reads them: a prediction is the best estimate.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from cachepilot.controller.engine import model
+from cachepilot.controller.engine import model, watchdog
 from cachepilot.controller.engine.round import recent_curves
 from cachepilot.controller.engine.types import EngineState, TenantState
 from cachepilot.core.units import size
@@ -80,7 +83,7 @@ def tenant(state: EngineState, spec, report, ctl, limit_bytes: int | None = None
     limit = int(limit_bytes) if limit_bytes else int(report.limit_bytes)
     if limit <= 0:
         raise WhatIfError(f"tenant {spec.name!r} has no limit in force: give --limit")
-    m = mean_miss(state.tenants.get(spec.name), report, policy, limit / PAGE_SIZE)
+    m = anchored_miss(state.tenants.get(spec.name), report, policy, limit / PAGE_SIZE)
     a, b, fitted = _model(state, spec.name, spec, ctl)
     thr = float(model.throughput(a, b, m))
     slo = spec.slo.min_throughput if spec.slo is not None else None
@@ -97,7 +100,43 @@ def mean_miss(st: TenantState | None, report, policy: str, pages: float) -> floa
     tenant's recent reports (the last one, `report`, always among them)."""
     at = [float(c.at(pages)) for curves in recent_curves(st, report) for c in curves
           if c.policy == policy]
-    return float(np.mean(at))
+    return float(np.mean(at)) if at else math.nan
+
+
+def anchored_miss(st: TenantState | None, report, policy: str, pages: float) -> float:
+    """What the tenant will miss at `pages` under `policy` once its cache
+    has settled: the curve's reading (mean_miss), moved by how far the
+    tenant's own reports sit from its running policy's curve where its
+    cache stands (missing_now), as the round anchors what it predicts
+    (round._anchored).  A tenant that misses more than its curves say
+    (readahead, a footprint the sample undercounts) misses more at any
+    size (make consolidate's zipf reader, left where it was at the limit
+    it had, was predicted far above what it went on doing).  The curve's
+    reading alone where the tenant has not shown what it misses."""
+    m = mean_miss(st, report, policy, pages)
+    now = missing_now(st, report)
+    if now is None:
+        return m
+    resident = (report.usage_file_bytes + report.usage_anon_bytes) / PAGE_SIZE
+    held = min(resident, report.limit_bytes / PAGE_SIZE)
+    offset = now - mean_miss(st, report, report.policy, held)
+    return float(np.clip(m + offset, 0.0, 1.0)) if math.isfinite(offset) else m
+
+
+def missing_now(st: TenantState | None, report) -> float | None:
+    """What the tenant misses where its cache stands: the mean of its
+    latest reports at the policy and limit it holds
+    (watchdog.trial_reference); None where there is no such run of
+    reports, or while its cache still fills (every miss a first read: no
+    steady state to show)."""
+    if st is None:
+        return None
+    resident = (report.usage_file_bytes + report.usage_anon_bytes) / PAGE_SIZE
+    if report.removals_per_s <= 0 and resident < report.limit_bytes / PAGE_SIZE:
+        return None
+    ref = watchdog.trial_reference(st, report.policy, float(report.limit_bytes),
+                                   len(st.recent_obs))
+    return None if ref is None else ref[0]
 
 
 def node_free(state: EngineState, config, node: str, reports, memory_bytes: int,
@@ -132,7 +171,7 @@ def allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
         target = rec["allocation"]["wanted_bytes"]
         # allocated as the round allocates; predicted on the curves as they
         # are, over the recent reports
-        mi = mean_miss(state.tenants.get(spec.name), r, policy, target / PAGE_SIZE) \
+        mi = anchored_miss(state.tenants.get(spec.name), r, policy, target / PAGE_SIZE) \
             if policy is not None else float(r.miss_ratio)
         thr = float(model.throughput(a, b, mi))
         out.append(Prediction(spec.name, node, policy or r.policy, int(target), mi, thr,
