@@ -16,9 +16,8 @@ the mean, over the tenant's last CURVE_HISTORY reports that have the
 policy's curve, of that curve at the limit: a report's curve covers one
 interval, and a workload whose period is longer (a loop read half a pass
 per interval) misses in the long run what its intervals miss on average,
-not what the last one did.  It is anchored where the tenant has shown what
-it misses (anchored_miss), as the round's own predictions are.  The
-allocation is the round's own: decide()
+not what the last one did; and anchored on what the tenant has shown it
+misses (anchored_miss).  The allocation is the round's own: decide()
 on the node's last reports at the memory asked about, its new state
 thrown away (a round never changes the state it is given).  The curves are
 read as they are, not shifted by their sampling error as the allocation's
