@@ -168,8 +168,8 @@ def allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
         a, b, fitted = _model(state, spec.name, spec, config.control)
         policy = rec["prediction"]["policy"]
         target = rec["allocation"]["wanted_bytes"]
-        # allocated as the round allocates; predicted on the curves as they
-        # are, over the recent reports
+        # allocated as the round allocates; predicted on the recent reports'
+        # curves, anchored on what the tenant misses (anchored_miss)
         mi = anchored_miss(state.tenants.get(spec.name), r, policy, target / PAGE_SIZE) \
             if policy is not None else float(r.miss_ratio)
         thr = float(model.throughput(a, b, mi))
