@@ -156,16 +156,14 @@ def _miss_now(state, name: str, report) -> float:
     return float(report.miss_ratio) if now is None else now
 
 
-def _disk_per_op(report, m: float, m_now: float | None = None) -> float:
+def _disk_per_op(report, m: float, m_now: float) -> float:
     """Disk bytes an operation reads at miss ratio m: what it reads now
     per operation (its disk reads where known, else the pages put in its
     cache, read-ahead and all), scaled by m over its miss ratio now
-    (`m_now`, as predicted where it stands; default: its report's); a page
-    per miss where it reads nothing now."""
+    (`m_now`: _miss_now); a page per miss where it reads nothing now."""
     thr_now = report.throughput or 0.0
     reads = report.read_bytes_per_s if report.read_bytes_per_s is not None \
         else report.inserts_per_s * PAGE_SIZE
-    m_now = report.miss_ratio if m_now is None else m_now
     if thr_now > 0 and reads > 0 and m_now > 0:
         return reads / thr_now * m / m_now
     accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
