@@ -782,6 +782,46 @@ def test_miss_costs_read_the_costs_against_the_running_policy_per_operation():
     assert rep.accesses_per_s / rep.throughput == pytest.approx(16.0)
 
 
+def test_a_challenger_sampled_at_a_low_rate_is_doubted_by_its_sampling_error():
+    from types import SimpleNamespace
+    from cachepilot.controller.engine.round import DOUBT, Round, _doubt
+    from cachepilot.controller.engine.curves import CurveBank
+    from cachepilot.models import minisim_error
+
+    def doubt(rate, accesses, at=8192.0, m=0.3, m_sd=0.0):
+        R = Round(1)
+        curves = [MRC(np.array([10, 100_000]), np.array([m, m]), p, "minisim", rate,
+                      {"window_accesses": accesses}) for p in ("linux", "s3fifo", "lfu")]
+        R.bank = CurveBank(curves)
+        R.row_policy = [c.policy for c in curves]
+        R.row_tenant = np.zeros(3, dtype=np.int64)
+        R.run_row = np.array([0])
+        R.m_sd = np.full(3, m_sd)
+        ctl = SimpleNamespace(autopilot_baseline="linux", curve_error_sigmas=2.0)
+        return _doubt(R, ctl, np.full(3, at), np.full(3, m))
+
+    # exact curves: the floor and the spread over windows, no more
+    np.testing.assert_allclose(doubt(1.0, 1e6), [0.0, DOUBT, DOUBT])
+    np.testing.assert_allclose(doubt(1.0, 1e6, m_sd=0.02), [0.0, DOUBT + 0.04, DOUBT + 0.04])
+    # at 0.01 of 8192 pages the sample holds 82: each policy's measured
+    # minisim error there, two sigmas of it (the running policy and the
+    # baseline are not doubted)
+    got = doubt(0.01, 1e9)
+    for k, p in ((1, "s3fifo"), (2, "lfu")):
+        sd = float(minisim_error.error_sd(p, 81.92))
+        assert got[k] == pytest.approx(DOUBT + 2 * sd, rel=1e-3)
+        assert sd > 0.02
+    assert got[0] == 0.0
+    # a sample of a bigger cache errs less
+    assert (doubt(0.01, 1e9, at=4e5)[1:] < got[1:]).all()
+    # a handful of sampled accesses: a ratio counted on 3 errs by ~0.26
+    few = doubt(0.01, 300.0)
+    assert few[1] == pytest.approx(DOUBT + 2 * np.hypot(
+        float(minisim_error.error_sd("s3fifo", 81.92)), np.sqrt(0.3 * 0.7 / 3.0)), rel=1e-3)
+    # a curve that does not say how many accesses it saw: the table alone
+    assert doubt(0.01, None)[1] == pytest.approx(got[1], rel=1e-3)
+
+
 def test_hook_factors_read_the_costs_against_the_running_policy_and_ignore_bad_figures():
     from cachepilot.controller.engine.round import Round, hook_factors
     from cachepilot.controller.engine.curves import CurveBank

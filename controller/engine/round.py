@@ -20,6 +20,7 @@ from cachepilot.controller.engine.curves import CurveBank
 from cachepilot.controller.engine.types import EngineState, Observations, TenantState
 from cachepilot.core import phase
 from cachepilot.core.phase import PHASE_FACTOR
+from cachepilot.models import minisim_error
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import TenantReport
 
@@ -470,7 +471,7 @@ def choose_policies(R: Round, ctl) -> None:
         # each policy's hooks estimated against the running one's
         a_h = R.a[R.row_tenant] * hook_factors(R)
         b_r = R.b[R.row_tenant] + miss_costs(R)
-        R.score = model.throughput(a_h, b_r, m + _doubt(R, ctl))
+        R.score = model.throughput(a_h, b_r, m + _doubt(R, ctl, at, m))
         R.score_raw = model.throughput(a_h, b_r, m)
         R.need_low, R.need_high = _policy_needs(R, a_h, b_r)
     else:
@@ -576,21 +577,61 @@ def _phase_windows(R: Round, hist: list, at: np.ndarray) -> list[int]:
     return first
 
 
-def _doubt(R: Round, ctl) -> np.ndarray:
+def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> np.ndarray:
     """Per bank row, the miss ratio its policy is scored worse by: a
     challenger (neither the policy running nor the baseline) by DOUBT plus
-    `curve_error_sigmas` of its curve's spread over the tenant's last
-    windows (_window_spread).  A lead that so small an error in a curve
-    could make is no lead: curves of policies that have not run err more
-    than the one that runs, and a tenant at a low miss ratio reads a gain
-    of several per cent in a difference of 0.005; a curve that swings from
-    window to window is worth what its windows say together, and no more
-    than its worse ones.  The baseline is scored as it is: going back to
-    it is about the hooks' CPU, not about trusting a curve."""
+    `curve_error_sigmas` of its curve's error, which has two parts: the
+    spread of its curve over the tenant's last windows (_window_spread),
+    and the error a curve sampled at its rate has at its size (_sampling_sd).
+    A lead that so small an error in a curve could make is no lead: curves
+    of policies that have not run err more than the one that runs, and a
+    tenant at a low miss ratio reads a gain of several per cent in a
+    difference of 0.005; a curve that swings from window to window is
+    worth what its windows say together; and a curve sampled at 0.01 of a
+    small cache simulates a few dozen pages, whose miss ratio errs by
+    several hundredths however steady it reads.  The baseline is scored as
+    it is: going back to it is about the hooks' CPU, not about trusting a
+    curve."""
     baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
                            dtype=bool, count=R.bank.n)
     running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
-    return np.where(running | baseline, 0.0, DOUBT + ctl.curve_error_sigmas * R.m_sd)
+    err = np.hypot(R.m_sd, _sampling_sd(R, at, m))
+    return np.where(running | baseline, 0.0, DOUBT + ctl.curve_error_sigmas * err)
+
+
+def _sampling_sd(R: Round, at: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Per bank row, the standard deviation of its curve's miss ratio `m`
+    at `at` pages that comes of sampling; 0 for an exact curve.  Two
+    errors add: the measured error of its policy's miniature simulation
+    (models/minisim_error.json) at the pages its sample holds there (the
+    curve's rate x `at`), and a ratio's error over the few accesses it
+    was counted on (rate x the window's accesses): a tenant of a few
+    hundred accesses a second, sampled at 0.01, is judged on a handful
+    (not counted where the curve does not say how many it saw)."""
+    rate = np.fromiter((r if 0.0 < r < 1.0 else 1.0 for r in R.bank.rates),
+                       dtype=np.float64, count=R.bank.n)
+    counted = rate * np.fromiter((_window_accesses(c) for c in R.bank.curves),
+                                 dtype=np.float64, count=R.bank.n)
+    sd = np.zeros(R.bank.n)
+    sampled = rate < 1.0
+    for p in set(R.row_policy[k] for k in np.flatnonzero(sampled).tolist()):
+        rows = sampled & np.fromiter((q == p for q in R.row_policy), dtype=bool,
+                                     count=R.bank.n)
+        sd[rows] = minisim_error.error_sd(p, rate[rows] * at[rows])
+    few = np.where(sampled & (counted > 0), np.clip(m, 0.0, 1.0) *
+                   (1.0 - np.clip(m, 0.0, 1.0)) / np.maximum(counted, 1.0), 0.0)
+    return np.hypot(sd, np.sqrt(few))
+
+
+def _window_accesses(curve) -> float:
+    """The accesses a curve was made over (its meta's window_accesses),
+    0 where it does not say."""
+    v = curve.meta.get("window_accesses") if curve.meta else None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return 0.0
+    return v if math.isfinite(v) and v > 0 else 0.0
 
 
 def _policy_needs(R: Round, a_h: np.ndarray, b_r: np.ndarray):
