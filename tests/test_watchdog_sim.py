@@ -154,3 +154,22 @@ def test_a_sibling_that_lies_the_same_way_is_not_tried_after_a_revert():
              and e.detail.get("after") in (LIAR, "lfu")]
     assert all(e.round > w + COOLDOWN for e in tried), [(e.round, e.message) for e in tried]
     assert sum(e.kind == "watchdog" for e in mine if e.round <= w + COOLDOWN) == 1
+
+
+def test_after_the_cooldown_the_same_lie_is_not_tried_again():
+    """The cooldown ends, but the evidence has not changed: fifo's curve
+    still promises what it promised when it failed, and what it failed by
+    is in every challenger's doubt now, so it is not tried again."""
+    mp = pytest.MonkeyPatch()
+    _patch(mp, LyingSim)
+    try:
+        history, log, _ = run_mod.run_autopilot(config(), INTERVALS + 3 * COOLDOWN)
+    finally:
+        mp.undo()
+    mine = [e for e in log if e.tenant == VICTIM]
+    w = next(e.round for e in mine if e.kind == "watchdog")
+    assert INTERVALS + 3 * COOLDOWN >= w + 2 * COOLDOWN
+    again = [(e.round, e.message) for e in mine if e.kind == "policy" and e.round > w
+             and e.detail.get("after") == LIAR]
+    assert not again
+    assert sum(e.kind == "watchdog" for e in mine) == 1

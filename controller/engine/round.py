@@ -253,6 +253,7 @@ def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
             # new phase may have one of its own
             st.recent_obs.clear()
             st.trial_done = False
+            st.overpromise = 0.0
             st.held_until = {}
             if st.probation is not None and st.probation.trial:
                 st.probation = None
@@ -471,8 +472,9 @@ def choose_policies(R: Round, ctl) -> None:
         # each policy's hooks estimated against the running one's
         a_h = R.a[R.row_tenant] * hook_factors(R)
         b_r = R.b[R.row_tenant] + miss_costs(R)
-        R.score = model.throughput(a_h, b_r, m + _doubt(R, ctl, at, m))
-        R.score_raw = model.throughput(a_h, b_r, m)
+        m_taught = m + _taught(R, ctl)
+        R.score = model.throughput(a_h, b_r, m_taught + _doubt(R, ctl, at, m))
+        R.score_raw = model.throughput(a_h, b_r, m_taught)
         R.need_low, R.need_high = _policy_needs(R, a_h, b_r)
     else:
         R.score = R.score_raw = R.need_low = R.need_high = np.zeros(0)
@@ -597,6 +599,22 @@ def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> np.ndarray:
     running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
     err = np.hypot(R.m_sd, _sampling_sd(R, at, m))
     return np.where(running | baseline, 0.0, DOUBT + ctl.curve_error_sigmas * err)
+
+
+def _taught(R: Round, ctl) -> np.ndarray:
+    """Per bank row, the miss ratio a challenger (neither the policy
+    running nor the baseline) is read worse by for what the tenant's
+    failed switches taught: the most a failed challenger's curve promised
+    beyond what the tenant then missed, this phase (_hold_siblings).  It
+    is no doubt but a measured error, so a trial (a lead only the doubt
+    hides) is read with it too: the same lead on the same evidence is not
+    tried again, under the policy that failed or a sibling."""
+    baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
+                           dtype=bool, count=R.bank.n)
+    running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
+    taught = np.fromiter((t.overpromise for t in R.tstates), dtype=np.float64,
+                         count=R.n)[R.row_tenant]
+    return np.where(running | baseline, 0.0, taught)
 
 
 def _sampling_sd(R: Round, at: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -741,7 +759,17 @@ def _hold_siblings(st: TenantState, verdict, allowed: list[str],
     tenant says the rest may too.  Tried one after another, siblings that
     overpromise the same way cost the tenant a revert each (issue 45's web
     tenant: six switches and six reverts in 60 intervals).  The holds end
-    with the phase (_follow_phases): a new phase is new evidence."""
+    with the phase (_follow_phases): a new phase is new evidence.
+
+    What the failed policy's curve promised beyond what the tenant then
+    missed (the verdict's observed less its curve's prediction) is kept
+    too, the most of it this phase (TenantState.overpromise): every
+    challenger is read with it from now on (_taught), so once the holds
+    end, a lead no larger than the last one that failed is not tried
+    again on the same evidence."""
+    gap = verdict.observed - verdict.predicted_new
+    if math.isfinite(gap) and gap > 0:
+        st.overpromise = max(st.overpromise, float(gap))
     until = st.held_until.get(verdict.new)
     if until is None:
         return

@@ -99,6 +99,9 @@ class TenantState:
     # whether a policy trial ran in this phase (one a phase, however it
     # ended); saved
     trial_done: bool = False
+    # the most a failed switch's curve promised beyond what the tenant then
+    # missed, this phase (engine/round.py _hold_siblings); saved
+    overpromise: float = 0.0
 
     def copy(self) -> "TenantState":
         """A copy that shares nothing a round changes.  The round replaces
