@@ -73,6 +73,17 @@ def no_trial_window(raw_scores, cur, share):
     return raw_scores
 
 
+def no_sampling_sd(R, at, m):
+    """round._sampling_sd without the sampling error: no curve's doubt
+    grows with the error of its sample."""
+    return np.zeros(R.bank.n)
+
+
+def no_taught(R, ctl):
+    """round._taught without what failed switches taught."""
+    return np.zeros(R.bank.n)
+
+
 # name -> (what the rule does, round figures / functions, control fields)
 RULES = {
     "filling-hold": ("a cache still filling is not cut", {"_track_filling": no_filling}, {}),
@@ -90,6 +101,10 @@ RULES = {
                      {"SLO_HEADROOM": 0.0, "SLO_HEADROOM_SIGMAS": 0.0}, {}),
     "slo-feedback": ("an SLO's misses raise its safe size", {"FEEDBACK_STEP": 0.0}, {}),
     "doubt": ("a challenger's curve is scored 0.01 worse", {"DOUBT": 0.0}, {}),
+    "sampling-doubt": ("a challenger's doubt grows with its curve's sampling error",
+                       {"_sampling_sd": no_sampling_sd}, {}),
+    "overpromise": ("what a failed switch overpromised is read into every challenger",
+                    {"_taught": no_taught}, {}),
     "trials": ("a lead only the doubt hides is tried", {"watchdog:trial_reference": no_trial},
                {}),
     "trial-window": ("a trial's lead counts as far as its window turns the cache over",

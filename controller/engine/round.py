@@ -594,11 +594,8 @@ def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> np.ndarray:
     several hundredths however steady it reads.  The baseline is scored as
     it is: going back to it is about the hooks' CPU, not about trusting a
     curve."""
-    baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
-                           dtype=bool, count=R.bank.n)
-    running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
     err = np.hypot(R.m_sd, _sampling_sd(R, at, m))
-    return np.where(running | baseline, 0.0, DOUBT + ctl.curve_error_sigmas * err)
+    return np.where(_challengers(R, ctl), DOUBT + ctl.curve_error_sigmas * err, 0.0)
 
 
 def _taught(R: Round, ctl) -> np.ndarray:
@@ -609,12 +606,17 @@ def _taught(R: Round, ctl) -> np.ndarray:
     is no doubt but a measured error, so a trial (a lead only the doubt
     hides) is read with it too: the same lead on the same evidence is not
     tried again, under the policy that failed or a sibling."""
-    baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
-                           dtype=bool, count=R.bank.n)
-    running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
     taught = np.fromiter((t.overpromise for t in R.tstates), dtype=np.float64,
                          count=R.n)[R.row_tenant]
-    return np.where(running | baseline, 0.0, taught)
+    return np.where(_challengers(R, ctl), taught, 0.0)
+
+
+def _challengers(R: Round, ctl) -> np.ndarray:
+    """Per bank row, whether its policy is a challenger: neither the one
+    its tenant runs nor the baseline."""
+    baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
+                           dtype=bool, count=R.bank.n)
+    return ~baseline & (np.arange(R.bank.n) != R.run_row[R.row_tenant])
 
 
 def _sampling_sd(R: Round, at: np.ndarray, m: np.ndarray) -> np.ndarray:
