@@ -31,9 +31,12 @@ def report(policy, observed, predicted):
 
 
 def on_probation():
+    """A tenant switched from lru to fifo, whose first report of fifo
+    running (the switch's own interval) has come and not counted."""
     st = TenantState()
     st.rounds = 10
     watchdog.start(st, "fifo", "lru")
+    st.probation.running_reports = 1
     return st
 
 
@@ -60,6 +63,22 @@ def test_switches_back_when_worse_than_the_old_prediction_by_more_than_the_margi
         assert text in v.reason
     assert st.probation is None
     assert watchdog.held_off(st) == {"fifo"}
+
+
+def test_the_first_interval_of_the_new_policy_running_is_not_counted():
+    # the interval the switch came in: a cache the old policy filled,
+    # reshaping; judged on the K after it, as a trial is
+    st = TenantState()
+    st.rounds = 10
+    watchdog.start(st, "fifo", "lru")
+    pred = {"fifo": 0.05, "lru": 0.30}
+    got = feed(st, [report("fifo", 0.9, pred)] + [report("fifo", 0.31, pred)] * K)
+    assert got == [None] * (K + 1)
+    assert st.probation is None and watchdog.held_off(st) == set()
+    # counted, that first interval would have undone it
+    st = on_probation()
+    assert feed(st, [report("fifo", 0.9, pred)] + [report("fifo", 0.31, pred)] * (K - 1)
+                )[-1] is not None
 
 
 def test_no_switch_back_within_the_margin():
@@ -210,7 +229,7 @@ def test_decide_switches_back_from_a_lying_curve_and_keeps_off_it():
     first, back = kinds[0], kinds[1]
     assert first[1:] == ("policy", "lru", "s3fifo")
     assert back[1:] == ("watchdog", "s3fifo", "lru")
-    assert back[0] == first[0] + K           # K intervals of s3fifo running
+    assert back[0] == first[0] + K + 1       # s3fifo's first interval, then K judged
     e = log[1]
     assert set(e.predicted_miss) == {"s3fifo", "lru"}
     assert e.predicted_miss["s3fifo"] == pytest.approx(0.01)

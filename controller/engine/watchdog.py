@@ -3,9 +3,10 @@
 A curve can be wrong (a miniature simulation that models a policy badly,
 a sample that missed part of the workload), and then a switch costs what
 it was meant to gain.  So every switch the node carries out goes on
-probation: over its first running reports, the tenant's observed miss
-ratio is set beside what the old policy's curve predicted at the memory
-it held; worse by more than a margin, or an SLO missed that the old
+probation: over its running reports after the first (the interval the
+switch came in, on a cache the old policy filled), the tenant's observed
+miss ratio is set beside what the old policy's curve predicted at the
+memory it held; worse by more than a margin, or an SLO missed that the old
 policy was predicted to meet, and the switch is undone and the policy
 held off for a cooldown of the tenant's rounds (check()).  A *trial* (a
 lead only the autopilot's doubt hides) is judged on what the tenant
@@ -178,9 +179,11 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
         return None
     if pb.trial:
         return _check_trial(st, report, limit_pages, intervals, keep_gain, cooldown, model)
+    pb.running_reports += 1
     curves = {c.policy: c for c in report.curves}
     m = report.miss_ratio
-    if pb.new not in curves or pb.old not in curves or not (0.0 <= m <= 1.0):
+    if pb.new not in curves or pb.old not in curves or not (0.0 <= m <= 1.0) or \
+            pb.running_reports == 1:
         return None             # nothing to judge this interval by
     at = held_pages(report, curves[pb.new], limit_pages)
     pb.observed.append(float(m))
