@@ -822,6 +822,38 @@ def test_a_challenger_sampled_at_a_low_rate_is_doubted_by_its_sampling_error():
     assert doubt(0.01, None)[1] == pytest.approx(got[1], rel=1e-3)
 
 
+def test_what_a_failed_switch_overpromised_is_read_into_its_kind():
+    # a failed challenger teaches every challenger; a failed return to
+    # the baseline teaches the baseline; neither touches the policy running
+    from types import SimpleNamespace
+    from cachepilot.controller.engine.round import Round, _hold_siblings, _taught
+    from cachepilot.controller.engine.types import TenantState
+    from cachepilot.controller.engine.watchdog import Verdict
+
+    def verdict(new, old, observed, predicted):
+        return Verdict(new, old, 3, observed, predicted, 0.3, 0.05, 20)
+
+    st = TenantState()
+    _hold_siblings(st, verdict("s3fifo", "linux", 0.5, 0.4), ["linux", "s3fifo"], "linux")
+    assert (st.overpromise, st.baseline_overpromise) == (pytest.approx(0.1), 0.0)
+    _hold_siblings(st, verdict("linux", "lfu", 0.7, 0.45), ["linux", "lfu"], "linux")
+    assert st.baseline_overpromise == pytest.approx(0.25)
+    # a switch that did better than its curve teaches nothing
+    _hold_siblings(st, verdict("lfu", "linux", 0.3, 0.4), ["linux", "lfu"], "linux")
+    assert st.overpromise == pytest.approx(0.1)
+
+    R = Round(1)
+    R.rows, R.tstates = [(0, None, None)], [st]
+    R.row_policy = ["linux", "s3fifo", "lfu"]
+    R.row_tenant = np.zeros(3, dtype=np.int64)
+    R.bank = SimpleNamespace(n=3)
+    ctl = SimpleNamespace(autopilot_baseline="linux")
+    R.run_row = np.array([2])                   # running lfu
+    np.testing.assert_allclose(_taught(R, ctl), [0.25, 0.1, 0.0])
+    R.run_row = np.array([0])                   # running linux
+    np.testing.assert_allclose(_taught(R, ctl), [0.0, 0.1, 0.1])
+
+
 def test_hook_factors_read_the_costs_against_the_running_policy_and_ignore_bad_figures():
     from cachepilot.controller.engine.round import Round, hook_factors
     from cachepilot.controller.engine.curves import CurveBank

@@ -253,7 +253,7 @@ def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
             # new phase may have one of its own
             st.recent_obs.clear()
             st.trial_done = False
-            st.overpromise = 0.0
+            st.overpromise = st.baseline_overpromise = 0.0
             st.held_until = {}
             if st.probation is not None and st.probation.trial:
                 st.probation = None
@@ -599,16 +599,24 @@ def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> np.ndarray:
 
 
 def _taught(R: Round, ctl) -> np.ndarray:
-    """Per bank row, the miss ratio a challenger (neither the policy
-    running nor the baseline) is read worse by for what the tenant's
-    failed switches taught: the most a failed challenger's curve promised
-    beyond what the tenant then missed, this phase (_hold_siblings).  It
+    """Per bank row, the miss ratio a policy not running is read worse by
+    for what the tenant's failed switches taught: a challenger (neither
+    the policy running nor the baseline) by the most a failed challenger's
+    curve promised beyond what the tenant then missed, this phase; the
+    baseline by the same of a failed return to it (_hold_siblings).  It
     is no doubt but a measured error, so a trial (a lead only the doubt
     hides) is read with it too: the same lead on the same evidence is not
-    tried again, under the policy that failed or a sibling."""
+    tried again, under the policy that failed or a sibling, nor the same
+    return to the baseline."""
     taught = np.fromiter((t.overpromise for t in R.tstates), dtype=np.float64,
                          count=R.n)[R.row_tenant]
-    return np.where(_challengers(R, ctl), taught, 0.0)
+    base = np.fromiter((t.baseline_overpromise for t in R.tstates), dtype=np.float64,
+                       count=R.n)[R.row_tenant]
+    baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
+                           dtype=bool, count=R.bank.n)
+    running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
+    return np.where(_challengers(R, ctl), taught,
+                    np.where(baseline & ~running, base, 0.0))
 
 
 def _challengers(R: Round, ctl) -> np.ndarray:
@@ -765,12 +773,15 @@ def _hold_siblings(st: TenantState, verdict, allowed: list[str],
 
     What the failed policy's curve promised beyond what the tenant then
     missed (the verdict's observed less its curve's prediction) is kept
-    too, the most of it this phase (TenantState.overpromise): every
-    challenger is read with it from now on (_taught), so once the holds
-    end, a lead no larger than the last one that failed is not tried
-    again on the same evidence."""
+    too, the most of it this phase (TenantState.overpromise; for a
+    return to the baseline that failed, baseline_overpromise): every
+    challenger (or the baseline) is read with it from now on (_taught),
+    so once the holds end, a lead no larger than the last one that failed
+    is not tried again on the same evidence."""
     gap = verdict.observed - verdict.predicted_new
-    if math.isfinite(gap) and gap > 0:
+    if math.isfinite(gap) and gap > 0 and verdict.new == baseline:
+        st.baseline_overpromise = max(st.baseline_overpromise, float(gap))
+    elif math.isfinite(gap) and gap > 0:
         st.overpromise = max(st.overpromise, float(gap))
     until = st.held_until.get(verdict.new)
     if until is None:

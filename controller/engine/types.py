@@ -102,6 +102,7 @@ class TenantState:
     # the most a failed switch's curve promised beyond what the tenant then
     # missed, this phase (engine/round.py _hold_siblings); saved
     overpromise: float = 0.0
+    baseline_overpromise: float = 0.0  # ... and a failed return to the baseline's
 
     def copy(self) -> "TenantState":
         """A copy that shares nothing a round changes.  The round replaces
