@@ -103,7 +103,7 @@ RULES = {
     "doubt": ("a challenger's curve is scored 0.01 worse", {"DOUBT": 0.0}, {}),
     "sampling-doubt": ("a challenger's doubt grows with its curve's sampling error",
                        {"_sampling_sd": no_sampling_sd}, {}),
-    "overpromise": ("what a failed switch overpromised is read into every challenger",
+    "overpromise": ("what a failed switch overpromised is read into the policies like it",
                     {"_taught": no_taught}, {}),
     "trials": ("a lead only the doubt hides is tried", {"watchdog:trial_reference": no_trial},
                {}),
