@@ -32,11 +32,12 @@ def report(policy, observed, predicted):
 
 def on_probation():
     """A tenant switched from lru to fifo, whose first report of fifo
-    running (the switch's own interval) has come and not counted."""
+    running (the switch's own interval) has come, not counted, and
+    turned its cache over."""
     st = TenantState()
     st.rounds = 10
     watchdog.start(st, "fifo", "lru")
-    st.probation.running_reports = 1
+    st.probation.running_reports, st.probation.inserted = 1, 1e12
     return st
 
 
@@ -79,6 +80,31 @@ def test_the_first_interval_of_the_new_policy_running_is_not_counted():
     st = on_probation()
     assert feed(st, [report("fifo", 0.9, pred)] + [report("fifo", 0.31, pred)] * (K - 1)
                 )[-1] is not None
+
+
+def test_a_switch_is_judged_once_its_cache_has_turned_over():
+    # 1,000 pages cached, 300 inserted an interval: the reports after the
+    # first count once 1,000 have come in since the switch (the fifth),
+    # here 0.9 while the cache reshapes, then 0.31
+    def slow(observed):
+        r = report("fifo", observed, {"fifo": 0.05, "lru": 0.30})
+        r.usage_file_bytes, r.inserts_per_s = 1000 * 4096, 300.0
+        return r
+
+    st = TenantState()
+    st.rounds = 10
+    watchdog.start(st, "fifo", "lru")
+    got = feed(st, [slow(0.9)] * 4 + [slow(0.31)] * K)
+    assert got == [None] * (4 + K)
+    assert st.probation is None and watchdog.held_off(st) == set()
+    # a cache that never turns over is judged anyway, past TRIAL_SLACK
+    st = TenantState()
+    st.rounds = 10
+    watchdog.start(st, "fifo", "lru")
+    r = slow(0.9)
+    r.inserts_per_s = 0.0
+    got = feed(st, [r] * (1 + watchdog.TRIAL_SLACK + K))
+    assert got[:-1] == [None] * (watchdog.TRIAL_SLACK + K) and got[-1] is not None
 
 
 def test_no_switch_back_within_the_margin():

@@ -3,12 +3,13 @@
 A curve can be wrong (a miniature simulation that models a policy badly,
 a sample that missed part of the workload), and then a switch costs what
 it was meant to gain.  So every switch the node carries out goes on
-probation: over its running reports after the first (the interval the
-switch came in, on a cache the old policy filled), the tenant's observed
-miss ratio is set beside what the old policy's curve predicted at the
-memory it held; worse by more than a margin, or an SLO missed that the old
-policy was predicted to meet, and the switch is undone and the policy
-held off for a cooldown of the tenant's rounds (check()).  A *trial* (a
+probation: over its running reports once it has settled (_settled: not
+the interval the switch came in, and only once a cache's worth of pages
+has been inserted since), the tenant's observed miss ratio is set beside
+what the old policy's curve predicted at the memory it held; worse by
+more than a margin, or an SLO missed that the old policy was predicted
+to meet, and the switch is undone and the policy held off for a
+cooldown of the tenant's rounds (check()).  A *trial* (a
 lead only the autopilot's doubt hides) is judged on what the tenant
 served against what the old policy served just before it
 (_check_trial()).  Only reports of the new policy running count; nothing
@@ -40,6 +41,7 @@ class Probation:
     ref_throughput: float = math.nan    # NaN: the tenant reports none
     ref_pages: float = 0.0
     running_reports: int = 0            # reports with `new` running so far
+    inserted: float = 0.0               # pages they inserted (a switch's settling)
 
 
 @dataclass
@@ -89,7 +91,8 @@ class Verdict:
 
 
 TRIAL_LIMIT_MOVE = 0.1   # a limit moved by more than this since the reference: not counted
-TRIAL_SLACK = 4          # rounds beyond `intervals` (and the skipped first) a trial may take
+TRIAL_SLACK = 4          # rounds beyond `intervals` (and the skipped first) a trial may take,
+                         # and running reports past the first a switch may wait to settle
 
 
 def start(st, new: str, old: str, reference: tuple[float, float, float] | None = None) -> None:
@@ -180,10 +183,11 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     if pb.trial:
         return _check_trial(st, report, limit_pages, intervals, keep_gain, cooldown, model)
     pb.running_reports += 1
+    settled = _settled(pb, report)
     curves = {c.policy: c for c in report.curves}
     m = report.miss_ratio
     if pb.new not in curves or pb.old not in curves or not (0.0 <= m <= 1.0) or \
-            pb.running_reports == 1:
+            not settled:
         return None             # nothing to judge this interval by
     at = held_pages(report, curves[pb.new], limit_pages)
     pb.observed.append(float(m))
@@ -215,6 +219,22 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     if cost_slo is not None:
         v.slo, v.throughput, v.throughput_old = cost_slo
     return v
+
+
+def _settled(pb: Probation, report) -> bool:
+    """Whether this running report shows the new policy settled: not the
+    first (the interval the switch came in), and after the reports before
+    it inserted a cache's worth of pages (a new policy reshapes the cache
+    a page per miss; until it has turned over, what it misses is partly
+    the old policy's doing); past TRIAL_SLACK reports, settled or not.
+    Counts this report's insertions toward the next."""
+    pages = float(report.usage_file_bytes) / PAGE_SIZE
+    done = pb.running_reports > 1 and (pb.inserted >= pages or
+                                       pb.running_reports > 1 + TRIAL_SLACK)
+    ins = float(report.inserts_per_s) * float(report.interval_s)
+    if math.isfinite(ins) and ins > 0:
+        pb.inserted += ins
+    return done
 
 
 def _check_trial(st, report, limit_pages: float, intervals: int, keep_gain: float,
