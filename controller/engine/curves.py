@@ -37,7 +37,6 @@ class CurveBank:
     def __init__(self, curves: list[MRC], sigmas: float = 0.0):
         n = len(curves)
         self.n = n
-        self.rates = [c.rate for c in curves]
         self.curves = curves
         sizes = [c.sizes for c in curves]
         lens = np.fromiter(map(len, sizes), dtype=np.int64, count=n) + 1

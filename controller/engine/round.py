@@ -330,12 +330,18 @@ def _hook_ns(curve, key: str = "hook_ns_per_access") -> float:
     """The curve's `hook_ns_per_access` (or `key`: `hook_ns_per_miss`;
     agent/hookcost.py), or NaN where it has none or one no node could have
     measured."""
+    v = _meta_figure(curve, key)
+    return v if 0.0 <= v <= MAX_HOOK_NS else math.nan
+
+
+def _meta_figure(curve, key: str) -> float:
+    """The number a curve's meta gives for `key`, or NaN where it gives
+    none."""
     v = curve.meta.get(key) if curve.meta else None
     try:
-        v = float(v)
+        return float(v)
     except (TypeError, ValueError):
         return math.nan
-    return v if 0.0 <= v <= MAX_HOOK_NS else math.nan
 
 
 MIN_HOOK_FACTOR, MAX_HOOK_FACTOR = 0.5, 4.0
@@ -594,8 +600,9 @@ def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> np.ndarray:
     several hundredths however steady it reads.  The baseline is scored as
     it is: going back to it is about the hooks' CPU, not about trusting a
     curve."""
+    baseline, running = _roles(R, ctl)
     err = np.hypot(R.m_sd, _sampling_sd(R, at, m))
-    return np.where(_challengers(R, ctl), DOUBT + ctl.curve_error_sigmas * err, 0.0)
+    return np.where(~baseline & ~running, DOUBT + ctl.curve_error_sigmas * err, 0.0)
 
 
 def _taught(R: Round, ctl) -> np.ndarray:
@@ -612,19 +619,16 @@ def _taught(R: Round, ctl) -> np.ndarray:
                          count=R.n)[R.row_tenant]
     base = np.fromiter((t.baseline_overpromise for t in R.tstates), dtype=np.float64,
                        count=R.n)[R.row_tenant]
-    baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
-                           dtype=bool, count=R.bank.n)
-    running = np.arange(R.bank.n) == R.run_row[R.row_tenant]
-    return np.where(_challengers(R, ctl), taught,
-                    np.where(baseline & ~running, base, 0.0))
+    baseline, running = _roles(R, ctl)
+    return np.where(running, 0.0, np.where(baseline, base, taught))
 
 
-def _challengers(R: Round, ctl) -> np.ndarray:
-    """Per bank row, whether its policy is a challenger: neither the one
-    its tenant runs nor the baseline."""
+def _roles(R: Round, ctl) -> tuple[np.ndarray, np.ndarray]:
+    """Per bank row, whether its policy is the baseline, and whether it is
+    the one its tenant runs; a challenger is neither."""
     baseline = np.fromiter((p == ctl.autopilot_baseline for p in R.row_policy),
                            dtype=bool, count=R.bank.n)
-    return ~baseline & (np.arange(R.bank.n) != R.run_row[R.row_tenant])
+    return baseline, np.arange(R.bank.n) == R.run_row[R.row_tenant]
 
 
 def _sampling_sd(R: Round, at: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -636,15 +640,16 @@ def _sampling_sd(R: Round, at: np.ndarray, m: np.ndarray) -> np.ndarray:
     was counted on (rate x the window's accesses): a tenant of a few
     hundred accesses a second, sampled at 0.01, is judged on a handful
     (not counted where the curve does not say how many it saw)."""
-    rate = np.fromiter((r if 0.0 < r < 1.0 else 1.0 for r in R.bank.rates),
+    curves = R.bank.curves
+    rate = np.fromiter((c.rate if 0.0 < c.rate < 1.0 else 1.0 for c in curves),
                        dtype=np.float64, count=R.bank.n)
-    counted = rate * np.fromiter((_window_accesses(c) for c in R.bank.curves),
+    counted = rate * np.fromiter((_window_accesses(c) for c in curves),
                                  dtype=np.float64, count=R.bank.n)
     sd = np.zeros(R.bank.n)
     sampled = rate < 1.0
-    for p in set(R.row_policy[k] for k in np.flatnonzero(sampled).tolist()):
-        rows = sampled & np.fromiter((q == p for q in R.row_policy), dtype=bool,
-                                     count=R.bank.n)
+    policy = np.asarray(R.row_policy, dtype=object)
+    for p in set(policy[sampled].tolist()):
+        rows = sampled & (policy == p)
         sd[rows] = minisim_error.error_sd(p, rate[rows] * at[rows])
     few = np.where(sampled & (counted > 0), np.clip(m, 0.0, 1.0) *
                    (1.0 - np.clip(m, 0.0, 1.0)) / np.maximum(counted, 1.0), 0.0)
@@ -654,11 +659,7 @@ def _sampling_sd(R: Round, at: np.ndarray, m: np.ndarray) -> np.ndarray:
 def _window_accesses(curve) -> float:
     """The accesses a curve was made over (its meta's window_accesses),
     0 where it does not say."""
-    v = curve.meta.get("window_accesses") if curve.meta else None
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return 0.0
+    v = _meta_figure(curve, "window_accesses")
     return v if math.isfinite(v) and v > 0 else 0.0
 
 
@@ -779,10 +780,11 @@ def _hold_siblings(st: TenantState, verdict, allowed: list[str],
     so once the holds end, a lead no larger than the last one that failed
     is not tried again on the same evidence."""
     gap = verdict.observed - verdict.predicted_new
-    if math.isfinite(gap) and gap > 0 and verdict.new == baseline:
-        st.baseline_overpromise = max(st.baseline_overpromise, float(gap))
-    elif math.isfinite(gap) and gap > 0:
-        st.overpromise = max(st.overpromise, float(gap))
+    if math.isfinite(gap) and gap > 0:
+        if verdict.new == baseline:
+            st.baseline_overpromise = max(st.baseline_overpromise, float(gap))
+        else:
+            st.overpromise = max(st.overpromise, float(gap))
     until = st.held_until.get(verdict.new)
     if until is None:
         return

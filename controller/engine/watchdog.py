@@ -180,9 +180,9 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     pb = st.probation
     if pb is None or report.policy != pb.new:
         return None
+    pb.running_reports += 1
     if pb.trial:
         return _check_trial(st, report, limit_pages, intervals, keep_gain, cooldown, model)
-    pb.running_reports += 1
     settled = _settled(pb, report)
     curves = {c.policy: c for c in report.curves}
     m = report.miss_ratio
@@ -251,7 +251,6 @@ def _check_trial(st, report, limit_pages: float, intervals: int, keep_gain: floa
     otherwise, or with no verdict within TRIAL_SLACK rounds of those
     wanted, undone and the challenger held off like any failed switch."""
     pb = st.probation
-    pb.running_reports += 1
     curves = {c.policy: c for c in report.curves}
     m = report.miss_ratio
     counts = pb.running_reports > 1 and pb.old in curves and 0.0 <= m <= 1.0 and \
