@@ -10,9 +10,10 @@ autopilot against the static equal split, bench_scenarios.run_scenario),
 at the seed offsets asked.  Per rule it prints, beside the full engine's:
 the mean and lowest aggregate ratio to the equal split, the runs below
 1.0x, the runs whose SLO check fails (an SLO the equal split meets in
->= 95 % of intervals met in fewer), and the most policy reverts of one
-tenant in a run.  A rule whose removal loses nothing on any of these is
-not worth its line (issue 45).
+>= 95 % of intervals met in fewer), the most policy reverts of one
+tenant in a run, and the policy switches and reverts of all runs.  A
+rule whose removal loses nothing on any of these is not worth its line
+(issue 45).
 
     experiments/ablate_engine.py --corpus DIR [--seeds 0,1,2] [--only RULE ...]
         [--jobs 2] [--results DIR] [--curve-rate R]
@@ -41,6 +42,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def no_filling(R):
     """_track_filling without the hold: no cache counts as filling."""
+    _ROUND["_track_filling"](R)
     R.filling = np.zeros(R.n, dtype=bool)
 
 
@@ -84,9 +86,36 @@ def no_taught(R, ctl):
     return np.zeros(R.bank.n)
 
 
+def whole_limit_held(R):
+    """_track_filling holding a filling cache's whole limit, not only what
+    it reaches within PHASE_HOLD_ROUNDS rounds."""
+    _ROUND["_track_filling"](R)
+    R.fill_reach = np.full(R.n, np.inf)
+
+
+def feedback_while_filling(R, ctl):
+    """_slo_feedback judging intervals a cache spent filling as well."""
+    filling = R.filling
+    R.filling = np.zeros(R.n, dtype=bool)
+    _ROUND["_slo_feedback"](R, ctl)
+    R.filling = filling
+
+
+def _engine_functions() -> dict:
+    # the round's own functions, as imported, for the stand-ins above that
+    # wrap them (bench_scenarios.figures replaces them by name)
+    from cachepilot.controller.engine import round as r
+    return {"_track_filling": r._track_filling, "_slo_feedback": r._slo_feedback}
+
+
+_ROUND = _engine_functions()
+
+
 # name -> (what the rule does, round figures / functions, control fields)
 RULES = {
     "filling-hold": ("a cache still filling is not cut", {"_track_filling": no_filling}, {}),
+    "fill-reach": ("a filling cache keeps only what it reaches within 8 rounds",
+                   {"_track_filling": whole_limit_held}, {}),
     "sibling-hold": ("an undone switch holds off its siblings",
                      {"_hold_siblings": no_sibling_hold}, {}),
     "warming-hold": ("an SLO whose curve is still warming keeps its memory",
@@ -100,6 +129,8 @@ RULES = {
     "slo-headroom": ("SLOs sized with headroom over their need",
                      {"SLO_HEADROOM": 0.0, "SLO_HEADROOM_SIGMAS": 0.0}, {}),
     "slo-feedback": ("an SLO's misses raise its safe size", {"FEEDBACK_STEP": 0.0}, {}),
+    "feedback-settled": ("an SLO's misses count only once its cache stopped filling",
+                         {"_slo_feedback": feedback_while_filling}, {}),
     "doubt": ("a challenger's curve is scored 0.01 worse", {"DOUBT": 0.0}, {}),
     "sampling-doubt": ("a challenger's doubt grows with its curve's sampling error",
                        {"_sampling_sd": no_sampling_sd}, {}),
@@ -147,6 +178,10 @@ def summary(results: list[dict]) -> dict:
             "below_1": sum(x < 1.0 for x in ratios),
             "slo_fails": sum(not r["check_passed"] for r in results),
             "most_reverts": max(reverts),
+            "switches": sum(v["switches"] for r in results
+                            for v in r["decisions"]["autopilot"].values()),
+            "reverts": sum(v["reverts"] for r in results
+                           for v in r["decisions"]["autopilot"].values()),
             "ratios": {f"{r['scenario']}@{r['seed_offset']}": x
                        for r, x in zip(results, ratios)}}
 
@@ -215,15 +250,16 @@ def main(argv=None) -> int:
         r = rows[name]
         print(f"    mean {r['mean']:.3f}x  median {r['median']:.3f}x  lowest "
               f"{r['lowest']:.2f}x  below 1.0x {r['below_1']}  SLO fails {r['slo_fails']}  "
-              f"most reverts {r['most_reverts']}  ({time.monotonic() - started:.0f} s)",
+              f"most reverts {r['most_reverts']}  switches {r['switches']}  reverts "
+              f"{r['reverts']}  ({time.monotonic() - started:.0f} s)",
               flush=True)
     full = rows["full engine"]
     print(f"\n{'rule switched off':24} {'mean':>7} {'d mean':>7} {'lowest':>7} "
-          f"{'<1.0x':>6} {'SLO fails':>9} {'reverts':>8}")
+          f"{'<1.0x':>6} {'SLO fails':>9} {'most rv':>8} {'switches':>9} {'reverts':>8}")
     for name, r in rows.items():
         print(f"{name:24} {r['mean']:7.3f} {r['mean'] - full['mean']:+7.3f} "
               f"{r['lowest']:7.2f} {r['below_1']:6d} {r['slo_fails']:9d} "
-              f"{r['most_reverts']:8d}")
+              f"{r['most_reverts']:8d} {r['switches']:9d} {r['reverts']:8d}")
     args.results.mkdir(parents=True, exist_ok=True)
     out = args.results / "ablation.json"
     out.write_text(json.dumps({"corpus": str(args.corpus), "seeds": args.seeds,

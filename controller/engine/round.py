@@ -92,6 +92,7 @@ class Round:
     feasible_now: np.ndarray = None  # this round's own verdict (feasible: in force)
     shrink_held: np.ndarray = None   # step_limits: a shrink not yet confirmed
     filling: np.ndarray = None       # size_bounds: its page cache is still filling
+    fill_reach: np.ndarray = None    # ... and the pages it reaches while held (_track_filling)
     resident: np.ndarray = None      # size_bounds: pages it holds now, in curve sizes
     fill_rate: np.ndarray = None     # ... pages a cache growing into a raised limit
                                      # gains per second, per unit of miss ratio
@@ -437,7 +438,11 @@ def _track_filling(R: Round) -> None:
     yet (a loop's first pass): its curve says nothing yet of what less
     memory would cost, and cut on it, it never gets the memory that would
     show it.  Such a tenant keeps its limit (allocate_memory) until its
-    cache stops growing or evicts.  Beside it, what predict() reads of how
+    cache stops growing or evicts -- as much of it as the cache reaches
+    within PHASE_HOLD_ROUNDS rounds at the growth it shows (R.fill_reach):
+    a cache filling a page a scan at a time holds no claim on what it
+    reaches only in forty rounds (corpus scenario 04: held there, it cut
+    a loop below its pass).  Beside it, what predict() reads of how
     a cache grows: where it stands (R.resident), how fast misses fill it
     (R.fill_rate) and over how long a report (R.interval_s)."""
     usage = R.column(lambda s, r: r.usage_file_bytes) / PAGE_SIZE
@@ -459,6 +464,7 @@ def _track_filling(R: Round) -> None:
                           for t in R.tstates), dtype=np.float64, count=R.n)
     R.filling = (R.limit_now > 0) & (removals <= 0) & (usage > before) & \
         (usage < R.limit_now) & ~np.asarray([bool(h) for h in R.held], dtype=bool)
+    R.fill_reach = R.resident + PHASE_HOLD_ROUNDS * np.maximum(usage - before, 0.0)
     for t, u in zip(R.tstates, usage.tolist()):
         t.usage_pages = u
 
@@ -843,7 +849,10 @@ def _slo_feedback(R: Round, ctl) -> None:
     """Raise each feasible SLO's safe size by what its misses said.  The
     interval just reported is judged only if the tenant then held at least
     the safe size it was given (else the miss says the node lacked memory,
-    not that the size was short) and is past warm-up.  The extra moves by
+    not that the size was short), its cache was no longer filling (a miss
+    while it fills says the cache has not reached that size yet: judged
+    so, a slowly filling SLO was sized half again over its need, out of a
+    loop's memory) and it is past warm-up.  The extra moves by
     a stochastic-approximation step toward the size at which the SLO is
     missed in 1 - slo_target_share of the intervals: up on a miss, down a
     little on each met interval, never below nothing."""
@@ -855,7 +864,7 @@ def _slo_feedback(R: Round, ctl) -> None:
         extra = st.slo_extra_pages
         held = st.slo_safe_pages is not None and \
             r.limit_bytes / PAGE_SIZE >= 0.99 * st.slo_safe_pages
-        if step > 0 and held and st.rounds > ctl.warmup_intervals and \
+        if step > 0 and held and not R.filling[i] and st.rounds > ctl.warmup_intervals and \
                 r.throughput is not None and math.isfinite(r.throughput):
             unit = step * float(R.mem_pages[R.node_of[i]])
             missed = r.throughput < R.slo[i]
@@ -980,12 +989,15 @@ def allocate_memory(R: Round, ctl) -> None:
     order = np.arange(R.n)            # rows are already in (node, name) order
     need, need_safe = _hold_warming(R, ctl)
     R.phase_hold = _hold_new_phase(R)
-    held = np.fromiter((h is not None for h in R.phase_hold), dtype=bool, count=R.n) | \
-        R.filling
+    phase_held = np.fromiter((h is not None for h in R.phase_hold), dtype=bool, count=R.n)
+    hold_at = np.minimum(R.limit_now, R.ub)
+    if R.fill_reach is not None:
+        hold_at = np.where(phase_held, hold_at, np.minimum(hold_at, R.fill_reach))
+    held = phase_held | R.filling
     R.x_lo, R.granted = allocate.serve_slos(
         node_of, R.mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
         need, R.has_slo & has_curve, R.column(lambda s, r: s.priority), order,
-        need_safe, np.where(held & has_curve, np.minimum(R.limit_now, R.ub), 0.0))
+        need_safe, np.where(held & has_curve, hold_at, 0.0))
     over = np.bincount(node_of, weights=lb, minlength=nn) > R.mem_pages
     for ni in np.flatnonzero(over).tolist():
         R.notes.append(f"node {R.nodes[ni]!r}: floors and anonymous memory (+ margin) add "
