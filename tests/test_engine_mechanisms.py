@@ -51,7 +51,7 @@ def test_a_cache_still_filling_is_not_cut(tmp_path):
     assert mean(auto["loop"][late]) >= 0.9 * mean(equal["loop"][late])
 
 
-def _scenario_04_node_a(tmp_path, **control):
+def _scenario_04_node_a(tmp_path):
     # corpus scenario 04's node-a: a tight SLO (uniform, needs ~24 MiB of
     # 64), a loop of 17 MiB and a get-scan whose scans fill its cache a few
     # hundred pages an interval, so it stays "filling" for forty intervals
@@ -61,7 +61,7 @@ def _scenario_04_node_a(tmp_path, **control):
         slo,
         _tenant("loop", "loop", "17MiB", 300, 5e-6, 5e-5, 4),
         _tenant("kv", "get-scan", "40MiB", 500, 2e-5, 1e-3, 16, skew=1.26,
-                scan_fraction=0.17, scan_length="2MiB")], **control)
+                scan_fraction=0.17, scan_length="2MiB")])
 
 
 def test_a_slowly_filling_cache_keeps_only_what_it_will_reach(tmp_path):
@@ -82,14 +82,13 @@ def test_a_slowly_filling_cache_keeps_only_what_it_will_reach(tmp_path):
     assert met > met_equal
 
 
-def test_an_slo_missed_while_its_cache_fills_does_not_raise_its_size(tmp_path):
+def test_an_slo_missed_while_its_cache_fills_does_not_raise_its_size(tmp_path, monkeypatch):
     # uni misses its SLO while its raised limit fills (a uniform tenant's
     # cache grows a few hundred pages an interval): those misses say the
     # cache has not reached its size yet, not that the size is short.
     # Judged as misses, they raised its safe size by half again its need
     # (34 MiB for a need of 24), out of the loop's memory.
     from cachepilot.controller.engine import round as round_mod
-    from cachepilot.run import run_autopilot as run
     cfg = _scenario_04_node_a(tmp_path)
     seen = []
     real = round_mod._slo_feedback
@@ -99,10 +98,7 @@ def test_an_slo_missed_while_its_cache_fills_does_not_raise_its_size(tmp_path):
         for i, (_, spec, _) in enumerate(R.rows):
             if spec.name == "uni":
                 seen.append((bool(R.filling[i]), R.tstates[i].slo_extra_pages))
-    round_mod._slo_feedback = spy
-    try:
-        run(cfg, 45)
-    finally:
-        round_mod._slo_feedback = real
+    monkeypatch.setattr(round_mod, "_slo_feedback", spy)
+    run_autopilot(cfg, 45)
     assert any(f for f, _ in seen), "uni never filled: nothing tested"
     assert max(extra for _, extra in seen) * 4096 <= 2 * MiB
