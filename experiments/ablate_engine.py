@@ -35,6 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_scenarios  # noqa: E402
 
+from cachepilot.controller.engine import round as _round  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -101,14 +103,9 @@ def feedback_while_filling(R, ctl):
     R.filling = filling
 
 
-def _engine_functions() -> dict:
-    # the round's own functions, as imported, for the stand-ins above that
-    # wrap them (bench_scenarios.figures replaces them by name)
-    from cachepilot.controller.engine import round as r
-    return {"_track_filling": r._track_filling, "_slo_feedback": r._slo_feedback}
-
-
-_ROUND = _engine_functions()
+# the round's own functions, as imported, for the stand-ins above that
+# wrap them (bench_scenarios.figures replaces them by name)
+_ROUND = {"_track_filling": _round._track_filling, "_slo_feedback": _round._slo_feedback}
 
 
 # name -> (what the rule does, round figures / functions, control fields)

@@ -991,8 +991,7 @@ def allocate_memory(R: Round, ctl) -> None:
     R.phase_hold = _hold_new_phase(R)
     phase_held = np.fromiter((h is not None for h in R.phase_hold), dtype=bool, count=R.n)
     hold_at = np.minimum(R.limit_now, R.ub)
-    if R.fill_reach is not None:
-        hold_at = np.where(phase_held, hold_at, np.minimum(hold_at, R.fill_reach))
+    hold_at = np.where(phase_held, hold_at, np.minimum(hold_at, R.fill_reach))
     held = phase_held | R.filling
     R.x_lo, R.granted = allocate.serve_slos(
         node_of, R.mem_pages - fixed_use, np.where(has_curve, lb, 0.0),
@@ -1051,7 +1050,7 @@ def prediction_sigma(R: Round) -> np.ndarray:
     return out
 
 
-PHASE_HOLD_ROUNDS = 8   # the most rounds a new phase's limit is held
+PHASE_HOLD_ROUNDS = 8   # most rounds a new phase is held, and a filling cache looks ahead
 PHASE_CAUGHT_UP = 0.1   # |observed - curve| miss ratio at which its curve has caught up
 
 
