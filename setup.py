@@ -88,7 +88,8 @@ setup(
     cmdclass={"build_py": build_py_with_bpf},
     packages=list(PKGS),
     package_dir=PKGS,
-    package_data={"cachepilot.protocol": ["*.proto"], "cachepilot.models": ["minisim_error.json"]},
+    package_data={"cachepilot.protocol": ["*.proto"],
+                  "cachepilot.models": ["minisim_error.json", "policy_settling.json"]},
     # only the files named above: the C sources under models/native are the
     # extensions' (listed in ext_modules), not packages of their own
     include_package_data=False,
