@@ -77,6 +77,15 @@ def no_trial_window(raw_scores, cur, share):
     return raw_scores
 
 
+class OneTurnover:
+    """models.policy_settling read as one cache's worth of inserts for
+    every policy (a class, so the corpus's worker processes can take it)."""
+
+    @staticmethod
+    def turnovers(policy):
+        return 1.0
+
+
 def no_sampling_sd(R, at, m):
     """round._sampling_sd without the sampling error: no curve's doubt
     grows with the error of its sample."""
@@ -135,8 +144,11 @@ RULES = {
                     {"_taught": no_taught}, {}),
     "trials": ("a lead only the doubt hides is tried", {"watchdog:trial_reference": no_trial},
                {}),
-    "trial-window": ("a trial's lead counts as far as its window turns the cache over",
+    "trial-window": ("a trial's lead counts as far as its policy settles in its window",
                      {"_within_window": no_trial_window}, {}),
+    "settling": ("each policy settles in its measured caches' worth of inserts, not one",
+                 {"policy_settling": OneTurnover, "watchdog:policy_settling": OneTurnover},
+                 {}),
     "memory-thrift": ("a tied policy that saves SLO memory earns a switch",
                       {"MEMORY_THRESHOLD": 1e9}, {}),
     "watchdog": ("a switch that does worse than staying is undone",

@@ -557,21 +557,32 @@ def test_what_a_tenant_misses_now_is_the_mean_of_its_reports_at_what_it_holds():
     assert _missing_now(R, rows)[0] == pytest.approx(0.1)
 
 
-def test_a_trials_window_shows_the_share_of_the_cache_it_turns_over():
+def test_a_trials_window_shows_the_share_of_its_lead_the_policy_settles_in_time():
     from types import SimpleNamespace
-    from cachepilot.controller.engine import round as rnd
+    from cachepilot.controller.engine import round as rnd, watchdog
+    from cachepilot.models import policy_settling
 
     def rep(rate, seconds, pages=1000):
         return SimpleNamespace(inserts_per_s=rate, interval_s=seconds,
                                usage_file_bytes=pages * 4096)
-    window = rnd.WATCHDOG_INTERVALS + 1
-    assert rnd._showable(rep(10.0, 2.0)) == pytest.approx(20.0 * window / 1000)
-    assert rnd._showable(rep(1e6, 1.0)) == 1.0               # turned over: the whole lead
-    assert rnd._showable(rep(0.0, 1.0)) == 0.0               # a cache that never turns over
+    last = 1 + watchdog.TRIAL_SLACK + rnd.WATCHDOG_INTERVALS
+    need = policy_settling.turnovers("mru") * 1000             # pages to settle
+    # settles half-way through the judged reports: half the lead shows
+    half = need / (last - rnd.WATCHDOG_INTERVALS / 2)
+    assert rnd._showable(rep(half, 1.0), "mru") == pytest.approx(0.5)
+    assert rnd._showable(rep(need, 1.0), "mru") == 1.0       # settled in one: the whole lead
+    assert rnd._showable(rep(need / (last + 1), 1.0), "mru") == 0.0  # settles too late
+    assert rnd._showable(rep(0.0, 1.0), "mru") == 0.0        # a cache that never turns over
+    # the same tenant, a policy measured to settle slower shows less
+    fast, slow = sorted(policy_settling.load(), key=policy_settling.turnovers)[::len(
+        policy_settling.load()) - 1]
+    assert policy_settling.turnovers(slow) > policy_settling.turnovers(fast)
+    r = rep(policy_settling.turnovers(slow) * 1000 / (last - 1), 1.0)
+    assert rnd._showable(r, slow) < rnd._showable(r, fast) == 1.0
     for junk in (rep(float("nan"), 1.0), rep(5.0, float("inf")), rep(-1.0, 1.0),
                  rep(5.0, 0.0), rep(5.0, 1.0, pages=0)):
-        assert rnd._showable(junk) == 1.0                    # cannot tell: no discount
+        assert rnd._showable(junk, "mru") == 1.0             # cannot tell: no discount
     scores = {"linux": 100.0, "s3fifo": 120.0, "lfu": 90.0}
-    cut = rnd._within_window(scores, "linux", 0.25)
+    cut = rnd._within_window(scores, "linux", {"linux": 1.0, "s3fifo": 0.25, "lfu": 0.25})
     assert cut == {"linux": 100.0, "s3fifo": 105.0, "lfu": 97.5}
-    assert rnd._within_window(scores, "linux", 1.0) == scores
+    assert rnd._within_window(scores, "linux", dict.fromkeys(scores, 1.0)) == scores

@@ -10,6 +10,7 @@ from cachepilot.controller.config import config_from_dict
 from cachepilot.controller.engine import round as round_mod, watchdog
 from cachepilot.controller.engine.synthetic import SynthTenant, power_curve
 from cachepilot.controller.engine.types import TenantState
+from cachepilot.models import policy_settling
 from cachepilot.models.mrc import MRC
 
 K, MARGIN, COOLDOWN = 3, 0.05, 5
@@ -82,13 +83,17 @@ def test_the_first_interval_of_the_new_policy_running_is_not_counted():
                 )[-1] is not None
 
 
-def test_a_switch_is_judged_once_its_cache_has_turned_over():
-    # 1,000 pages cached, 300 inserted an interval: the reports after the
-    # first count once 1,000 have come in since the switch (the fifth),
-    # here 0.9 while the cache reshapes, then 0.31
+def test_a_switch_is_judged_once_its_policy_has_settled():
+    # 1,000 pages cached, and fifo measured to settle in T caches' worth
+    # of inserts (models/policy_settling.json), inserted over 3.5
+    # intervals: the reports after the first count once 1000 T pages have
+    # come in since the switch (the fifth), here 0.9 while the cache
+    # reshapes, then 0.31
+    need = policy_settling.turnovers("fifo") * 1000
+
     def slow(observed):
         r = report("fifo", observed, {"fifo": 0.05, "lru": 0.30})
-        r.usage_file_bytes, r.inserts_per_s = 1000 * 4096, 300.0
+        r.usage_file_bytes, r.inserts_per_s = 1000 * 4096, need / 3.5
         return r
 
     st = TenantState()
@@ -346,6 +351,30 @@ def test_a_trial_is_kept_on_what_the_tenant_served_its_first_interval_not_counte
     assert v.gain == pytest.approx(0.10) and v.throughput == pytest.approx(1100.0)
     assert st.probation is None and not st.held_until
     assert v.reason.endswith(": kept") and "+10.0%" in v.reason
+
+
+def test_a_trial_is_judged_only_once_its_policy_has_settled():
+    # fifo settles in T caches' worth of inserts; 1,000 pages cached and
+    # 1000 T / 2.5 inserted an interval: reports 1-3 come before it has
+    # settled (serving little, as a loop under mru does before it comes
+    # round) and are not counted; the three after them keep it
+    need = policy_settling.turnovers("fifo") * 1000
+
+    def slow(observed, thr):
+        r = trial_report("fifo", observed, thr)
+        return TenantReport(**{**r.__dict__, "usage_file_bytes": 1000 * 4096,
+                               "inserts_per_s": need / 2.5})
+    st = on_trial()
+    got = feed_trial(st, [slow(0.5, 10.0)] * 3 + [slow(0.09, t) for t in (1080.0, 1100.0,
+                                                                          1120.0)])
+    assert got[:5] == [None] * 5
+    v = got[5]
+    assert v.trial and v.kept and v.intervals == 3 and v.throughput == pytest.approx(1100.0)
+    # counted as soon as it ran a report, the same trial is undone
+    st = on_trial()
+    fast = [trial_report("fifo", 0.5, 10.0)] * 3 + [trial_report("fifo", 0.09, 1100.0)]
+    v = feed_trial(st, fast)[3]
+    assert v is not None and not v.kept
 
 
 def test_a_trial_that_serves_less_than_the_dead_band_more_is_undone_and_held_off():

@@ -20,7 +20,7 @@ from cachepilot.controller.engine.curves import CurveBank
 from cachepilot.controller.engine.types import EngineState, Observations, TenantState
 from cachepilot.core import phase
 from cachepilot.core.phase import PHASE_FACTOR
-from cachepilot.models import minisim_error
+from cachepilot.models import minisim_error, policy_settling
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import TenantReport
 
@@ -733,7 +733,7 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     if reference is not None and slo is not None and not reference[1] < slo:
         reference = None    # a met SLO (or one it cannot tell) is not risked on a trial
     if reference is not None and raw_scores and cur in raw_scores:
-        raw_scores = _within_window(raw_scores, cur, _showable(r))
+        raw_scores = _within_window(raw_scores, cur, {p: _showable(r, p) for p in raw_scores})
     ch = choose_policy(cur, allowed, scores, st, ctl.autopilot_threshold, ctl.autopilot_k,
                        watchdog.held_off(st), ctl.autopilot_baseline, needs,
                        MEMORY_THRESHOLD, raw_scores, reference is not None)
@@ -745,26 +745,33 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     return cur, ch, verdict
 
 
-def _showable(r: TenantReport) -> float:
-    """The share of its cache a trial can turn over before the watchdog
-    judges it: a new policy reshapes the cache a page per miss, and the
-    trial is judged on the WATCHDOG_INTERVALS reports after its first, so
-    its lead shows only on the pages inserted over WATCHDOG_INTERVALS + 1
-    intervals.  1 where the report's rates cannot tell (no discount)."""
+def _showable(r: TenantReport, policy: str) -> float:
+    """The share of `policy`'s lead a trial of it can show before the
+    watchdog judges it: the watchdog waits for a switch to settle
+    (watchdog._settled: the caches' worth of inserted pages the policy
+    was measured to need, models/policy_settling.json) for at most
+    1 + TRIAL_SLACK reports, then judges WATCHDOG_INTERVALS of them; the
+    reports judged before the policy settles show none of its lead.  1
+    where the report's rates cannot tell (no discount)."""
     rate, seconds = float(r.inserts_per_s), float(r.interval_s)
     pages = float(r.usage_file_bytes) / PAGE_SIZE
     if not (math.isfinite(rate) and math.isfinite(seconds) and rate >= 0 and seconds > 0
             and pages > 0):
         return 1.0
-    return min(1.0, rate * seconds * (WATCHDOG_INTERVALS + 1) / pages)
+    need = policy_settling.turnovers(policy) * pages
+    settle = need / (rate * seconds) if rate > 0 else math.inf
+    last = 1 + watchdog.TRIAL_SLACK + WATCHDOG_INTERVALS
+    return min(1.0, max(0.0, (last - settle) / WATCHDOG_INTERVALS))
 
 
-def _within_window(raw_scores: dict[str, float], cur: str, share: float) -> dict[str, float]:
+def _within_window(raw_scores: dict[str, float], cur: str,
+                   share: dict[str, float]) -> dict[str, float]:
     """Each challenger's score with its lead over `cur` cut to the share
     of it a trial's window can show (_showable): a lead a trial cannot
     show in time is undone by the watchdog however real it is."""
     base = raw_scores[cur]
-    return {p: v if p == cur else base + share * (v - base) for p, v in raw_scores.items()}
+    return {p: v if p == cur else base + share[p] * (v - base)
+            for p, v in raw_scores.items()}
 
 
 def _hold_siblings(st: TenantState, verdict, allowed: list[str],

@@ -4,15 +4,15 @@ A curve can be wrong (a miniature simulation that models a policy badly,
 a sample that missed part of the workload), and then a switch costs what
 it was meant to gain.  So every switch the node carries out goes on
 probation: over its running reports once it has settled (_settled: not
-the interval the switch came in, and only once a cache's worth of pages
-has been inserted since), the tenant's observed miss ratio is set beside
-what the old policy's curve predicted at the memory it held; worse by
-more than a margin, or an SLO missed that the old policy was predicted
-to meet, and the switch is undone and the policy held off for a
-cooldown of the tenant's rounds (check()).  A *trial* (a
-lead only the autopilot's doubt hides) is judged on what the tenant
-served against what the old policy served just before it
-(_check_trial()).  Only reports of the new policy running count; nothing
+the interval the switch came in, and only once the pages the new policy
+was measured to need to reach its steady state have been inserted
+since), the tenant's observed miss ratio is set beside what the old
+policy's curve predicted at the memory it held; worse by more than a
+margin, or an SLO missed that the old policy was predicted to meet, and
+the switch is undone and the policy held off for a cooldown of the
+tenant's rounds (check()).  A *trial* (a lead only the autopilot's doubt
+hides) is judged, once settled too, on what the tenant served against
+what the old policy served just before it (_check_trial()).  Only reports of the new policy running count; nothing
 here is random.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from cachepilot.models import policy_settling
 from cachepilot.models.mrc import PAGE_SIZE
 
 
@@ -224,11 +225,13 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
 def _settled(pb: Probation, report) -> bool:
     """Whether this running report shows the new policy settled: not the
     first (the interval the switch came in), and after the reports before
-    it inserted a cache's worth of pages (a new policy reshapes the cache
-    a page per miss; until it has turned over, what it misses is partly
-    the old policy's doing); past TRIAL_SLACK reports, settled or not.
-    Counts this report's insertions toward the next."""
-    pages = float(report.usage_file_bytes) / PAGE_SIZE
+    it inserted the caches' worth of pages the new policy was measured to
+    need to reach its steady state (models/policy_settling.json: a new
+    policy reshapes the cache a page per miss, and some discard what they
+    are handed; until then what it misses is partly the old policy's
+    doing); past TRIAL_SLACK reports, settled or not.  Counts this
+    report's insertions toward the next."""
+    pages = float(report.usage_file_bytes) / PAGE_SIZE * policy_settling.turnovers(pb.new)
     done = pb.running_reports > 1 and (pb.inserted >= pages or
                                        pb.running_reports > 1 + TRIAL_SLACK)
     ins = float(report.inserts_per_s) * float(report.interval_s)
@@ -241,11 +244,11 @@ def _check_trial(st, report, limit_pages: float, intervals: int, keep_gain: floa
                  cooldown: int, model) -> Verdict | None:
     """Count this report toward st's trial; a Verdict once it is decided,
     kept or not.  The curves could not tell the two policies apart, so
-    only what ran can: each running report but the first (the switch
-    mid-interval, a cache the old policy filled) is set beside the old
-    policy's mean outcome over the reports before the switch, moved by
-    what the old policy's curve says the limit's move since then changes
-    (a move over TRIAL_LIMIT_MOVE does not count).  The currency is the
+    only what ran can: each running report once the new policy has
+    settled (_settled; never the first, the switch mid-interval) is set
+    beside the old policy's mean outcome over the reports before the
+    switch, moved by what the old policy's curve says the limit's move
+    since then changes (a move over TRIAL_LIMIT_MOVE does not count).  The currency is the
     tenant's throughput where it reports one, else its miss ratio through
     its model.  Kept where the mean gain is at least `keep_gain`;
     otherwise, or with no verdict within TRIAL_SLACK rounds of those
@@ -253,7 +256,7 @@ def _check_trial(st, report, limit_pages: float, intervals: int, keep_gain: floa
     pb = st.probation
     curves = {c.policy: c for c in report.curves}
     m = report.miss_ratio
-    counts = pb.running_reports > 1 and pb.old in curves and 0.0 <= m <= 1.0 and \
+    counts = _settled(pb, report) and pb.old in curves and 0.0 <= m <= 1.0 and \
         pb.ref_pages > 0 and abs(limit_pages / pb.ref_pages - 1.0) <= TRIAL_LIMIT_MOVE
     if counts:
         old = curves[pb.old]
