@@ -52,17 +52,23 @@ def load(path=TABLE) -> dict:
     """{policy: {"log_pages", "bias", "sd", "n": arrays}} from the table at
     `path`; ValueError naming the file when it is missing or malformed."""
     try:
-        doc = json.loads(Path(path).read_text())
-        if doc.get("version") != FORMAT_VERSION:
-            raise ValueError(f"format version {doc.get('version')!r}, "
-                             f"expected {FORMAT_VERSION}")
-        policies = doc["policies"]
-        if not isinstance(policies, dict) or not policies:
-            raise ValueError("no policies")
-        return {str(p): _rows(p, rows) for p, rows in policies.items()}
+        return {str(p): _rows(p, rows) for p, rows in table_policies(path, FORMAT_VERSION).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: not a usable minisim error table "
                          f"(run experiments/minisim_error.py): {err}") from None
+
+
+def table_policies(path, version: int) -> dict:
+    """The non-empty "policies" mapping of a measured per-policy table
+    (this one, models/policy_settling.json) written in format `version`;
+    ValueError (or OSError, KeyError) where it is not one."""
+    doc = json.loads(Path(path).read_text())
+    if doc.get("version") != version:
+        raise ValueError(f"format version {doc.get('version')!r}, expected {version}")
+    policies = doc["policies"]
+    if not isinstance(policies, dict) or not policies:
+        raise ValueError("no policies")
+    return policies
 
 
 def _rows(policy, rows) -> dict:

@@ -10,9 +10,10 @@ that times its cache's pages over the pages it inserts an interval.
 from __future__ import annotations
 
 import functools
-import json
 import math
 from pathlib import Path
+
+from cachepilot.models.minisim_error import table_policies
 
 TABLE = Path(__file__).resolve().with_suffix(".json")
 FORMAT_VERSION = 1
@@ -33,14 +34,10 @@ def load(path=TABLE) -> dict[str, float]:
     """{policy: median turnovers} from the table at `path`; ValueError
     naming the file when it is missing or malformed."""
     try:
-        doc = json.loads(Path(path).read_text())
-        if doc.get("version") != FORMAT_VERSION:
-            raise ValueError(f"format version {doc.get('version')!r}, "
-                             f"expected {FORMAT_VERSION}")
-        rows = doc["policies"]
+        rows = table_policies(path, FORMAT_VERSION)
         out = {str(p): float(r["median"]) for p, r in rows.items()}
-        if not out or not all(math.isfinite(v) and v >= 0 for v in out.values()):
-            raise ValueError("no policies, or a median that is not a finite number >= 0")
+        if not all(math.isfinite(v) and v >= 0 for v in out.values()):
+            raise ValueError("a median that is not a finite number >= 0")
         return out
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{path}: not a usable policy settling table "
