@@ -104,7 +104,6 @@ def test_an_slo_missed_while_its_cache_fills_does_not_raise_its_size(tmp_path, m
     assert max(extra for _, extra in seen) * 4096 <= 2 * MiB
 
 
-
 def test_a_policy_that_cannot_settle_before_it_is_judged_is_not_tried(tmp_path):
     # corpus scenario 10's node-b: a 16 MiB loop read 360 pages an
     # interval in an 11 MiB share misses every read under linux, and
