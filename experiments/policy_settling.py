@@ -77,14 +77,20 @@ def run(stream, cache, accesses: int, chunk: int, policy: str) -> np.ndarray:
     return np.asarray(out, dtype=np.float64) / chunk
 
 
-def settle_case(make, policy: str, pages: int, frac: float,
-                frm: str = "linux") -> dict | None:
+def settle_case(make, policy: str, pages: int, frac: float, frm: str = "linux",
+                steady: dict | None = None) -> dict | None:
     """One (workload, size, policy) case, the switch from `frm`; None
-    where the two do not differ by MIN_GAP there."""
+    where the two do not differ by MIN_GAP there.  `steady`: the steady
+    miss ratios already run on this workload and size, by policy (filled
+    in here), so that each policy is run alone once."""
     size = max(16, int(pages * frac))
     chunk = max(64, size // 8)
     tail = max(4, 8 * pages // chunk)
-    alone = run(make(), runtime.Cache(policy, size), WARM * pages, chunk, policy)[-tail:].mean()
+    steady = {} if steady is None else steady
+    if policy not in steady:
+        steady[policy] = run(make(), runtime.Cache(policy, size), WARM * pages, chunk,
+                             policy)[-tail:].mean()
+    alone = steady[policy]
     stream = make()
     cache = runtime.Cache(frm, size)
     before = run(stream, cache, WARM * pages, chunk, frm)[-tail:].mean()
@@ -96,8 +102,8 @@ def settle_case(make, policy: str, pages: int, frac: float,
     idx = next((i for i in range(len(seq) - 4) if abs(seq[i:i + 4].mean() - alone) <= tol),
                None)
     turnovers = float("inf") if idx is None else float(seq[:idx].sum() * chunk / size)
-    return {"policy": policy, "from": frm, "fraction": frac, "before": float(before), "alone": float(alone),
-            "turnovers": turnovers, "accesses_per_footprint":
+    return {"policy": policy, "from": frm, "fraction": frac, "before": float(before),
+            "alone": float(alone), "turnovers": turnovers, "accesses_per_footprint":
             float("inf") if idx is None else idx * chunk / pages}
 
 
@@ -142,10 +148,11 @@ def main(argv=None) -> int:
     jobs = [(s, w, f) for s in seeds for w in workloads(pages, 0) for f in FRACTIONS]
     for k, (seed, name, frac) in enumerate(jobs):
         make = workloads(pages, seed)[name]
+        steady = {}
         for p in policies:
             # to p from the kernel's own policy, and back from p to it
-            for c in (settle_case(make, p, pages, frac), settle_case(make, "linux", pages,
-                                                                     frac, frm=p)):
+            for c in (settle_case(make, p, pages, frac, steady=steady),
+                      settle_case(make, "linux", pages, frac, frm=p, steady=steady)):
                 if c is not None:
                     cases.append({**c, "workload": name, "seed": seed})
         print(f"[{k + 1}/{len(jobs)}] {name} at {frac:.2f} of its footprint, seed {seed}",

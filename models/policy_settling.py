@@ -4,8 +4,9 @@ A measured table (models/policy_settling.json, made by
 experiments/policy_settling.py) gives, per policy, the pages a cache
 inserts after a switch to it before it serves its steady miss ratio, in
 units of the cache's size ("turnovers"): median and p90 over synthetic
-workloads where the two policies' steady states differ.  A tenant's settling in intervals is
-that times its cache's pages over the pages it inserts an interval.
+workloads where the two policies' steady states differ.  A tenant's
+settling in intervals is that times its cache's pages over the pages it
+inserts an interval.
 """
 from __future__ import annotations
 

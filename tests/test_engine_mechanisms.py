@@ -8,12 +8,12 @@ from cachepilot.run import run_autopilot, run_static_equal
 MiB = 1 << 20
 
 
-def _config(tmp_path, tenants, memory="64MiB", **control):
+def _config(tmp_path, tenants, memory="64MiB", seed=1809, **control):
     cfg = {"control": {"interval_s": 1.0, "max_step_fraction": 0.25, "hysteresis": 0.005,
                        "autopilot_k": 2, "warmup_intervals": 10, "anon_margin_bytes": 0,
                        **control},
            "controller": {"listen": "127.0.0.1:0", "insecure": True},
-           "nodes": [{"name": "n", "memory_bytes": memory, "backend": "sim", "seed": 1809}],
+           "nodes": [{"name": "n", "memory_bytes": memory, "backend": "sim", "seed": seed}],
            "tenants": tenants}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -116,29 +116,16 @@ def test_a_policy_that_cannot_settle_before_it_is_judged_is_not_tried(tmp_path):
     # it was undone and held off at every seed: a switch and a revert
     # for nothing.
     from conftest import shared_trace
-    oltp = shared_trace("OLTP.lis.zst")
-    every = dict(floor_bytes="2MiB")
-    cfg = {"control": {"interval_s": 1.0, "max_step_fraction": 0.25, "hysteresis": 0.005,
-                       "autopilot_k": 2, "warmup_intervals": 10, "anon_margin_bytes": 0},
-           "controller": {"listen": "127.0.0.1:0", "insecure": True},
-           "nodes": [{"name": "n", "memory_bytes": "32MiB", "backend": "sim", "seed": 3456}],
-           "tenants": [
-               {"name": "oltp", "node": "n", "priority": 1, **every, "workload": {
-                   "accesses_per_interval": 300,
-                   "phases": [{"kind": "trace", "trace": str(oltp), "trace_offset": 436143}],
-                   "service": {"t_hit_s": 5e-6, "t_miss_s": 5e-4, "concurrency": 16}}},
-               {"name": "uni", "node": "n", "priority": 1, "slo": {"min_throughput": 14400},
-                **every, "workload": {
-                    "accesses_per_interval": 300,
-                    "phases": [{"kind": "uniform", "footprint": "15MiB"}],
-                    "service": {"t_hit_s": 2e-5, "t_miss_s": 2e-4, "concurrency": 1}}},
-               {"name": "loop", "node": "n", "priority": 0, **every, "workload": {
-                   "accesses_per_interval": 360,
-                   "phases": [{"kind": "loop", "footprint": "16MiB"}],
-                   "service": {"t_hit_s": 2e-5, "t_miss_s": 2e-3, "concurrency": 16}}}]}
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    history, log, _ = run_autopilot(load_config(path), 40)
+    oltp = dict(_tenant("oltp", "uniform", "1MiB", 300, 5e-6, 5e-4, 16), priority=1)
+    oltp["workload"]["phases"] = [{"kind": "trace", "trace": str(shared_trace("OLTP.lis.zst")),
+                                   "trace_offset": 436143}]
+    uni = dict(_tenant("uni", "uniform", "15MiB", 300, 2e-5, 2e-4, 1), priority=1,
+               slo={"min_throughput": 14400})
+    loop = dict(_tenant("loop", "loop", "16MiB", 360, 2e-5, 2e-3, 16), priority=0)
+    for t in (oltp, uni, loop):
+        del t["policies"]                       # every policy allowed
+    cfg = _config(tmp_path, [oltp, uni, loop], memory="32MiB", seed=3456)
+    history, log, _ = run_autopilot(cfg, 40)
     assert "mru" in {h["policy"] for h in history["loop"]}, "mru never led: nothing tested"
     undone = [e.message for e in log if e.message.startswith("loop: watchdog")]
     assert not undone, undone

@@ -20,7 +20,7 @@ from cachepilot.controller.engine.curves import CurveBank
 from cachepilot.controller.engine.types import EngineState, Observations, TenantState
 from cachepilot.core import phase
 from cachepilot.core.phase import PHASE_FACTOR
-from cachepilot.models import minisim_error, policy_settling
+from cachepilot.models import minisim_error
 from cachepilot.models.mrc import PAGE_SIZE
 from cachepilot.protocol.types import TenantReport
 
@@ -758,8 +758,7 @@ def _showable(r: TenantReport, policy: str) -> float:
     if not (math.isfinite(rate) and math.isfinite(seconds) and rate >= 0 and seconds > 0
             and pages > 0):
         return 1.0
-    need = policy_settling.turnovers(policy) * pages
-    settle = need / (rate * seconds) if rate > 0 else math.inf
+    settle = watchdog.settling_pages(policy, r) / (rate * seconds) if rate > 0 else math.inf
     last = 1 + watchdog.TRIAL_SLACK + WATCHDOG_INTERVALS
     return min(1.0, max(0.0, (last - settle) / WATCHDOG_INTERVALS))
 

@@ -12,8 +12,8 @@ margin, or an SLO missed that the old policy was predicted to meet, and
 the switch is undone and the policy held off for a cooldown of the
 tenant's rounds (check()).  A *trial* (a lead only the autopilot's doubt
 hides) is judged, once settled too, on what the tenant served against
-what the old policy served just before it (_check_trial()).  Only reports of the new policy running count; nothing
-here is random.
+what the old policy served just before it (_check_trial()).  Only
+reports of the new policy running count; nothing here is random.
 """
 from __future__ import annotations
 
@@ -222,6 +222,14 @@ def check(st, report, limit_pages: float, intervals: int, margin: float,
     return v
 
 
+def settling_pages(policy: str, report) -> float:
+    """The pages a switch to `policy` must insert into the report's cache
+    before the policy serves its steady state: the caches' worth it was
+    measured to need (models/policy_settling.json) times the pages the
+    cache holds."""
+    return float(report.usage_file_bytes) / PAGE_SIZE * policy_settling.turnovers(policy)
+
+
 def _settled(pb: Probation, report) -> bool:
     """Whether this running report shows the new policy settled: not the
     first (the interval the switch came in), and after the reports before
@@ -231,7 +239,7 @@ def _settled(pb: Probation, report) -> bool:
     are handed; until then what it misses is partly the old policy's
     doing); past TRIAL_SLACK reports, settled or not.  Counts this
     report's insertions toward the next."""
-    pages = float(report.usage_file_bytes) / PAGE_SIZE * policy_settling.turnovers(pb.new)
+    pages = settling_pages(pb.new, report)
     done = pb.running_reports > 1 and (pb.inserted >= pages or
                                        pb.running_reports > 1 + TRIAL_SLACK)
     ins = float(report.inserts_per_s) * float(report.interval_s)
@@ -248,9 +256,9 @@ def _check_trial(st, report, limit_pages: float, intervals: int, keep_gain: floa
     settled (_settled; never the first, the switch mid-interval) is set
     beside the old policy's mean outcome over the reports before the
     switch, moved by what the old policy's curve says the limit's move
-    since then changes (a move over TRIAL_LIMIT_MOVE does not count).  The currency is the
-    tenant's throughput where it reports one, else its miss ratio through
-    its model.  Kept where the mean gain is at least `keep_gain`;
+    since then changes (a move over TRIAL_LIMIT_MOVE does not count).
+    The currency is the tenant's throughput where it reports one, else
+    its miss ratio through its model.  Kept where the mean gain is at least `keep_gain`;
     otherwise, or with no verdict within TRIAL_SLACK rounds of those
     wanted, undone and the challenger held off like any failed switch."""
     pb = st.probation
