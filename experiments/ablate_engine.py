@@ -86,6 +86,11 @@ class OneTurnover:
         return 1.0
 
 
+def no_phase_pool(R, hist, ctl):
+    """round._pool_phase without the pooling: each curve read on its last
+    window alone."""
+
+
 def no_sampling_sd(R, at, m):
     """round._sampling_sd without the sampling error: no curve's doubt
     grows with the error of its sample."""
@@ -138,6 +143,8 @@ RULES = {
     "feedback-settled": ("an SLO's misses count only once its cache stopped filling",
                          {"_slo_feedback": feedback_while_filling}, {}),
     "doubt": ("a challenger's curve is scored 0.01 worse", {"DOUBT": 0.0}, {}),
+    "phase-pool": ("a sampled curve is read over the windows of its phase, not one",
+                   {"_pool_phase": no_phase_pool}, {}),
     "sampling-doubt": ("a challenger's doubt grows with its curve's sampling error",
                        {"_sampling_sd": no_sampling_sd}, {}),
     "overpromise": ("what a failed switch overpromised is read into the policies like it",

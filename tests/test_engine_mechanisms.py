@@ -129,3 +129,36 @@ def test_a_policy_that_cannot_settle_before_it_is_judged_is_not_tried(tmp_path):
     assert "mru" in {h["policy"] for h in history["loop"]}, "mru never led: nothing tested"
     undone = [e.message for e in log if e.message.startswith("loop: watchdog")]
     assert not undone, undone
+
+
+def test_a_sampled_curve_is_read_over_its_phase_not_one_window(tmp_path, monkeypatch):
+    # At a sampling rate of 0.01 a tenant of 530 reads an interval has
+    # five samples a window: read on the last window alone, the size its
+    # SLO needs moved by some 19 MiB from one round to the next, and the
+    # SLO took a loop's memory on one window's word (corpus scenario 04 at
+    # 0.01).  Pooled over the windows of its present phase (and a window
+    # that differs from the last by no more than its sampling noise is of
+    # the same phase), the need moves by a fraction of that.
+    from cachepilot.controller.engine import round as round_mod
+
+    def needs_swing(pool):
+        cfg = _scenario_04_node_a(tmp_path)
+        needs = []
+        real = round_mod._slo_feedback
+
+        def spy(R, ctl):
+            real(R, ctl)
+            for i, (_, spec, _) in enumerate(R.rows):
+                if spec.name == "uni" and R.need[i] < float("inf"):
+                    needs.append(float(R.need[i]) * 4096 / MiB)
+        monkeypatch.setattr(round_mod, "_slo_feedback", spy)
+        monkeypatch.setattr(round_mod, "_pool_phase", pool)
+        run_autopilot(cfg, 60, curve_rate=0.01)
+        late = needs[10:]
+        assert len(late) >= 15, "the SLO was seldom sized: nothing tested"
+        return sum(abs(a - b) for a, b in zip(late, late[1:])) / (len(late) - 1)
+
+    pooled = needs_swing(round_mod._pool_phase)
+    one_window = needs_swing(lambda R, hist, ctl: None)
+    assert one_window >= 5.0, f"one window's need moved {one_window:.1f} MiB: nothing tested"
+    assert pooled <= 0.5 * one_window, (pooled, one_window)

@@ -21,7 +21,7 @@ from cachepilot.controller.engine.types import EngineState, Observations, Tenant
 from cachepilot.core import phase
 from cachepilot.core.phase import PHASE_FACTOR
 from cachepilot.models import minisim_error
-from cachepilot.models.mrc import PAGE_SIZE
+from cachepilot.models.mrc import MRC, PAGE_SIZE
 from cachepilot.protocol.types import TenantReport
 
 
@@ -480,7 +480,9 @@ def choose_policies(R: Round, ctl) -> None:
         # read as measured: the error's stretch is for buying memory, and
         # it reads every curve at a smaller size than the one compared at;
         # each policy by its curves of the last reports (_window_spread)
-        m, R.m_sd = _window_spread(R, at)
+        hist = _phase_history(R, at, ctl)
+        m, R.m_sd = _window_spread(R, at, hist)
+        _pool_phase(R, hist, ctl)
         # each policy's hooks estimated against the running one's
         a_h = R.a[R.row_tenant] * hook_factors(R)
         b_r = R.b[R.row_tenant] + miss_costs(R)
@@ -528,29 +530,64 @@ def choose_policies(R: Round, ctl) -> None:
     R.has_curve = R.alloc_row >= 0
 
 
-def _window_spread(R: Round, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _phase_history(R: Round, at: np.ndarray, ctl) -> list[list]:
+    """Per row, the curves of its last reports (at most WINDOWS) that are
+    of its present phase (_phase_windows), oldest first."""
+    hist = [recent_curves(st, r)[-WINDOWS:] for st, (_, _, r) in zip(R.tstates, R.rows)]
+    first = _phase_windows(R, hist, at, ctl.curve_error_sigmas)
+    return [h[f:] for h, f in zip(hist, first)]
+
+
+def _window_spread(R: Round, at: np.ndarray, hist: list) -> tuple[np.ndarray, np.ndarray]:
     """Per bank row, the mean and the standard deviation of its policy's
     miss ratio at `at` over the tenant's last reports' curves of its
-    current phase (this report's among them; one curve: its value, no
-    deviation).  One interval's curve is one window of a workload whose
-    behaviour over longer periods it may not show: under mru a loop longer
-    than the window reads as missing nothing in one window and everything
-    a few windows on, as the loop comes round, and a switch on the best
-    window bought a tenant nothing (corpus scenario 04).  The deviation
-    across windows measures that, and the sampling's own noise with it.
-    The phase is told by the running policy's own curve: the windows
-    before the last one in which it read more than WINDOW_SHIFT from now
-    are another phase's, and a new phase is followed as soon as its own
-    windows lead."""
-    hist = [recent_curves(st, r)[-WINDOWS:] for st, (_, _, r) in zip(R.tstates, R.rows)]
-    first = _phase_windows(R, hist, at)
-    bank, owner = _window_bank((hist[t][first[t]:], p) for t, p in
+    current phase (`hist`, this report's among them; one curve: its
+    value, no deviation).  One interval's curve is one window of a
+    workload whose behaviour over longer periods it may not show: under
+    mru a loop longer than the window reads as missing nothing in one
+    window and everything a few windows on, as the loop comes round, and
+    a switch on the best window bought a tenant nothing (corpus scenario
+    04).  The deviation across windows measures that, and the sampling's
+    own noise with it."""
+    bank, owner = _window_bank((hist[t], p) for t, p in
                                zip(R.row_tenant.tolist(), R.row_policy))
     m = np.clip(bank.miss_at(np.arange(bank.n), at[owner], raw=True), 0.0, 1.0)
     count = np.maximum(np.bincount(owner, minlength=R.bank.n), 1)
     mean = np.bincount(owner, weights=m, minlength=R.bank.n) / count
     sq = np.bincount(owner, weights=(m - mean[owner]) ** 2, minlength=R.bank.n)
     return mean, np.sqrt(sq / np.maximum(count - 1, 1))
+
+
+def _pool_phase(R: Round, hist: list, ctl) -> None:
+    """R.bank rebuilt on each (tenant, policy)'s curve pooled over the
+    windows of its present phase (`hist`): every point the mean of the
+    windows' miss ratios there, weighted by the accesses each window
+    counted.  What the round reads of a curve from here on -- the sizes
+    SLOs need, the allocation's hulls, the predictions -- then rests on
+    all the samples of the phase rather than on one interval's: a tenant
+    of a few hundred reads an interval, sampled at 0.01, has a handful
+    of samples a window, and a cliff that one window moves by several
+    MiB took a loop's memory on a single window's word (corpus scenario
+    04 at 0.01).  An exact curve is its window's truth and is read as it
+    is: pooled, a cache's filling windows held its curve above what it
+    now misses (corpus scenario 13, 0.8x of its gain lost)."""
+    curves = []
+    for k, (t, p) in enumerate(zip(R.row_tenant.tolist(), R.row_policy)):
+        own = R.bank.curves[k]
+        mine = [c for cs in hist[t] for c in cs if c.policy == p]
+        if len(mine) < 2 or not 0.0 < own.rate < 1.0:
+            curves.append(own)
+            continue
+        counted = [_window_accesses(c) for c in mine]
+        w = np.asarray(counted if all(v > 0 for v in counted) else [1.0] * len(mine))
+        ys = sum(wi * (c.miss_ratio if c.sizes is own.sizes or np.array_equal(c.sizes, own.sizes)
+                       else np.interp(own.sizes, c.sizes, c.miss_ratio))
+                 for wi, c in zip(w.tolist(), mine)) / float(w.sum())
+        meta = dict(own.meta or {})
+        if all(v > 0 for v in counted):
+            meta["window_accesses"] = float(sum(counted))
+        curves.append(MRC.checked(own.sizes, ys, p, own.method, own.rate, meta))
+    R.bank = CurveBank(curves, ctl.curve_error_sigmas)
 
 
 def _window_bank(groups, sigmas: float = 0.0) -> tuple[CurveBank, np.ndarray]:
@@ -565,10 +602,12 @@ def _window_bank(groups, sigmas: float = 0.0) -> tuple[CurveBank, np.ndarray]:
     return CurveBank(curves, sigmas), np.asarray(owner, dtype=np.int64)
 
 
-def _phase_windows(R: Round, hist: list, at: np.ndarray) -> list[int]:
+def _phase_windows(R: Round, hist: list, at: np.ndarray, sigmas: float) -> list[int]:
     """Per row, the first of its windows (`hist`) in the running policy's
     present phase: after the last whose curve of the running policy read
-    more than WINDOW_SHIFT from this report's, at the tenant's `at`."""
+    more than WINDOW_SHIFT from this report's, at the tenant's `at`, or
+    more than `sigmas` of the two windows' sampling error if that is more
+    (at 0.01, a window of a few hundred reads counts a handful)."""
     curves, owner, index = [], [], []
     row_at = np.zeros(R.n)
     row_at[R.row_tenant] = at
@@ -583,10 +622,16 @@ def _phase_windows(R: Round, hist: list, at: np.ndarray) -> list[int]:
     if not curves:
         return first
     bank = CurveBank(curves)
-    m = bank.miss_at(np.arange(bank.n), row_at[np.asarray(owner)], raw=True).tolist()
-    now = dict(zip(owner, m))           # the newest window comes last
-    for i, j, v in zip(owner, index, m):
-        if abs(v - now[i]) > WINDOW_SHIFT:
+    m = np.clip(bank.miss_at(np.arange(bank.n), row_at[np.asarray(owner)], raw=True), 0.0, 1.0)
+    # a window's own sampling error (a ratio over the few accesses it
+    # counted): a move no larger than that is noise, not a phase
+    counted = np.fromiter(((c.rate if 0.0 < c.rate < 1.0 else 0.0) * _window_accesses(c)
+                           for c in curves), dtype=np.float64, count=len(curves))
+    var = np.where(counted > 0, m * (1.0 - m) / np.maximum(counted, 1.0), 0.0)
+    now = dict(zip(owner, zip(m.tolist(), var.tolist())))   # the newest window comes last
+    for i, j, v, e in zip(owner, index, m.tolist(), var.tolist()):
+        shift = max(WINDOW_SHIFT, sigmas * math.sqrt(e + now[i][1]))
+        if abs(v - now[i][0]) > shift:
             first[i] = j + 1
     return first
 
