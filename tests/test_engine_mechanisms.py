@@ -82,23 +82,28 @@ def test_a_slowly_filling_cache_keeps_only_what_it_will_reach(tmp_path):
     assert met > met_equal
 
 
+def _after_slo_sizing(monkeypatch, name, pick):
+    """A list that gets pick(R, row) for tenant `name` each round, once its
+    SLO is sized (after engine/round.py's _slo_feedback)."""
+    from cachepilot.controller.engine import round as round_mod
+    seen, real = [], round_mod._slo_feedback
+
+    def spy(R, ctl):
+        real(R, ctl)
+        seen.extend(pick(R, i) for i, (_, spec, _) in enumerate(R.rows) if spec.name == name)
+    monkeypatch.setattr(round_mod, "_slo_feedback", spy)
+    return seen
+
+
 def test_an_slo_missed_while_its_cache_fills_does_not_raise_its_size(tmp_path, monkeypatch):
     # uni misses its SLO while its raised limit fills (a uniform tenant's
     # cache grows a few hundred pages an interval): those misses say the
     # cache has not reached its size yet, not that the size is short.
     # Judged as misses, they raised its safe size by half again its need
     # (34 MiB for a need of 24), out of the loop's memory.
-    from cachepilot.controller.engine import round as round_mod
     cfg = _scenario_04_node_a(tmp_path)
-    seen = []
-    real = round_mod._slo_feedback
-
-    def spy(R, ctl):
-        real(R, ctl)
-        for i, (_, spec, _) in enumerate(R.rows):
-            if spec.name == "uni":
-                seen.append((bool(R.filling[i]), R.tstates[i].slo_extra_pages))
-    monkeypatch.setattr(round_mod, "_slo_feedback", spy)
+    seen = _after_slo_sizing(monkeypatch, "uni", lambda R, i: (bool(R.filling[i]),
+                                                             R.tstates[i].slo_extra_pages))
     run_autopilot(cfg, 45)
     assert any(f for f, _ in seen), "uni never filled: nothing tested"
     assert max(extra for _, extra in seen) * 4096 <= 2 * MiB
@@ -140,21 +145,15 @@ def test_a_sampled_curve_is_read_over_its_phase_not_one_window(tmp_path, monkeyp
     # that differs from the last by no more than its sampling noise is of
     # the same phase), the need moves by a fraction of that.
     from cachepilot.controller.engine import round as round_mod
+    sizing = round_mod._slo_feedback
 
     def needs_swing(pool):
         cfg = _scenario_04_node_a(tmp_path)
-        needs = []
-        real = round_mod._slo_feedback
-
-        def spy(R, ctl):
-            real(R, ctl)
-            for i, (_, spec, _) in enumerate(R.rows):
-                if spec.name == "uni" and R.need[i] < float("inf"):
-                    needs.append(float(R.need[i]) * 4096 / MiB)
-        monkeypatch.setattr(round_mod, "_slo_feedback", spy)
+        monkeypatch.setattr(round_mod, "_slo_feedback", sizing)     # one spy at a time
+        needs = _after_slo_sizing(monkeypatch, "uni", lambda R, i: float(R.need[i]) * 4096 / MiB)
         monkeypatch.setattr(round_mod, "_pool_phase", pool)
         run_autopilot(cfg, 60, curve_rate=0.01)
-        late = needs[10:]
+        late = [x for x in needs if x < float("inf")][10:]
         assert len(late) >= 15, "the SLO was seldom sized: nothing tested"
         return sum(abs(a - b) for a, b in zip(late, late[1:])) / (len(late) - 1)
 
