@@ -579,12 +579,13 @@ def _pool_phase(R: Round, hist: list, ctl) -> None:
             curves.append(own)
             continue
         counted = [_window_accesses(c) for c in mine]
-        w = np.asarray(counted if all(v > 0 for v in counted) else [1.0] * len(mine))
+        weighed = all(v > 0 for v in counted)
+        w = np.asarray(counted if weighed else [1.0] * len(mine))
         ys = sum(wi * (c.miss_ratio if c.sizes is own.sizes or np.array_equal(c.sizes, own.sizes)
                        else np.interp(own.sizes, c.sizes, c.miss_ratio))
                  for wi, c in zip(w.tolist(), mine)) / float(w.sum())
         meta = dict(own.meta or {})
-        if all(v > 0 for v in counted):
+        if weighed:
             meta["window_accesses"] = float(sum(counted))
         curves.append(MRC.checked(own.sizes, ys, p, own.method, own.rate, meta))
     R.bank = CurveBank(curves, ctl.curve_error_sigmas)
@@ -623,11 +624,9 @@ def _phase_windows(R: Round, hist: list, at: np.ndarray, sigmas: float) -> list[
         return first
     bank = CurveBank(curves)
     m = np.clip(bank.miss_at(np.arange(bank.n), row_at[np.asarray(owner)], raw=True), 0.0, 1.0)
-    # a window's own sampling error (a ratio over the few accesses it
-    # counted): a move no larger than that is noise, not a phase
-    counted = np.fromiter(((c.rate if 0.0 < c.rate < 1.0 else 0.0) * _window_accesses(c)
-                           for c in curves), dtype=np.float64, count=len(curves))
-    var = np.where(counted > 0, m * (1.0 - m) / np.maximum(counted, 1.0), 0.0)
+    # a window's own sampling error: a move no larger than that is noise,
+    # not a phase
+    var = _ratio_variance(curves, m)
     now = dict(zip(owner, zip(m.tolist(), var.tolist())))   # the newest window comes last
     for i, j, v, e in zip(owner, index, m.tolist(), var.tolist()):
         shift = max(WINDOW_SHIFT, sigmas * math.sqrt(e + now[i][1]))
@@ -694,17 +693,23 @@ def _sampling_sd(R: Round, at: np.ndarray, m: np.ndarray) -> np.ndarray:
     curves = R.bank.curves
     rate = np.fromiter((c.rate if 0.0 < c.rate < 1.0 else 1.0 for c in curves),
                        dtype=np.float64, count=R.bank.n)
-    counted = rate * np.fromiter((_window_accesses(c) for c in curves),
-                                 dtype=np.float64, count=R.bank.n)
     sd = np.zeros(R.bank.n)
     sampled = rate < 1.0
     policy = np.asarray(R.row_policy, dtype=object)
     for p in set(policy[sampled].tolist()):
         rows = sampled & (policy == p)
         sd[rows] = minisim_error.error_sd(p, rate[rows] * at[rows])
-    few = np.where(sampled & (counted > 0), np.clip(m, 0.0, 1.0) *
-                   (1.0 - np.clip(m, 0.0, 1.0)) / np.maximum(counted, 1.0), 0.0)
-    return np.hypot(sd, np.sqrt(few))
+    return np.hypot(sd, np.sqrt(_ratio_variance(curves, m)))
+
+
+def _ratio_variance(curves, m: np.ndarray) -> np.ndarray:
+    """Per curve, the variance of its miss ratio `m` as a ratio over the
+    accesses its window sampled (its rate x the window's accesses); 0 for
+    an exact curve, or one that does not say how many it saw."""
+    counted = np.fromiter(((c.rate if 0.0 < c.rate < 1.0 else 0.0) * _window_accesses(c)
+                           for c in curves), dtype=np.float64, count=len(curves))
+    m = np.clip(m, 0.0, 1.0)
+    return np.where(counted > 0, m * (1.0 - m) / np.maximum(counted, 1.0), 0.0)
 
 
 def _window_accesses(curve) -> float:
