@@ -131,6 +131,33 @@ def _read_in(cg, path, pages) -> int:
     return pid
 
 
+@contextlib.contextmanager
+def _pinned(path, nbytes):
+    """The first `nbytes` of a file mapped and mlocked by this process,
+    so its pages stay in the page cache until the block ends."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mlock.argtypes = libc.munlock.argtypes = libc.munmap.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, nbytes, 0x1, 0x1, fd, 0)   # PROT_READ, MAP_SHARED
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        try:
+            if libc.mlock(addr, nbytes) != 0:
+                raise OSError(ctypes.get_errno(), f"mlock {path}")
+            yield
+        finally:
+            libc.munlock(addr, nbytes)
+            libc.munmap(addr, nbytes)
+    finally:
+        os.close(fd)
+
+
 def test_inserted_pages_are_sampled_with_the_thread_that_missed(files):
     """The insert records say which thread brought which sampled page in:
     a reader of a cold file has one for each sampled page it read; a
@@ -143,7 +170,12 @@ def test_inserted_pages_are_sampled_with_the_thread_that_missed(files):
     drop_file_cache(mid)
     with watched("cp_inserts", threshold) as (cg, sampler, cgid):
         cold = _read_in(cg, mid, pages)
-        warm = _read_in(cg, mid, pages)
+        # pinned, so that a host under memory pressure cannot evict one of
+        # them before the warm reader comes (CI saw one page go that way);
+        # a page evicted before the pin is faulted back by this process,
+        # which is outside the cgroup, so it is not the warm reader's insert
+        with _pinned(mid, pages * 4096):
+            warm = _read_in(cg, mid, pages)
         c = counters_of(sampler, cgid)
         recs = sampler.drain()[cgid]
     ins = recs[recs["op"] == 1]
