@@ -34,6 +34,7 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
     disks = planner.host_capacity(config, node_resources(registry))[:, 1]
     known = [v for v in disks if math.isfinite(v)]
     cap = DISK_FIT * max(known, default=math.inf)       # of the largest disk known
+    full = _full_disks(config, registry, disks)
     out = []
     for spec in config.tenants:
         rec = registry.nodes.get(spec.node)
@@ -45,7 +46,24 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
         else:
             _vector(d, spec, report, state, config, headroom)
             d = _trade_memory_for_disk(d, spec, report, state, config, headroom, cap)
+            if spec.node in full and d.a is not None and _reads(report) > 0:
+                d.disk_share_fitted = _reads(report)
         out.append(d)
+    return out
+
+
+def _full_disks(config, registry, disks) -> set[str]:
+    """Nodes whose tenants read their disk at the packing's top step
+    (planner.DISK_BUSY_STEPS[0]) of its rate or more: full, so that the
+    misses of the models fitted there waited for their share of it
+    (planner._alone)."""
+    out = set()
+    for h, n in enumerate(config.nodes):
+        rec = registry.nodes.get(n.name)
+        if rec is None or not math.isfinite(disks[h]):
+            continue
+        if sum(_reads(r) for r in rec.tenants.values()) >= planner.DISK_BUSY_STEPS[0] * disks[h]:
+            out.add(n.name)
     return out
 
 
@@ -118,7 +136,11 @@ def as_allocated(config, state, registry):
     controller would run them there -- its round (engine/whatif.allocate)
     dealing the host's memory among their last reports, SLOs first -- so
     a tenant is predicted at the memory it would hold, not at its demand
-    alone (the spare memory of a host is handed out).  A tenant never
+    alone (the spare memory of a host is handed out), once its division
+    settles: a hold for a phase change under way is not counted (make
+    consolidate: a scan whose read-ahead made one report read no misses
+    was held in the round a plan was made, and the tenant moved beside it
+    was predicted at the memory the scan then kept).  A tenant never
     reported stays as it is."""
     reports = {name: r for rec in registry.nodes.values() for name, r in rec.tenants.items()}
 
@@ -133,7 +155,7 @@ def as_allocated(config, state, registry):
             rec = registry.nodes.get(host)
             memory = rec.memory_bytes if rec is not None else config.node(host).memory_bytes
             try:
-                got = whatif.allocate(state, config, host, mine, memory)
+                got = whatif.allocate(state, config, host, mine, memory, settled=True)
             except whatif.WhatIfError:
                 continue
             for p in got:
@@ -162,9 +184,17 @@ def _disk_per_op(report, m: float, m_now: float) -> float:
     cache, read-ahead and all), scaled by m over its miss ratio now
     (`m_now`: _miss_now); a page per miss where it reads nothing now."""
     thr_now = report.throughput or 0.0
-    reads = report.read_bytes_per_s if report.read_bytes_per_s is not None \
-        else report.inserts_per_s * PAGE_SIZE
+    reads = _reads(report)
     if thr_now > 0 and reads > 0 and m_now > 0:
         return reads / thr_now * m / m_now
     accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
     return accesses_per_op * m * PAGE_SIZE
+
+
+def _reads(report) -> float:
+    """Bytes/s the tenant reads from its disk: measured where the agent's
+    I/O accounting reaches it, else the pages put in its cache (read-ahead
+    and all)."""
+    if report.read_bytes_per_s is not None:
+        return float(report.read_bytes_per_s)
+    return float(report.inserts_per_s) * PAGE_SIZE

@@ -55,6 +55,10 @@ class Demand:
     b: float | None = None
     disk_per_op: float = 0.0
     cpu_per_op: float = 0.0
+    # Where its model was fitted on a disk that ran full: the bytes/s it
+    # read there.  Its misses then took the time to read through that
+    # share, and on a host where it gets more of a disk they take less.
+    disk_share_fitted: float | None = None
 
 
 @dataclass
@@ -349,14 +353,15 @@ def predict(demands, assignment: dict[str, str], capacity: dict[str, float],
     heavy); a tenant cut by one resource asks less of the other, so the
     shares are dealt again until they settle.  The model is fitted where
     the tenant runs now: more of a resource than it had there is not
-    counted on, less is.  `capacity` and `cores`: host -> bytes/s and
-    CPUs (inf or absent: not known, not shared)."""
+    counted on, less is -- except a disk that ran full there (see
+    _alone).  `capacity` and `cores`: host -> bytes/s and CPUs (inf or
+    absent: not known, not shared)."""
     out = {}
     for host in set(assignment.values()):
         mine = [d for d in demands if assignment[d.tenant] == host]
         bw = capacity.get(host, math.inf)
         cpus = (cores or {}).get(host, math.inf)
-        alone = {d.tenant: _alone(d) for d in mine}
+        alone = {d.tenant: _alone(d, bw) for d in mine}
         cpu: dict = {}
         for _ in range(2 * len(mine) + 2):
             # each resource dealt to what the other lets each tenant do
@@ -380,9 +385,19 @@ def predict(demands, assignment: dict[str, str], capacity: dict[str, float],
     return out
 
 
-def _alone(d: Demand):
+def _alone(d: Demand, disk: float = math.inf):
+    """What d does with a host of `disk` bytes/s to itself.  A model fitted
+    on a disk that ran full has, in its b, the time a miss waited for the
+    tenant's share of that disk: with the whole of this one, a miss takes
+    that time scaled by the share over this disk's rate (make consolidate:
+    a tenant fitted on a full disk and moved beside light readers ran far
+    above its unscaled prediction).  Its fair share of the disk then cuts
+    it as any other's (predict)."""
     if d.a is not None and d.miss_ratio is not None:
-        return 1.0 / max(d.a + d.b * d.miss_ratio, 1e-12)
+        b = d.b
+        if d.disk_share_fitted and 0 < disk < math.inf:
+            b *= min(1.0, d.disk_share_fitted / disk)
+        return 1.0 / max(d.a + b * d.miss_ratio, 1e-12)
     return d.predicted_throughput
 
 

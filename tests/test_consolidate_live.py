@@ -124,6 +124,61 @@ def test_a_prediction_is_what_a_tenant_does_alone_cut_to_its_share_of_the_disk(b
     assert got["disk_busy"] == pytest.approx(min(alone * d.disk_per_op / bw, 1.0), abs=1e-3)
 
 
+@pytest.mark.parametrize("bw", [20 * MiB, 40 * MiB, 100 * MiB, 1 << 40])
+def test_a_model_fitted_on_a_full_disk_is_predicted_faster_where_it_gets_more_of_one(bw):
+    """A tenant whose model was fitted on a full disk, reading 20 MiB/s of
+    it: its misses waited for that share, so on a disk of its own they take
+    that time scaled by 20 MiB/s over the disk's rate; then its share of
+    the disk cuts it as before.  Fitted where the disk had room (no share
+    recorded), the same tenant is predicted as it ran."""
+    d = _demand("t1", "h1", per_op=4096)
+    d.disk_share_fitted = 20.0 * MiB
+    got = planner.predict([d], {"t1": "h1"}, {"h1": float(bw)})["t1"]["predicted_ops"]
+    scale = min(1.0, 20 * MiB / bw)
+    alone = 1 / (d.a + d.b * d.miss_ratio * scale)
+    assert got == pytest.approx(min(alone, bw / d.disk_per_op), rel=1e-9)
+    plain = planner.predict([_demand("t1", "h1", per_op=4096)], {"t1": "h1"},
+                            {"h1": float(bw)})["t1"]["predicted_ops"]
+    assert plain == pytest.approx(1 / (d.a + d.b * d.miss_ratio), rel=1e-9)
+    if 20 * MiB < bw < (1 << 40):
+        assert got > 1.5 * plain          # a bigger disk pays for faster misses
+    elif bw == 20 * MiB:
+        assert got == pytest.approx(plain)    # the same share: as it ran
+
+
+@pytest.mark.parametrize("disk, full", [("4GiB", False), ("1MiB", True)])
+def test_a_demand_carries_the_disk_share_its_model_was_fitted_on_only_if_that_disk_ran_full(
+        tmp_path, disk, full):
+    """A live SLO tenant that misses on a sim node: where its reads fill the
+    node's disk its demand records them (planner._alone scales its misses
+    by them elsewhere); where the disk has room it records nothing."""
+    cfg = config_from_dict({
+        "control": {"interval_s": 1, "warmup_intervals": 2, "anon_margin_bytes": "2MiB"},
+        "controller": {"listen": "127.0.0.1:0", "insecure": True,
+                       "state_path": str(tmp_path / "state.db")},
+        "nodes": [{"name": "n1", "memory_bytes": "64MiB", "disk_read_bytes_per_s": disk}],
+        "tenants": [{"name": "t1", "node": "n1", "policies": ["lru"],
+                     "slo": {"min_throughput": 1000},
+                     "workload": {"accesses_per_interval": 4000, "seed": 7, "phases": [
+                         {"kind": "zipf", "footprint": "256MiB", "skew": 0.8}]}}]})
+    served = serve(cfg)
+    client = NodeClient(SimBackend(cfg, "n1", seed=3), f"127.0.0.1:{served.port}",
+                        insecure=True)
+    try:
+        for _ in range(6):
+            assert client.step().connected
+        from cachepilot.controller import consolidate
+        c = served.controller
+        with c.lock:
+            (d,) = consolidate.live_demands(c.config, c.engine.state, c.registry)
+            reads = c.registry.nodes["n1"].tenants["t1"].read_bytes_per_s
+        assert d.a is not None and reads > 2 * MiB
+        assert d.disk_share_fitted == (pytest.approx(reads) if full else None)
+    finally:
+        client.close()
+        served.stop()
+
+
 def test_shares_are_max_min_fair_and_a_tenant_cut_by_cores_leaves_disk_to_the_others():
     light = planner.Demand("light", "h", MiB, None, None, 100.0, "engine",
                            disk_per_op=100 * 1024)             # 10 MB/s, fixed rate

@@ -33,8 +33,8 @@ __all__ = ["decide", "keep_freed_memory", "Decision", "EngineState", "LogEntry",
 
 def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
            node_memory: dict[str, int] | None = None,
-           advisory_nodes: Collection[str] = (), recommend: Collection[str] = ()
-           ) -> tuple[Decision, EngineState]:
+           advisory_nodes: Collection[str] = (), recommend: Collection[str] = (),
+           settled: bool = False) -> tuple[Decision, EngineState]:
     """One decision round over the live nodes' reports (see the module doc):
     (the decision, the state after it).
 
@@ -43,13 +43,16 @@ def decide(state: EngineState, reports: dict[str, list[TenantReport]], config,
     advisory_nodes names the nodes that cannot swap policies (the service
     knows from their registration); every other node is taken to swap.
     recommend names the tenants whose directives are only recommendations
-    (recommend mode): decided and logged, not expected to take effect."""
+    (recommend mode): decided and logged, not expected to take effect.
+    settled: a what-if of where the nodes' division settles, without the
+    holds of a phase change under way (engine/whatif.allocate)."""
     state = state.fork(r.tenant for rs in reports.values() for r in rs)
     state.round += 1
     ctl = config.control
     specs, node_specs = _indexes(config)
     rnd = gather_rows(state, reports, specs, node_specs, node_memory, advisory_nodes,
                       recommend)
+    rnd.settled = settled
     fit_models(state, rnd, ctl)
     bank_curves(rnd, ctl)
     size_bounds(rnd, ctl)

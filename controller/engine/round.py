@@ -32,6 +32,9 @@ class Round:
     arrays by row; `node_of` maps a row to its node."""
     number: int
     notes: list[str] = field(default_factory=list)
+    # a what-if of where a placement settles (whatif.allocate): no hold
+    # for a phase change under way (_hold_new_phase)
+    settled: bool = False
     # (row, ops per page read before, now) of tenants that began a new phase
     phase_changed: list = field(default_factory=list)
     # gather_rows
@@ -1124,9 +1127,14 @@ def _hold_new_phase(R: Round) -> list:
     -- a size where the best policy is another.  Sized on the stale curve
     it is starved; held, it keeps what it had until the curve is its own.
     The report of a jump not yet confirmed (core/phase.py) is held too.
+    None in a what-if of where a placement settles (Round.settled): a
+    hold lasts a few rounds, and a tenant moved to another host leaves
+    the phase change it holds for behind with its cache.
     SLOs' needs come first, their headroom after the hold (make e2e: kv's
     and zipf's headroom cut the held lookups to 24 MiB)."""
     out = [None] * R.n
+    if R.settled:
+        return out
     for i, (_, _, r) in enumerate(R.rows):
         st = R.tstates[i]
         since = st.phase_since

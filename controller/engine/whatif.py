@@ -153,12 +153,14 @@ def node_free(state: EngineState, config, node: str, reports, memory_bytes: int,
 
 
 def allocate(state: EngineState, config, node: str, reports, memory_bytes: int,
-             advisory: bool = False) -> list[Prediction]:
+             advisory: bool = False, settled: bool = False) -> list[Prediction]:
     """The round itself (decide) on `node`'s last reports with the node's
-    memory at `memory_bytes`; its new state is thrown away."""
+    memory at `memory_bytes`; its new state is thrown away.  `settled`:
+    where the division settles, without the holds of a phase change under
+    way (decide's `settled`)."""
     from cachepilot.controller.engine import decide
     d, _ = decide(state, {node: reports}, config, node_memory={node: memory_bytes},
-                  advisory_nodes={node} if advisory else ())
+                  advisory_nodes={node} if advisory else (), settled=settled)
     by_name = {r.tenant: r for r in reports}
     out = []
     # the allocation's own target (before a shrink waits for the next
