@@ -788,7 +788,7 @@ def test_a_challenger_sampled_at_a_low_rate_is_doubted_by_its_sampling_error():
     from cachepilot.controller.engine.curves import CurveBank
     from cachepilot.models import minisim_error
 
-    def doubt(rate, accesses, at=8192.0, m=0.3, m_sd=0.0):
+    def doubt(rate, accesses, at=8192.0, m=0.3, m_sd=0.0, part=0):
         R = Round(1)
         curves = [MRC(np.array([10, 100_000]), np.array([m, m]), p, "minisim", rate,
                       {"window_accesses": accesses}) for p in ("linux", "s3fifo", "lfu")]
@@ -798,7 +798,7 @@ def test_a_challenger_sampled_at_a_low_rate_is_doubted_by_its_sampling_error():
         R.run_row = np.array([0])
         R.m_sd = np.full(3, m_sd)
         ctl = SimpleNamespace(autopilot_baseline="linux", curve_error_sigmas=2.0)
-        return _doubt(R, ctl, np.full(3, at), np.full(3, m))
+        return _doubt(R, ctl, np.full(3, at), np.full(3, m))[part]
 
     # exact curves: the floor and the spread over windows, no more
     np.testing.assert_allclose(doubt(1.0, 1e6), [0.0, DOUBT, DOUBT])
@@ -820,6 +820,14 @@ def test_a_challenger_sampled_at_a_low_rate_is_doubted_by_its_sampling_error():
         float(minisim_error.error_sd("s3fifo", 81.92)), np.sqrt(0.3 * 0.7 / 3.0)), rel=1e-3)
     # a curve that does not say how many accesses it saw: the table alone
     assert doubt(0.01, None)[1] == pytest.approx(got[1], rel=1e-3)
+    # the part a trial may not bet on is the sampling's alone: none for
+    # exact curves, whatever their spread over windows; at 0.01 the two
+    # sigmas of its sampling error, without the floor
+    np.testing.assert_allclose(doubt(1.0, 1e6, m_sd=0.02, part=1), [0.0, 0.0, 0.0])
+    noise = doubt(0.01, 1e9, m_sd=0.02, part=1)
+    assert noise[0] == 0.0
+    assert noise[1] == pytest.approx(2 * float(minisim_error.error_sd("s3fifo", 81.92)),
+                                     rel=1e-3)
 
 
 def test_what_a_failed_switch_overpromised_is_read_into_its_kind():

@@ -161,3 +161,34 @@ def test_a_sampled_curve_is_read_over_its_phase_not_one_window(tmp_path, monkeyp
     one_window = needs_swing(lambda R, hist, ctl: None)
     assert one_window >= 5.0, f"one window's need moved {one_window:.1f} MiB: nothing tested"
     assert pooled <= 0.5 * one_window, (pooled, one_window)
+
+
+def test_a_lead_the_sampling_could_make_is_not_tried(tmp_path, monkeypatch):
+    # corpus scenario 19's node-a at 0.01: a uniform tenant, whose policies
+    # all miss alike, beside a loop with an SLO.  Its sampled curves put
+    # one challenger or another some 7 % ahead, within the doubt, and a
+    # trial of it was made and undone at every seed: a switch and a
+    # revert for a lead the sampling made.  A trial may bet on the rest of
+    # the doubt, not on the sampling's error (round._doubt).
+    from cachepilot.controller.engine import round as round_mod
+    loop = dict(_tenant("loop", "loop", "43MiB", 1050, 5e-6, 5e-5, 1), priority=1,
+                slo={"min_throughput": 22500},
+                policies=["linux", "admit_filter", "get_scan", "lhd", "mru"])
+    uni = dict(_tenant("uni", "uniform", "64MiB", 840, 2e-5, 2e-4, 2), priority=1,
+               policies=["linux", "lfu", "lhd", "mglru", "s3fifo"])
+    doubt = round_mod._doubt
+
+    def tried(bet_on_sampling):
+        cfg = _config(tmp_path, [loop, uni], memory="80MiB", seed=9359)
+        if bet_on_sampling:
+            monkeypatch.setattr(round_mod, "_doubt", lambda R, ctl, at, m: (
+                doubt(R, ctl, at, m)[0], 0.0 * doubt(R, ctl, at, m)[1]))
+        else:
+            monkeypatch.setattr(round_mod, "_doubt", doubt)
+        history, log, _ = run_autopilot(cfg, 60, curve_rate=0.01)
+        return {h["policy"] for h in history["uni"]} - {"linux"}, log
+
+    before, log = tried(True)
+    assert before, "no challenger was tried on sampled leads: nothing tested"
+    now, log = tried(False)
+    assert not now, [e.message for e in log if e.tenant == "uni" and e.kind != "limit"]

@@ -52,9 +52,9 @@ def choose_policy(current: str, allowed: list[str], scores: dict[str, float],
     needs: for a tenant with an SLO, the least size meeting it under each
     policy, as a range (low, high) for the curve's error (inf where none
     does); memory_threshold: the saving in it that earns a switch among
-    policies tied in throughput; raw_scores: the scores without the
-    challengers' doubt, and can_try: whether a lead only they show may be
-    tried (module doc)."""
+    policies tied in throughput; raw_scores: the scores with only the
+    sampling's part of the challengers' doubt (round._doubt), and
+    can_try: whether a lead only they show may be tried (module doc)."""
     if held_off:
         allowed = [p for p in allowed if p not in held_off]
         scores = {p: v for p, v in scores.items() if p not in held_off}

@@ -77,7 +77,7 @@ class Round:
     has_slo: np.ndarray = None
     # choose_policies
     score: np.ndarray = None         # per bank row: modelled throughput at ref
-    score_raw: np.ndarray = None     # ... without the challengers' doubt
+    score_raw: np.ndarray = None     # ... with only the sampling's part of their doubt
     m_sd: np.ndarray = None          # per bank row: its miss ratio's deviation over windows
     need_low: np.ndarray = None      # per bank row: least size meeting the SLO (hooks
     need_high: np.ndarray = None     # in), the curve erring low / high
@@ -490,8 +490,9 @@ def choose_policies(R: Round, ctl) -> None:
         a_h = R.a[R.row_tenant] * hook_factors(R)
         b_r = R.b[R.row_tenant] + miss_costs(R)
         m_taught = m + _taught(R, ctl)
-        R.score = model.throughput(a_h, b_r, m_taught + _doubt(R, ctl, at, m))
-        R.score_raw = model.throughput(a_h, b_r, m_taught)
+        doubt, noise = _doubt(R, ctl, at, m)
+        R.score = model.throughput(a_h, b_r, m_taught + doubt)
+        R.score_raw = model.throughput(a_h, b_r, m_taught + noise)
         R.need_low, R.need_high = _policy_needs(R, a_h, b_r)
     else:
         R.score = R.score_raw = R.need_low = R.need_high = np.zeros(0)
@@ -638,8 +639,9 @@ def _phase_windows(R: Round, hist: list, at: np.ndarray, sigmas: float) -> list[
     return first
 
 
-def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """Per bank row, the miss ratio its policy is scored worse by: a
+def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per bank row, the miss ratio its policy is scored worse by, and the
+    part of it that is its sampling's own error: a
     challenger (neither the policy running nor the baseline) by DOUBT plus
     `curve_error_sigmas` of its curve's error, which has two parts: the
     spread of its curve over the tenant's last windows (_window_spread),
@@ -652,10 +654,16 @@ def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> np.ndarray:
     small cache simulates a few dozen pages, whose miss ratio errs by
     several hundredths however steady it reads.  The baseline is scored as
     it is: going back to it is about the hooks' CPU, not about trusting a
-    curve."""
+    curve.  A trial (a lead only the doubt hides, judged by what the
+    tenant then serves) bets on the doubt's other parts but not on the
+    sampling's: a lead a sample could make up is no lead to try either
+    (at 0.01, uniform tenants whose policies all miss alike were tried
+    on leads of 7 % and sent back).  Exact curves have none."""
     baseline, running = _roles(R, ctl)
-    err = np.hypot(R.m_sd, _sampling_sd(R, at, m))
-    return np.where(~baseline & ~running, DOUBT + ctl.curve_error_sigmas * err, 0.0)
+    challenger = ~baseline & ~running
+    sd, k = _sampling_sd(R, at, m), ctl.curve_error_sigmas
+    return (np.where(challenger, DOUBT + k * np.hypot(R.m_sd, sd), 0.0),
+            np.where(challenger, k * sd, 0.0))
 
 
 def _taught(R: Round, ctl) -> np.ndarray:
@@ -757,7 +765,8 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     direct runs there, and the autopilot follows its own last
     recommendation instead.  A switch the node carried out goes on
     probation; a failed probation sends the tenant back to the old policy.
-    A challenger only its curve without doubt puts ahead is tried
+    A challenger only the doubt beyond its sampling's error holds back is
+    tried
     (engine/autopilot.py) where the tenant ran the policy in force at
     this limit over its last reports: what it served then is the trial's
     reference.  One trial a phase: among many policies, whichever curve

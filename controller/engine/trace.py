@@ -157,8 +157,9 @@ def find(cols: dict, tenant: str) -> int | None:
 
 def _bank(R) -> dict:
     """Per (tenant, policy) curve the round read: its tenant's row, policy,
-    score, score without the doubt, miss ratio where scored, least size
-    meeting the SLO, and a fingerprint of its points."""
+    score, score with only its sampling's doubt (a trial's), miss ratio
+    where scored, least size meeting the SLO, and a fingerprint of its
+    points."""
     bank = R.bank
     k = bank.n if bank is not None else 0
     if not k:
