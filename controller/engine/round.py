@@ -641,8 +641,8 @@ def _phase_windows(R: Round, hist: list, at: np.ndarray, sigmas: float) -> list[
 
 def _doubt(R: Round, ctl, at: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per bank row, the miss ratio its policy is scored worse by, and the
-    part of it that is its sampling's own error: a
-    challenger (neither the policy running nor the baseline) by DOUBT plus
+    part of that which is its sampling's own error.  A challenger
+    (neither the policy running nor the baseline) is scored worse by DOUBT plus
     `curve_error_sigmas` of its curve's error, which has two parts: the
     spread of its curve over the tenant's last windows (_window_spread),
     and the error a curve sampled at its rate has at its size (_sampling_sd).
@@ -765,9 +765,8 @@ def _choose(st: TenantState, r: TenantReport, advisory: bool, allowed: list[str]
     direct runs there, and the autopilot follows its own last
     recommendation instead.  A switch the node carried out goes on
     probation; a failed probation sends the tenant back to the old policy.
-    A challenger only the doubt beyond its sampling's error holds back is
-    tried
-    (engine/autopilot.py) where the tenant ran the policy in force at
+    A challenger that only the doubt beyond its sampling's error holds
+    back is tried (engine/autopilot.py) where the tenant ran the policy in force at
     this limit over its last reports: what it served then is the trial's
     reference.  One trial a phase: among many policies, whichever curve
     the sampling flattered most leads, and trying each in turn would keep
