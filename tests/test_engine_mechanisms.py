@@ -178,13 +178,13 @@ def test_a_lead_the_sampling_could_make_is_not_tried(tmp_path, monkeypatch):
                policies=["linux", "lfu", "lhd", "mglru", "s3fifo"])
     doubt = round_mod._doubt
 
+    def no_sampling_part(R, ctl, at, m):
+        whole, sampling = doubt(R, ctl, at, m)
+        return whole, sampling * 0.0
+
     def tried(bet_on_sampling):
         cfg = _config(tmp_path, [loop, uni], memory="80MiB", seed=9359)
-        if bet_on_sampling:
-            monkeypatch.setattr(round_mod, "_doubt", lambda R, ctl, at, m: (
-                doubt(R, ctl, at, m)[0], 0.0 * doubt(R, ctl, at, m)[1]))
-        else:
-            monkeypatch.setattr(round_mod, "_doubt", doubt)
+        monkeypatch.setattr(round_mod, "_doubt", no_sampling_part if bet_on_sampling else doubt)
         history, log, _ = run_autopilot(cfg, 60, curve_rate=0.01)
         return {h["policy"] for h in history["uni"]} - {"linux"}, log
 
