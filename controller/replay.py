@@ -47,6 +47,19 @@ class Replayed:
     # control fields the recording set that this engine no longer has
     # (controller/config.py REMOVED_CONTROL): name -> recorded value
     ignored: dict = field(default_factory=dict)
+    # (predicted - observed) / observed of each throughput prediction the
+    # replayed engine made with a directive the recording also carried
+    # out, scored on the recorded report that followed (the engine's own
+    # "observed" entries): how well this engine predicts what came
+    errors: dict = field(default_factory=dict)      # (round decided, tenant) -> error
+    _differed: set = field(default_factory=set)
+
+    def scored(self) -> dict:
+        """{"n", "mean_signed", "mean_abs"} of `errors` (None where empty)."""
+        v = list(self.errors.values())
+        n = len(v)
+        return {"n": n, "mean_signed": sum(v) / n if n else None,
+                "mean_abs": sum(abs(e) for e in v) / n if n else None}
 
 
 def cmd_replay(args) -> int:
@@ -56,7 +69,8 @@ def cmd_replay(args) -> int:
     if args.json:
         print(json.dumps({"rounds": out.rounds, "directives": out.directives,
                           "differ": len(out.changes), "changes": out.changes,
-                          "ignored_control": out.ignored}, indent=1))
+                          "ignored_control": out.ignored, "predictions": out.scored()},
+                         indent=1))
         return 0
     if out.ignored:
         print("the recording's control sets fields this engine no longer has, ignored: " +
@@ -67,6 +81,10 @@ def cmd_replay(args) -> int:
               f"policy {c['policy_before']} -> {c['policy_after']}")
     if len(out.changes) > args.show:
         print(f"... and {len(out.changes) - args.show} more (--show, --json)")
+    sc = out.scored()
+    if sc["n"]:
+        print(f"throughput predictions scored on the recorded reports: {sc['n']}, mean "
+              f"error {100 * sc['mean_signed']:+.1f}% (|error| {100 * sc['mean_abs']:.1f}%)")
     print(f"replayed {out.rounds} rounds, {out.directives} directives, "
           f"{len(out.changes)} differ")
     return 0
@@ -103,12 +121,17 @@ def _round(engine, state, cfg, line: dict, out: Replayed):
                              advisory_nodes=set(line.get("advisory") or ()),
                              recommend=set(line.get("recommend") or ()))
     out.rounds += len(reports)
+    for e in d.log:
+        if e.kind == "observed" and e.predicted is not None and e.observed \
+                and e.observed > 0 and (e.decided_round, e.tenant) not in out._differed:
+            out.errors[(e.decided_round, e.tenant)] = (e.predicted - e.observed) / e.observed
     now = {x.tenant: x for ds in d.directives.values() for x in ds}
     for node, ds in line["directives"].items():
         for tenant, limit, policy, _ in ds:
             out.directives += 1
             x = now.get(tenant)
             if x is None or (x.limit_bytes, x.policy) != (limit, policy):
+                out._differed.add((d.round, tenant))
                 out.changes.append({
                     "round": line["round"], "node": node, "tenant": tenant,
                     "limit_before": limit, "policy_before": policy,

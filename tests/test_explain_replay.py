@@ -51,7 +51,8 @@ def cli(*argv) -> tuple[int, str]:
 def recorded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("rec")
     cfg = load_config(DEMO)
-    _, _, controller = run_autopilot(cfg, INTERVALS, record=str(folder))
+    _, log, controller = run_autopilot(cfg, INTERVALS, record=str(folder))
+    controller.run_log = log
     return cfg, folder, controller
 
 
@@ -69,6 +70,35 @@ def test_a_recorded_run_replays_with_nothing_differing(recorded):
     assert (got["rounds"], got["directives"], got["differ"]) == (80, int(m[2]), 0)
     # a few MiB at most
     assert (folder / recording.FILE).stat().st_size < 3 << 20
+
+
+def test_a_replay_scores_its_predictions_on_the_recorded_outcomes(recorded, tmp_path):
+    # with the recorded configuration, the replay's predictions and their
+    # outcomes are the run's own: every "observed" entry the run logged
+    from cachepilot.controller.replay import replay
+    _, folder, controller = recorded
+    want = []
+    for e in controller.run_log:
+        p, o = e.detail.get("predicted"), e.detail.get("observed")
+        if e.kind == "observed" and p is not None and o:
+            want.append((p - o) / o)
+    got = replay(recording.read(folder))
+    assert len(want) > 10 and sorted(got.errors.values()) == pytest.approx(sorted(want))
+    rc, out = cli("replay", folder, "--json")
+    sc = json.loads(out)["predictions"]
+    assert sc["n"] == len(want)
+    assert sc["mean_abs"] == pytest.approx(sum(map(abs, want)) / len(want))
+    rc, out = cli("replay", folder)
+    assert f"throughput predictions scored on the recorded reports: {len(want)}," in out
+    # with another configuration, a prediction made with a directive the
+    # recording did not carry out is not scored: what followed was not its
+    doc = yaml.safe_load(DEMO.read_text())
+    doc["control"]["max_step_fraction"] = 0.05
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(doc))
+    slow = replay(recording.read(folder), load_config(other))
+    assert slow.changes and slow._differed
+    assert not set(slow.errors) & slow._differed
 
 
 def test_a_recording_made_before_a_field_became_fixed_replays_and_says_so(tmp_path):
