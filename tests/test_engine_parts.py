@@ -9,6 +9,7 @@ from scipy.optimize import nnls
 
 from cachepilot.controller.engine import allocate, model
 from cachepilot.controller.engine.curves import CurveBank, miss_at
+from cachepilot.models import policy_settling
 from cachepilot.models.mrc import MRC
 
 
@@ -428,8 +429,9 @@ def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,
     from cachepilot.controller.engine.round import Round
     R = Round(1)
     R.rows = [(0, None, SimpleNamespace(interval_s=interval_s, policy=curve.policy,
-                                        limit_bytes=0))]
+                                        limit_bytes=0, usage_file_bytes=resident * 4096))]
     R.bank = CurveBank([curve] + ([running] if running is not None else []))
+    R.row_policy = [curve.policy] + ([running.policy] if running is not None else [])
     R.alloc_row = np.array([0])
     R.run_row = np.array([1 if running is not None else 0])
     R.new, R.resident = np.array([float(new)]), np.array([float(resident)])
@@ -493,10 +495,13 @@ def test_a_prediction_starts_from_what_the_tenant_misses_and_turns_over_to_its_c
     # a switch whose cache does not turn over misses what it missed: the
     # new policy has evicted nothing yet
     assert at(0.0, 0.9) == pytest.approx(0.9)
-    # ... and as much of the way as the cache turned over: 200 pages a
-    # second at 0.9 miss ratio, half a second, 1,000 pages: 9 %
-    assert at(200.0, 0.9) == pytest.approx(0.9 + (0.2 - 0.9) * 0.09)
-    # a cache turned over whole is at the new curve
+    # ... and as much of the way as the cache turned over, counted in the
+    # caches' worth mru was measured to need to settle: 200 pages a second
+    # at 0.9 miss ratio, half a second, 90 pages of 1,000 x that many
+    need = 1000 * policy_settling.turnovers("mru")
+    assert need > 1000
+    assert at(200.0, 0.9) == pytest.approx(0.9 + (0.2 - 0.9) * 90 / need)
+    # a cache turned over whole (as many times as mru needs) is at the new curve
     assert at(1e6, 0.9) == pytest.approx(0.2)
     # it starts from what it misses, not from its running curve's level:
     # a switch undone because its curve read low (it misses 0.9 where its
@@ -509,16 +514,83 @@ def test_a_prediction_starts_from_what_the_tenant_misses_and_turns_over_to_its_c
     assert at(200.0, 1.7) == pytest.approx(0.2)
 
 
+def test_a_switch_still_settling_is_predicted_on_what_it_has_left_to_insert():
+    # mru switched to in an earlier round, on probation with some of the
+    # pages it needs inserted: the cache comes to mru's curve over what it
+    # still needs (at least the cache once over, as a cache under a
+    # policy it has run long does); with no switch and nothing watched, a
+    # cache's worth
+    from cachepilot.controller.engine.round import _anchored
+    from cachepilot.controller.engine import watchdog
+    rows, x = np.array([0]), np.array([1000.0])
+    mru = MRC(np.array([0, 4000]), np.array([0.2, 0.2]), "mru")
+    need = 1000 * policy_settling.turnovers("mru")
+    for inserted, left in ((0.0, need), (need - 1500, 1500), (need - 200, 1000),
+                           (need + 50, 1000)):
+        R = _fill_round(mru, 1000, 1000, 200.0, observed=0.9)
+        watchdog.start(R.tstates[0], "mru", "lru")
+        R.tstates[0].probation.inserted = inserted
+        got = _anchored(R, rows, x, np.array([0.2]), 0.5)[0]
+        assert got == pytest.approx(0.9 + (0.2 - 0.9) * 90 / left)
+    R = _fill_round(mru, 1000, 1000, 200.0, observed=0.9)
+    assert _anchored(R, rows, x, np.array([0.2]), 0.5)[0] == \
+        pytest.approx(0.9 + (0.2 - 0.9) * 90 / 1000)
+
+
+def test_a_raise_is_predicted_at_its_mean_over_the_interval_not_at_its_middle():
+    # a loop of 1,000 pages held at 600 (missing every access), raised to
+    # 1,000, misses 1,000 pages a second: it misses everything until the
+    # 400 pages it lacks are in, 0.4 s, and nothing after (the model's
+    # steps err by at most one step's reading)
+    from cachepilot.controller.engine import round as rnd
+    loop = MRC(np.array([999, 1000, 4000]), np.array([1.0, 0.0, 0.0]), "lru")
+    R = _fill_round(loop, 600, 1000, 1000.0, observed=1.0, current=600)
+    xs, ms, end = rnd._trajectory(R, np.array([0]), 1.0)
+    assert end[0] == 1000
+    assert abs(ms[:, 0].mean() - 0.4) <= 1.0 / rnd.FILL_STEPS
+    # read at the interval's middle the cache was full: no misses at all
+    assert R.bank.miss_at(np.array([0]), rnd._filled(R, np.array([0]), 0.5))[0] == 0.0
+
+
 def test_a_cut_is_predicted_from_what_the_tenant_misses_moved_by_its_curve():
     from cachepilot.controller.engine.round import _anchored
     uni = MRC(np.array([0, 4000]), np.array([1.0, 0.0]), "lru")
-    # held at 3,000 pages (curve 0.25) it misses 0.35; cut to 2,000 (curve
-    # 0.5): it starts from 0.35 + 0.25, and turns over toward 0.5
+    # held at 3,000 pages (curve 0.25) it misses 0.35, what the curve reads
+    # at 2,600: its sizes read as 13 % too large, so cut to 2,000 (curve
+    # 0.5) it starts from the curve at 1,733 (0.567), and turns over
+    # toward 0.5
     R = _fill_round(uni, 3000, 2000, 0.0, observed=0.35, current=3000)
     x = np.array([2000.0])
-    assert _anchored(R, np.array([0]), x, np.array([0.5]), 0.5)[0] == pytest.approx(0.6)
+    assert _anchored(R, np.array([0]), x, np.array([0.5]), 0.5)[0] == \
+        pytest.approx(1 - 2000 * 2600 / 3000 / 4000)
     R.fill_rate[:] = 1e6
     assert _anchored(R, np.array([0]), x, np.array([0.5]), 0.5)[0] == pytest.approx(0.5)
+
+
+def test_a_curve_that_misplaces_a_cliff_is_read_with_its_sizes_moved():
+    # a loop of 2,048 pages whose sampled curve puts its cliff at 2,100:
+    # held at 2,048 it hits everything where the curve reads 1.  Cut to
+    # 530 or 1,500 it misses everything: the curve read at sizes moved by
+    # 2,100 / 2,048 (not moved down by 1, which reads every smaller size
+    # as hitting everything); raised, it still hits
+    from cachepilot.controller.engine.round import _anchored, _curve_shift
+    loop = MRC(np.array([2099, 2100, 8000]), np.array([1.0, 0.0, 0.0]), "lru")
+    rows = np.array([0])
+    for x, want in ((530.0, 1.0), (1500.0, 1.0), (4000.0, 0.0)):
+        R = _fill_round(loop, 2048, x, 0.0, observed=0.0, current=2048)
+        assert _anchored(R, rows, np.array([x]), R.bank.miss_at(rows, np.array([x])),
+                         0.5)[0] == pytest.approx(want, abs=0.01)
+    bank = CurveBank([loop])
+    # the cliff read late (it misses everything where the curve says it fits)
+    scale, rest = _curve_shift(bank, rows, np.array([1.0]), np.array([2400.0]))
+    assert scale[0] * 2400 == pytest.approx(2099, abs=0.01) and abs(rest[0]) < 1e-5
+    # on the curve's floor, where it agrees, nothing moves
+    scale, rest = _curve_shift(bank, rows, np.array([0.0]), np.array([5000.0]))
+    assert scale[0] == 1.0 and rest[0] == 0.0
+    # a miss ratio the curve reads at no size above 0 is added as it is
+    flat = CurveBank([MRC(np.array([0, 4000]), np.array([0.2, 0.2]), "mru")])
+    scale, rest = _curve_shift(flat, rows, np.array([0.9]), np.array([1000.0]))
+    assert scale[0] == 1.0 and rest[0] == pytest.approx(0.7)
 
 
 def test_a_filling_cache_is_anchored_where_it_stood_not_at_its_limit():

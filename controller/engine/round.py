@@ -115,9 +115,9 @@ class Round:
     pred_target: np.ndarray = None
     pred_new: np.ndarray = None
     pred_old: np.ndarray = None
-    m_curve: np.ndarray = None       # the allocation's curve where the cache will be
-                                     # over the next interval (_filled)
-    m_new: np.ndarray = None         # ... and what the tenant will miss there (_anchored)
+    m_curve: np.ndarray = None       # the allocation's curve, its mean over the next
+                                     # interval as the cache grows (_trajectory)
+    m_new: np.ndarray = None         # ... and what the tenant will miss then (_anchored)
 
     @property
     def n(self) -> int:
@@ -1210,10 +1210,15 @@ FILL_STEPS = 32         # steps _filled integrates a cache's growth in
 
 def predict(R: Round) -> None:
     """Modelled throughput at the target; at the new limit on the
-    allocation's curve, as the cache will stand over the next interval,
-    whose report scores it (_filled, _anchored; a later report would
-    score the next round's decision as much as this one's); and before:
-    the running policy at the limit in force."""
+    allocation's curve over the next interval, whose report scores it
+    (a later report would score the next round's decision as much as
+    this one's): the mean, over that interval, of what the tenant misses
+    as its cache grows into a raised limit (_trajectory) and reshapes
+    under its policy (_anchored); and before: the running policy at the
+    limit in force.  A mean, not a reading at the interval's middle: a
+    loop raised to fit misses every access until one pass is in and none
+    after, and read where the cache stood half-way it was predicted to
+    miss nothing over an interval whose first third missed everything."""
     R.pred_target = np.full(R.n, np.nan)
     R.pred_new = np.full(R.n, np.nan)
     R.pred_old = np.full(R.n, np.nan)
@@ -1224,10 +1229,11 @@ def predict(R: Round) -> None:
     if len(cr):
         ar = R.alloc_row[cr]
         R.pred_target[cr] = model.throughput(a[cr], b[cr], bank.miss_at(ar, R.target[cr]))
-        over = OBSERVE_AFTER - 0.5          # the middle of the interval that scores it
-        x = _filled(R, cr, over)
-        R.m_curve[cr] = bank.miss_at(ar, x)
-        R.m_new[cr] = _anchored(R, cr, x, R.m_curve[cr], over)
+        xs, ms, _ = _trajectory(R, cr, OBSERVE_AFTER)
+        t = (np.arange(FILL_STEPS)[:, None] + 0.5) * (OBSERVE_AFTER / FILL_STEPS)
+        last = t[:, 0] >= OBSERVE_AFTER - 1           # the interval that scores it
+        R.m_curve[cr] = ms[last].mean(axis=0)
+        R.m_new[cr] = _anchored(R, cr, xs[last], ms[last], t[last]).mean(axis=0)
         R.pred_new[cr] = model.throughput(a[cr], b[cr], R.m_new[cr])
     orr = np.flatnonzero(R.run_row >= 0)
     if len(orr):
@@ -1235,29 +1241,37 @@ def predict(R: Round) -> None:
                                            bank.miss_at(R.run_row[orr], R.current[orr]))
 
 
-def _filled(R: Round, rows: np.ndarray, intervals: float) -> np.ndarray:
-    """The size each row's cache stands at `intervals` report intervals
-    after this round, on its new limit.  A cut takes hold at once; a raise
-    only as fast as misses bring pages in: every miss inserts, and a cache
-    that has not evicted holds what an LRU cache of its size would, so its
-    curve read at the size it has reached says what it misses on the way.
-    A loop raised to fit misses every access until one whole pass is in;
-    predicted at its steady state, it promised 50x what came."""
-    out = R.new[rows].copy()
-    x = np.minimum(R.resident[rows], out)
-    grow = np.flatnonzero(x < out)
-    if not len(grow):
-        return out
-    g = rows[grow]
-    new, x, ar = out[grow], x[grow], R.alloc_row[g]
-    dt = intervals * R.interval_s[g] / FILL_STEPS
-    rate = R.fill_rate[g]
+def _trajectory(R: Round, rows: np.ndarray, intervals: float):
+    """How each row's cache stands over the next `intervals` report
+    intervals on its new limit, in FILL_STEPS equal steps: (sizes at each
+    step's start, the allocation's curve read there, the size at the
+    end), the first two of shape (FILL_STEPS, len(rows)).  A cut takes
+    hold at once; a raise only as fast as misses bring pages in: every
+    miss inserts, and a cache that has not evicted holds what an LRU
+    cache of its size would, so its curve read at the size it has reached
+    says what it misses on the way.  A loop raised to fit misses every
+    access until one whole pass is in; predicted at its steady state, it
+    promised 50x what came."""
+    new = R.new[rows]
+    x = np.minimum(R.resident[rows], new)
+    ar = R.alloc_row[rows]
+    dt = intervals * R.interval_s[rows] / FILL_STEPS
+    rate = R.fill_rate[rows]
+    xs = np.empty((FILL_STEPS, len(rows)))
+    ms = np.empty((FILL_STEPS, len(rows)))
     # Euler steps: each reads the miss ratio at its start, where it is
     # highest, so the growth errs by at most one step's
-    for _ in range(FILL_STEPS):
-        x = np.minimum(new, x + dt * rate * R.bank.miss_at(ar, x))
-    out[grow] = x
-    return out
+    for k in range(FILL_STEPS):
+        xs[k] = x
+        ms[k] = R.bank.miss_at(ar, x)
+        x = np.minimum(new, x + dt * rate * ms[k])
+    return xs, ms, x
+
+
+def _filled(R: Round, rows: np.ndarray, intervals: float) -> np.ndarray:
+    """The size each row's cache stands at `intervals` report intervals
+    after this round, on its new limit (_trajectory)."""
+    return _trajectory(R, rows, intervals)[2]
 
 
 def _missing_now(R: Round, rows: np.ndarray) -> np.ndarray:
@@ -1283,24 +1297,71 @@ def _anchored(R: Round, rows: np.ndarray, x: np.ndarray, m_to: np.ndarray,
     """Miss ratio of each row over `intervals` report intervals after this
     round, at size x where its new curve reads m_to.  A cache reshapes
     only as fast as it evicts, a page a miss: the tenant starts from what
-    it misses now (moved as the running policy's curve moves to size x)
+    it misses now (moved as the running policy's curve moves to size x,
+    the curve read so that it agrees with that first: _curve_shift)
     and comes to its curve's reading by the share of its cache turned
     over.  So a new policy starts from the cache the old one filled, and a
     curve that reads below what the tenant misses (a switch undone because
     its curve read low; a cache not yet at its steady state) comes true
     only as its cache turns over.  Where the tenant misses what its curve
-    says, this is its curve's reading."""
-    m = m_to.copy()
+    says, this is its curve's reading.  A policy switched to (this round,
+    or still settling from a recent switch) needs more than one cache's
+    worth: the pages it was measured to need (_settling_left).
+    x, m_to, and `intervals` may carry a leading axis of times (as
+    _trajectory gives them), the rows on the last."""
+    m = np.array(m_to, dtype=np.float64)
     rr = R.run_row[rows]
     m_obs = _missing_now(R, rows)
     ok = np.flatnonzero((rr >= 0) & (m_obs >= 0.0) & (m_obs <= 1.0))
     if not len(ok):
         return m
     g = rows[ok]
+    x_ok = np.asarray(x, dtype=np.float64)[..., ok]
     held = np.minimum(R.resident[g], R.current[g])      # where it missed m_obs
-    m_from = np.clip(m_obs[ok] + R.bank.miss_at(rr[ok], x[ok])
-                     - R.bank.miss_at(rr[ok], held), 0.0, 1.0)
-    seconds = intervals * R.interval_s[g]
-    turned = np.minimum(1.0, R.fill_rate[g] * m_from * seconds / np.maximum(x[ok], 1.0))
-    m[ok] = m_from + (m_to[ok] - m_from) * turned
+    scale, rest = _curve_shift(R.bank, rr[ok], m_obs[ok], held)
+    m_from = np.clip(R.bank.miss_at(rr[ok], x_ok * scale) + rest, 0.0, 1.0)
+    seconds = np.asarray(intervals, dtype=np.float64) * R.interval_s[g]
+    to_turn = np.maximum(np.maximum(x_ok, 1.0), _settling_left(R, g))
+    turned = np.minimum(1.0, R.fill_rate[g] * m_from * seconds / to_turn)
+    m[..., ok] = m_from + (m[..., ok] - m_from) * turned
     return m
+
+
+def _curve_shift(bank: CurveBank, rows: np.ndarray, m: np.ndarray,
+                 held: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """How curve rows[i] is read to agree with a tenant that missed m[i]
+    holding held[i] pages: (scale, rest), the curve read at size x *
+    scale, plus rest.  A sampled curve errs in its sizes (SHARDS counts a
+    reuse distance to within a share of itself: curves.py), so the
+    difference is first taken as a stretch of its sizes: to the size
+    where it reads m, the nearest to `held` where a flat stretch reads
+    it (a loop's curve that puts its cliff a little late reads 0.74 at a
+    size the loop fits in; shifted down by 0.74 instead, every smaller
+    size read as hitting everything).  What a stretch cannot explain (m
+    beyond anything the curve reads at a size above 0) is added as it is."""
+    lo = bank.ys[bank.end(rows)]
+    t = np.clip(m, lo, 1.0)
+    h = np.clip(held, bank.size_for(rows, t), bank.size_for(rows, t - 1e-6))
+    ok = np.isfinite(h) & (h > 0) & (held > 0)
+    scale = np.where(ok, h / np.where(held > 0, held, 1.0), 1.0)
+    return scale, m - bank.miss_at(rows, held * scale)
+
+
+def _settling_left(R: Round, rows: np.ndarray) -> np.ndarray:
+    """Pages each row's cache must still insert before the policy it will
+    run serves its curve: for a switch made this round, the pages that
+    policy was measured to need (watchdog.settling_pages,
+    models/policy_settling.json); for one made in an earlier round and
+    still watched, those less the pages inserted since; none otherwise."""
+    out = np.zeros(len(rows))
+    for k, i in enumerate(rows.tolist()):
+        ar, rr = int(R.alloc_row[i]), int(R.run_row[i])
+        if ar < 0:
+            continue
+        st, r = R.tstates[i], R.rows[i][2]
+        policy = R.row_policy[ar]
+        if ar != rr:
+            out[k] = watchdog.settling_pages(policy, r)
+        elif st is not None and st.probation is not None and st.probation.new == policy:
+            out[k] = max(0.0, watchdog.settling_pages(policy, r) - st.probation.inserted)
+    return out

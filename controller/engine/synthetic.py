@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cachepilot.models import policy_settling
 from cachepilot.models.mrc import MRC, PAGE_SIZE
 from cachepilot.protocol.types import TenantReport
 
@@ -27,7 +28,11 @@ def power_curve(policy: str, footprint_pages: float, alpha: float, floor: float,
     return MRC(sizes, np.minimum(m, 1.0), policy, "synthetic", 1.0)
 
 
-TURNOVERS = 5.0     # caches' worth of insertions a synthetic report covers (1 - e^-5: 99 %)
+# caches' worth of insertions a synthetic report covers: four times what
+# the slowest policy was measured to need to settle after a switch, so
+# that the switch's settling (which the engine predicts, and a synthetic
+# tenant skips) is a small part of the report
+TURNOVERS = 4.0 * max(policy_settling.load().values())
 
 
 @dataclass
