@@ -91,6 +91,12 @@ def no_phase_pool(R, hist, ctl):
     window alone."""
 
 
+def never_seen_meeting(R, rows, wanted):
+    """round._seen_meeting without the evidence: no SLO's safe size is
+    capped where the tenant was seen to serve it."""
+    return np.full(len(rows), np.inf)
+
+
 def no_sampling_sd(R, at, m):
     """round._sampling_sd without the sampling error: no curve's doubt
     grows with the error of its sample."""
@@ -140,6 +146,8 @@ RULES = {
     "slo-headroom": ("SLOs sized with headroom over their need",
                      {"SLO_HEADROOM": 0.0, "SLO_HEADROOM_SIGMAS": 0.0}, {}),
     "slo-feedback": ("an SLO's misses raise its safe size", {"FEEDBACK_STEP": 0.0}, {}),
+    "slo-seen": ("an SLO's safe size is at most a limit it was seen to serve it at",
+                 {"_seen_meeting": never_seen_meeting}, {}),
     "feedback-settled": ("an SLO's misses count only once its cache stopped filling",
                          {"_slo_feedback": feedback_while_filling}, {}),
     "doubt": ("a challenger's curve is scored 0.01 worse", {"DOUBT": 0.0}, {}),

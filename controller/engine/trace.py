@@ -31,7 +31,7 @@ ROW_ARRAYS = ("limit_now", "equal", "ref", "lb", "ub", "current", "slo", "has_sl
               "spread", "m_spread", "has_curve", "alloc_row", "run_row", "target", "x_lo",
               "granted", "new", "pred_target", "pred_new", "pred_old", "m_new", "feasible",
               "feasible_now", "headroom", "need", "need_safe", "target_wanted", "kept",
-              "shrink_held", "filling", "t_sigma")
+              "shrink_held", "filling", "t_sigma", "served_at")
 STEP_ARRAYS = ("base", "want", "scale", "stepped", "settled")
 
 
@@ -275,6 +275,7 @@ def _slo(v, bank, mine) -> dict:
         "need_bytes": _bytes(v["need"]), "safe_bytes": _bytes(v["need_safe"]),
         "feasible": bool(v["feasible"]), "feasible_this_round": bool(v["feasible_now"]),
         "granted": bool(v["granted"]), "headroom": _num(v["headroom"]),
+        "served_at_bytes": _bytes(v.get("served_at")),
         "need_by_policy": {bank["policy"][k]: _bytes(max(bank["need"][k], v["lb"]))
                            for k in mine},
     }
@@ -414,7 +415,11 @@ def explain(rec: dict) -> str:
         lines.append(f"  SLO: {rate(slo['min_ops'])} (priority {slo['priority']}): "
                      + (f"needs {figures['need']} under {pred['policy']}, sized at "
                         f"{figures['safe']}" if slo["feasible"] else
-                        "no size within its bounds meets it"))
+                        "no size within its bounds meets it")
+                     + (f" (at most {mib(slo['served_at_bytes'])}, the limit its latest "
+                        f"reports all served it at with room)"
+                        if slo["feasible"] and slo.get("served_at_bytes") is not None
+                        and slo["served_at_bytes"] <= (slo["safe_bytes"] or 0) else ""))
     lines += _policy_lines(pol, b)
     if pred["throughput"] is not None:
         err = rec["model"].get("prediction_error")
