@@ -96,9 +96,19 @@ def test_a_replay_scores_its_predictions_on_the_recorded_outcomes(recorded, tmp_
     doc["control"]["max_step_fraction"] = 0.05
     other = tmp_path / "other.yaml"
     other.write_text(yaml.safe_dump(doc))
-    slow = replay(recording.read(folder), load_config(other))
-    assert slow.changes and slow._differed
+    from cachepilot.controller import engine
+    decide, observed = engine.decide, set()
+
+    def spy(*args, **kw):
+        d, state = decide(*args, **kw)
+        observed.update((e.decided_round, e.tenant) for e in d.log if e.kind == "observed")
+        return d, state
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine, "decide", spy)
+        slow = replay(recording.read(folder), load_config(other))
+    assert observed & slow._differed, "no prediction made with a differing directive"
     assert not set(slow.errors) & slow._differed
+    assert set(slow.errors) <= observed
 
 
 def test_a_recording_made_before_a_field_became_fixed_replays_and_says_so(tmp_path):
