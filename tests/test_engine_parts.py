@@ -658,3 +658,37 @@ def test_a_trials_window_shows_the_share_of_its_lead_the_policy_settles_in_time(
     cut = rnd._within_window(scores, "linux", {"linux": 1.0, "s3fifo": 0.25, "lfu": 0.25})
     assert cut == {"linux": 100.0, "s3fifo": 105.0, "lfu": 97.5}
     assert rnd._within_window(scores, "linux", dict.fromkeys(scores, 1.0)) == scores
+
+
+def test_an_slo_is_seen_served_only_where_every_latest_report_at_its_limit_served_it():
+    # round._seen_meeting: the limit the tenant holds, when every one of
+    # its latest reports there (two at least, under the policy the
+    # allocation reads) served the SLO with its headroom; not while the
+    # SLO feedback still holds an extra from misses
+    from collections import deque
+    from types import SimpleNamespace
+    from cachepilot.controller.engine.round import Round, _seen_meeting
+    from cachepilot.controller.engine.types import OBS_HISTORY, TenantState
+    lim = 64 << 20
+
+    def seen(obs, extra=0.0, policy="linux", alloc="linux"):
+        R = Round(1)
+        R.rows = [(0, None, SimpleNamespace(policy=policy, limit_bytes=lim))]
+        R.row_policy, R.alloc_row = [alloc], np.array([0])
+        st = TenantState()
+        st.recent_obs = deque(obs, maxlen=OBS_HISTORY)
+        st.slo_extra_pages = extra
+        R.tstates = [st]
+        return _seen_meeting(R, np.array([0]), np.array([1050.0]))[0]
+    at = lambda thr, limit=lim, p="linux": (p, float(limit), 0.1, float(thr))  # noqa: E731
+    assert seen([at(1100), at(1060)]) == lim / 4096
+    # an older report at another limit does not count, nor break the run
+    assert seen([at(900, 32 << 20), at(1100), at(1060)]) == lim / 4096
+    # one report short of the headroom, or only one report, or another
+    # policy running, or an extra from misses: no cap
+    assert seen([at(1100), at(1040)]) == np.inf
+    assert seen([at(1100)]) == np.inf
+    assert seen([at(1100, p="mru"), at(1060)]) == np.inf
+    assert seen([at(1100), at(1060)], policy="mru", alloc="linux") == np.inf
+    assert seen([at(1100), at(1060)], extra=10.0) == np.inf
+    assert seen([at(1100), at(float("nan"))]) == np.inf
