@@ -422,7 +422,7 @@ def test_a_tenant_restored_again_keeps_its_row_of_observations():
 
 def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,
                 observed=None, current=None):
-    """A one-row Round with what round._filled and round._anchored read:
+    """A one-row Round with what round._trajectory and round._anchored read:
     `curve` is the allocation's, `running` the running policy's (bank
     row 1; default: the same curve, row 0)."""
     from types import SimpleNamespace
@@ -445,8 +445,13 @@ def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,
     return R
 
 
+def _filled(R, rows, intervals):
+    """Where round._trajectory has each row's cache `intervals` after the round."""
+    from cachepilot.controller.engine.round import _trajectory
+    return _trajectory(R, rows, intervals)[2]
+
+
 def test_a_raised_limit_is_predicted_where_its_misses_can_have_filled_it():
-    from cachepilot.controller.engine.round import _filled
     loop = MRC(np.array([999, 1000, 4000]), np.array([1.0, 0.0, 0.0]), "lru")
     rows = np.array([0])
     # a loop of 1,000 pages held at 500, raised to 1,200: the misses of
@@ -470,7 +475,6 @@ def test_a_filling_cache_grows_between_its_miss_ratios_at_either_end():
     # uniform over 4,000 pages: misses 1 - x / 4000.  Grown for t seconds
     # at `rate` pages per unit miss ratio, it gains at most what it would
     # at its starting miss ratio and at least what it would at its end's
-    from cachepilot.controller.engine.round import _filled
     uni = MRC(np.array([0, 4000]), np.array([1.0, 0.0]), "lru")
     rows = np.array([0])
     for x0, new, rate, t in ((1000, 3000, 2000, 0.5), (500, 3900, 3000, 1.5),
@@ -549,7 +553,7 @@ def test_a_raise_is_predicted_at_its_mean_over_the_interval_not_at_its_middle():
     assert end[0] == 1000
     assert abs(ms[:, 0].mean() - 0.4) <= 1.0 / rnd.FILL_STEPS
     # read at the interval's middle the cache was full: no misses at all
-    assert R.bank.miss_at(np.array([0]), rnd._filled(R, np.array([0]), 0.5))[0] == 0.0
+    assert R.bank.miss_at(np.array([0]), _filled(R, np.array([0]), 0.5))[0] == 0.0
 
 
 def test_a_cut_is_predicted_from_what_the_tenant_misses_moved_by_its_curve():

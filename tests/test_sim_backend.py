@@ -49,7 +49,7 @@ def test_uniform_tenant_misses_in_proportion_to_what_does_not_fit():
     assert r.read_bytes_per_s == pytest.approx(r.throughput * r.miss_ratio * 4096)
     assert r.read_bytes_per_s > 0
     # the cache takes in the pages of the accesses it simulated that
-    # missed: what a raised limit fills at (engine/round.py _filled)
+    # missed: what a raised limit fills at (engine/round.py _trajectory)
     n = b.tenants["u"].workload.accesses_per_interval
     assert r.inserts_per_s == pytest.approx(n * r.miss_ratio / r.interval_s)
 

@@ -939,14 +939,10 @@ def _seen_meeting(R: Round, rows: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     for k, i in enumerate(rows.tolist()):
         st, r = R.tstates[i], R.rows[i][2]
         ar = int(R.alloc_row[i])
-        if ar < 0 or R.row_policy[ar] != r.policy or not r.limit_bytes > 0 or \
-                st.slo_extra_pages > 0:
+        if ar < 0 or R.row_policy[ar] != r.policy or st.slo_extra_pages > 0:
             continue
-        served = []
-        for pol, lim, _, thr in reversed(st.recent_obs):
-            if pol != r.policy or abs(lim / r.limit_bytes - 1.0) > 0.01:
-                break
-            served.append(thr)
+        served = [t for _, t in watchdog.latest_run(st, r.policy, r.limit_bytes,
+                                                    len(st.recent_obs))]
         if len(served) >= 2 and all(math.isfinite(t) and t >= wanted[k] for t in served):
             out[k] = r.limit_bytes / PAGE_SIZE
     return out
@@ -1245,7 +1241,7 @@ def _confirm_shrinks(R: Round, ctl) -> None:
 
 
 OBSERVE_AFTER = 1       # reports after a decision that score its prediction (engine/emit.py)
-FILL_STEPS = 32         # steps _filled integrates a cache's growth in
+FILL_STEPS = 32         # steps _trajectory integrates a cache's growth in
 
 
 def predict(R: Round) -> None:
@@ -1306,12 +1302,6 @@ def _trajectory(R: Round, rows: np.ndarray, intervals: float):
         ms[k] = R.bank.miss_at(ar, x)
         x = np.minimum(new, x + dt * rate * ms[k])
     return xs, ms, x
-
-
-def _filled(R: Round, rows: np.ndarray, intervals: float) -> np.ndarray:
-    """The size each row's cache stands at `intervals` report intervals
-    after this round, on its new limit (_trajectory)."""
-    return _trajectory(R, rows, intervals)[2]
 
 
 def _missing_now(R: Round, rows: np.ndarray) -> np.ndarray:
@@ -1402,6 +1392,6 @@ def _settling_left(R: Round, rows: np.ndarray) -> np.ndarray:
         policy = R.row_policy[ar]
         if ar != rr:
             out[k] = watchdog.settling_pages(policy, r)
-        elif st is not None and st.probation is not None and st.probation.new == policy:
+        elif st.probation is not None and st.probation.new == policy:
             out[k] = max(0.0, watchdog.settling_pages(policy, r) - st.probation.inserted)
     return out

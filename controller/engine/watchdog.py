@@ -114,18 +114,26 @@ def trial_reference(st, policy: str, limit_bytes: float, usable: int,
     pages), from the run of at least `least` latest reports in which it
     ran at this limit (within 1 %), among the last `usable` (those past
     the warm-up); None where there is no such run."""
-    run = []
-    for pol, lim, m, thr in list(reversed(st.recent_obs))[:max(usable, 0)]:
-        if pol != policy or not limit_bytes > 0 or abs(lim / limit_bytes - 1.0) > 0.01 \
-                or not 0.0 <= m <= 1.0:
-            break
-        run.append((m, thr))
+    run = latest_run(st, policy, limit_bytes, usable)
     if len(run) < least:
         return None
     thr = [t for _, t in run]
     mean_thr = math.fsum(thr) / len(thr) if all(math.isfinite(t) and t > 0 for t in thr) \
         else math.nan
     return math.fsum(m for m, _ in run) / len(run), mean_thr, limit_bytes / PAGE_SIZE
+
+
+def latest_run(st, policy: str, limit_bytes: float, usable: int) -> list[tuple[float, float]]:
+    """(miss ratio, throughput) of the tenant's latest reports, newest
+    first, among the last `usable`, for as long as they ran `policy` at
+    this limit (within 1 %) with a miss ratio in [0, 1]."""
+    run = []
+    for pol, lim, m, thr in list(reversed(st.recent_obs))[:max(usable, 0)]:
+        if pol != policy or not limit_bytes > 0 or abs(lim / limit_bytes - 1.0) > 0.01 \
+                or not 0.0 <= m <= 1.0:
+            break
+        run.append((m, thr))
+    return run
 
 
 def held_off(st) -> set[str]:
