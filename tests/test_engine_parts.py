@@ -633,6 +633,19 @@ def test_what_a_tenant_misses_now_is_the_mean_of_its_reports_at_what_it_holds():
     assert _missing_now(R, rows)[0] == pytest.approx(0.1)
 
 
+def test_switching_trials_off_leaves_what_a_tenant_misses_now_alone(monkeypatch):
+    # the trials ablation patches watchdog.trial_reference; predictions
+    # read watchdog.recent_mean, so the ablation measures trials alone
+    from cachepilot.controller.engine import watchdog
+    from cachepilot.controller.engine.round import _missing_now
+    uni = MRC(np.array([0, 4000]), np.array([1.0, 0.0]), "lru")
+    R = _fill_round(uni, 2000, 2000, 0.0, observed=0.5)
+    R.rows[0][2].policy, R.rows[0][2].limit_bytes = "lru", 8.0
+    R.tstates[0].recent_obs.extend([("lru", 8.0, 0.3, 1.0), ("lru", 8.0, 0.5, 1.0)])
+    monkeypatch.setattr(watchdog, "trial_reference", lambda *a, **k: None)
+    assert _missing_now(R, np.array([0]))[0] == pytest.approx(0.4)
+
+
 def test_a_trials_window_shows_the_share_of_its_lead_the_policy_settles_in_time():
     from types import SimpleNamespace
     from cachepilot.controller.engine import round as rnd, watchdog

@@ -1306,7 +1306,7 @@ def _trajectory(R: Round, rows: np.ndarray, intervals: float):
 
 def _missing_now(R: Round, rows: np.ndarray) -> np.ndarray:
     """What each row misses now: the mean of its latest reports at the
-    policy and limit it holds (watchdog.trial_reference, over as many as
+    policy and limit it holds (watchdog.recent_mean, over as many as
     TenantState.recent_obs keeps), or, while its cache fills, its last
     report.  One report is one interval's noise, and decisions follow
     noise (an SLO missed raises its size): anchored on it, predictions
@@ -1316,7 +1316,7 @@ def _missing_now(R: Round, rows: np.ndarray) -> np.ndarray:
         st, r = R.tstates[i], R.rows[i][2]
         if R.filling[i]:
             continue
-        ref = watchdog.trial_reference(st, r.policy, r.limit_bytes, len(st.recent_obs), 1)
+        ref = watchdog.recent_mean(st, r.policy, r.limit_bytes, len(st.recent_obs), 1)
         if ref is not None:
             out[k] = ref[0]
     return out

@@ -109,11 +109,19 @@ def start(st, new: str, old: str, reference: tuple[float, float, float] | None =
 
 def trial_reference(st, policy: str, limit_bytes: float, usable: int,
                     least: int = 2) -> tuple[float, float, float] | None:
-    """What `policy` did over the tenant's last reports, for a trial to be
-    judged against: (mean miss ratio, mean throughput or NaN, limit in
-    pages), from the run of at least `least` latest reports in which it
-    ran at this limit (within 1 %), among the last `usable` (those past
-    the warm-up); None where there is no such run."""
+    """What `policy` did before a trial, for the trial to be judged
+    against (recent_mean). Kept apart from recent_mean so that switching
+    trials off (experiments/ablate_engine.py) leaves predictions alone."""
+    return recent_mean(st, policy, limit_bytes, usable, least)
+
+
+def recent_mean(st, policy: str, limit_bytes: float, usable: int,
+                least: int = 2) -> tuple[float, float, float] | None:
+    """What `policy` did over the tenant's last reports: (mean miss ratio,
+    mean throughput or NaN, limit in pages), from the run of at least
+    `least` latest reports in which it ran at this limit (within 1 %),
+    among the last `usable` (those past the warm-up); None where there is
+    no such run."""
     run = latest_run(st, policy, limit_bytes, usable)
     if len(run) < least:
         return None

@@ -125,7 +125,7 @@ def anchored_miss(st: TenantState | None, report, policy: str, pages: float) -> 
 def missing_now(st: TenantState | None, report) -> float | None:
     """What the tenant misses where its cache stands: the mean of its
     latest reports at the policy and limit it holds
-    (watchdog.trial_reference); None where there is no such run of
+    (watchdog.recent_mean); None where there is no such run of
     reports, or while its cache still fills (every miss a first read: no
     steady state to show)."""
     if st is None:
@@ -133,8 +133,8 @@ def missing_now(st: TenantState | None, report) -> float | None:
     resident = (report.usage_file_bytes + report.usage_anon_bytes) / PAGE_SIZE
     if report.removals_per_s <= 0 and resident < report.limit_bytes / PAGE_SIZE:
         return None
-    ref = watchdog.trial_reference(st, report.policy, float(report.limit_bytes),
-                                   len(st.recent_obs))
+    ref = watchdog.recent_mean(st, report.policy, float(report.limit_bytes),
+                               len(st.recent_obs))
     return None if ref is None else ref[0]
 
 
