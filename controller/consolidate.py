@@ -9,7 +9,9 @@ costs besides: the disk bytes it reads (scaled from now to that miss
 ratio) and CPU seconds.  So a demand is (memory, disk reads per second,
 cores): an SLO tenant's at its SLO, with the model the planner needs to
 predict it on a shared disk and cores; any other's at what it does now.
-A tenant not reported yet demands its floor and nothing else.
+Each also offers the packing the same tenant at a few larger sizes, where
+it reads less (_more_memory). A tenant not reported yet demands its floor
+and nothing else.
 """
 from __future__ import annotations
 
@@ -48,7 +50,36 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
             d = _trade_memory_for_disk(d, spec, report, state, config, headroom, cap)
             if spec.node in full and d.a is not None and _reads(report) > 0:
                 d.disk_share_fitted = _reads(report)
+            d.options = _more_memory(d, spec, report, state, config, headroom)
         out.append(d)
+    return out
+
+
+OPTIONS = 4     # larger sizes a demand offers the packing, up to the largest host
+
+
+def _more_memory(d: Demand, spec, report, state, config, headroom) -> list[Demand]:
+    """d at OPTIONS larger sizes, spaced evenly in ratio up to the largest
+    host, each kept where it reads less from the disk than the size below:
+    a host whose memory has room and whose disk has none can take a
+    tenant at more memory (run G of make consolidate kept three hosts on
+    the disks, with 130 MiB of memory to spare on two)."""
+    if d.miss_ratio is None or d.demand_bytes <= 0:
+        return []
+    top = max(n.memory_bytes for n in config.nodes)
+    out, last = [], d
+    for k in range(1, OPTIONS + 1):
+        size = int(d.demand_bytes * (top / d.demand_bytes) ** (k / OPTIONS))
+        size = size // PAGE_SIZE * PAGE_SIZE
+        if size <= last.demand_bytes:
+            continue
+        trial = dataclasses.replace(d, demand_bytes=size, options=[], miss_ratio=None)
+        _vector(trial, spec, report, state, config, headroom)
+        if trial.miss_ratio is None or not trial.disk_bps < last.disk_bps * 0.99:
+            continue
+        trial.why = f"{d.why}; {size >> 20} MiB, so that it reads less from the disk"
+        out.append(trial)
+        last = trial
     return out
 
 

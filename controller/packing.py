@@ -7,6 +7,11 @@ Solved exactly as an integer programme (scipy.optimize.milp: fewest hosts,
 then fewest tenants moved) while the case is small, by first-fit
 decreasing on the largest share of any resource beyond.  The planner
 (controller/planner.py) builds the rows; nothing here knows what they mean.
+
+A tenant may offer several rows, `owner[k]` naming the tenant of row k:
+more memory that reads less from the disk, say.  Exactly one row of each
+tenant is placed; among placements equal in hosts and moves, the least
+memory.  The answer maps each placed row to its host.
 """
 from __future__ import annotations
 
@@ -44,65 +49,81 @@ def _share(demand: np.ndarray, capacity: np.ndarray) -> np.ndarray:
     return (demand / top).max(axis=1)
 
 
-def first_fit_decreasing(demand, capacity, allowed, current, names, hosts=None):
-    """Tenants by largest share, biggest first, into the first open host
-    with room in every resource; a new host (largest memory first, the
-    tenant's current host on ties) when none has.  `hosts` caps how many
-    may be opened.  {tenant index: host index}, or None when one fits
-    nowhere."""
+def _owners(demand, owner):
+    owner = np.arange(len(demand)) if owner is None else np.asarray(owner)
+    rows = [np.flatnonzero(owner == t) for t in range(int(owner.max()) + 1 if len(owner) else 0)]
+    # a tenant's rows, least memory first
+    return owner, [r[np.argsort(demand[r, 0], kind="stable")] for r in rows]
+
+
+def first_fit_decreasing(demand, capacity, allowed, current, names, hosts=None, owner=None):
+    """Tenants by largest share (of their first row), biggest first, into
+    the first open host with room in every resource for one of their
+    rows (the least memory that fits); a new host (largest memory first,
+    the tenant's current host on ties) when none has, with the least
+    memory allowed there.  `hosts` caps how many may be opened.
+    `allowed` is per row and host, `current` and `names` per tenant.
+    {row index: host index}, or None when a tenant fits nowhere."""
+    owner, rows = _owners(demand, owner)
     free = capacity.astype(float).copy()
     opened: list[int] = []
     share = _share(demand, capacity)
-    order = sorted(range(len(demand)), key=lambda t: (-share[t], names[t]))
+    order = sorted(range(len(rows)), key=lambda t: (-share[rows[t][0]], names[t]))
     by_size = sorted(range(len(capacity)), key=lambda h: -capacity[h, 0])
     out = {}
     for t in order:
-        room = [h for h in opened if allowed[t, h] and np.all(free[h] >= demand[t] - 1e-9)]
-        if room:
-            spot = room[0]
-        else:
-            fresh = [h for h in by_size if h not in opened and allowed[t, h]]
+        spot = next(((h, k) for h in opened for k in rows[t]
+                     if allowed[k, h] and np.all(free[h] >= demand[k] - 1e-9)), None)
+        if spot is None:
+            fresh = [h for h in by_size if h not in opened and allowed[rows[t], h].any()]
             if not fresh or (hosts is not None and len(opened) >= hosts):
                 return None
             cur = [h for h in fresh if h == current[t]
                    and capacity[h, 0] == capacity[fresh[0], 0]]
-            spot = cur[0] if cur else fresh[0]
-            opened.append(spot)
-        free[spot] -= demand[t]
-        out[t] = spot
+            h = cur[0] if cur else fresh[0]
+            spot = (h, next(k for k in rows[t] if allowed[k, h]))
+            opened.append(h)
+        h, k = spot
+        free[h] -= demand[k]
+        out[k] = h
     return out
 
 
-def milp(demand, capacity, allowed, current, time_limit: float, hosts=None):
-    """Exact packing.  ({tenant index: host index}, proved optimal), or
-    (None, False) when the solver found no placement in time."""
+def milp(demand, capacity, allowed, current, time_limit: float, hosts=None, owner=None):
+    """Exact packing.  ({row index: host index}, proved optimal), or
+    (None, False) when the solver found no placement in time.  `allowed`
+    is per row and host, `current` per tenant."""
     from scipy.optimize import Bounds, LinearConstraint, milp as solve
     from scipy.sparse import lil_matrix
 
-    T, H = len(demand), len(capacity)
+    owner, rows_of = _owners(demand, owner)
+    K, H, T = len(demand), len(capacity), len(rows_of)
     R = demand.shape[1]
-    nx = T * H
+    nx = K * H
     scale = np.where(demand.max(axis=0) > 0, demand.max(axis=0), 1.0)
     dem, cap = demand / scale, capacity / scale
     c = np.zeros(nx + H)
-    c[nx:] = 1.0                                  # hosts used ...
-    for t in range(T):                            # ... then (less than one) moves
+    c[nx:] = 1.0                                  # hosts used, then (less than one) moves,
+    for k in range(K):                            # then (less than one move) memory
+        t = owner[k]
         for h in range(H):
-            c[t * H + h] = 0.0 if h == current[t] else 1.0 / (T + 1)
+            c[k * H + h] = (0.0 if h == current[t] else 1.0 / (T + 1)) + \
+                dem[k, 0] / (T + 1) ** 2 / max(K, 1)
     rows = [(r, h) for h in range(H) for r in range(R) if np.isfinite(cap[h, r])]
-    A = lil_matrix((T + len(rows) + T * H + 1, nx + H))
+    A = lil_matrix((T + len(rows) + K * H + 1, nx + H))
     lo, hi = [], []
-    for t in range(T):                            # each tenant on one host
-        A[len(lo), t * H:(t + 1) * H] = 1
+    for t in range(T):                            # each tenant on one host, one row
+        for k in rows_of[t]:
+            A[len(lo), k * H:(k + 1) * H] = 1
         lo.append(1), hi.append(1)
     for r, h in rows:                             # what an open host holds
-        for t in range(T):
-            A[len(lo), t * H + h] = dem[t, r]
+        for k in range(K):
+            A[len(lo), k * H + h] = dem[k, r]
         A[len(lo), nx + h] = -cap[h, r]
         lo.append(-np.inf), hi.append(1e-9)
-    for t in range(T):                            # x <= y (tightens the relaxation)
+    for k in range(K):                            # x <= y (tightens the relaxation)
         for h in range(H):
-            A[len(lo), t * H + h], A[len(lo), nx + h] = 1, -1
+            A[len(lo), k * H + h], A[len(lo), nx + h] = 1, -1
             lo.append(-np.inf), hi.append(0)
     A[len(lo), nx:] = 1                           # at most `hosts` open
     lo.append(0), hi.append(H if hosts is None else hosts)
@@ -113,8 +134,8 @@ def milp(demand, capacity, allowed, current, time_limit: float, hosts=None):
                 options={"time_limit": time_limit, "disp": False})
     if res.x is None:
         return None, False
-    x = np.round(res.x[:nx]).reshape(T, H)
-    return {t: int(np.argmax(x[t])) for t in range(T)}, res.status == 0
+    x = np.round(res.x[:nx]).reshape(K, H)
+    return {k: int(np.argmax(x[k])) for k in range(K) if x[k].max() > 0.5}, res.status == 0
 
 
 def crowd(memory, capacity, allowed, current, hosts: int) -> dict[int, int]:

@@ -28,7 +28,7 @@ from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import MRC, PAGE_SIZE
 from cachepilot.sim.backend import PhaseStream, SimBackend
 
-EXACT_LIMIT = 600          # tenant x host pairs up to which the MILP is tried
+EXACT_LIMIT = 600          # (row: a demand or an option) x host pairs up to which the MILP is tried
 MILP_TIME_LIMIT_S = 20.0
 
 
@@ -59,6 +59,10 @@ class Demand:
     # read there.  Its misses then took the time to read through that
     # share, and on a host where it gets more of a disk they take less.
     disk_share_fitted: float | None = None
+    # The same tenant at more memory, each a whole Demand (more memory, less
+    # disk): the packing may place one of them instead where a host's disk
+    # binds and its memory does not (packing's rows per tenant).
+    options: list = field(default_factory=list)
 
 
 @dataclass
@@ -451,7 +455,7 @@ def _disk_share(full: np.ndarray, demands, share: float) -> np.ndarray:
     never below the largest tenant's reads: a tenant that needs more than
     the share alone may still have a host to itself."""
     cap = full.copy()
-    heaviest = max(d.disk_bps for d in demands)
+    heaviest = max(min([d.disk_bps] + [o.disk_bps for o in d.options]) for d in demands)
     known = np.isfinite(full[:, 1])            # an unknown disk stays unbounded
     cap[known, 1] = np.minimum(full[known, 1], np.maximum(full[known, 1] * share, heaviest))
     return cap
@@ -463,36 +467,56 @@ def _vectors(demands, memory_only: bool) -> np.ndarray:
     return out[:, :1] if memory_only else out
 
 
+def _rows(demands, memory_only: bool) -> tuple[list[Demand], np.ndarray]:
+    """Every row the packing may place (each demand, then its options;
+    the demand alone where memory is all that is packed) and its tenant."""
+    rows, owner = [], []
+    for t, d in enumerate(demands):
+        for r in [d] + ([] if memory_only else list(d.options)):
+            rows.append(r)
+            owner.append(t)
+    return rows, np.array(owner, dtype=np.int64)
+
+
 def _pack(config, demands, allowed, cap, method, exact_limit, time_limit, hosts):
-    """(assignment by name, method used) or (None, why)."""
+    """(assignment by name, method used, the demands placed: each tenant's
+    own or the option chosen) or (None, why, demands)."""
     names = [d.tenant for d in demands]
     where = {n.name: i for i, n in enumerate(config.nodes)}
     current = [where.get(d.current_node, -1) for d in demands]
-    dem = _vectors(demands, cap.shape[1] == 1)
-    ok = packing.compatible(dem, cap, allowed)
+    rows, owner = _rows(demands, cap.shape[1] == 1)
+    dem = _vectors(rows, cap.shape[1] == 1)
+    ok = packing.compatible(dem, cap, allowed[owner])
     for t, d in enumerate(demands):
-        if not ok[t].any():
+        if not ok[owner == t].any():
             raise UserError(f"plan: tenant {d.tenant!r} needs {d.demand_bytes >> 20} MiB"
                             f" under {d.policy} (and its disk and CPU), which no host offers")
     got, used = None, None
-    pairs = len(demands) * len(config.nodes)
+    pairs = len(rows) * len(config.nodes)
     if method == "milp" or (method == "auto" and pairs <= exact_limit):
-        got, optimal = packing.milp(dem, cap, ok, current, time_limit, hosts)
+        got, optimal = packing.milp(dem, cap, ok, current, time_limit, hosts, owner)
         if got is not None:
             used = "milp (optimal)" if optimal else \
                 f"milp (time limit {time_limit:g}s, best found)"
         elif method == "milp":
-            return None, "the MILP found no feasible placement"
+            return None, "the MILP found no feasible placement", demands
     if got is None:
-        got = packing.first_fit_decreasing(dem, cap, ok, current, names, hosts)
+        got = packing.first_fit_decreasing(dem, cap, ok, current, names, hosts, owner)
         used = "first-fit decreasing" + (
             "" if method == "ffd" or pairs > exact_limit else " (MILP gave no answer)")
     if got is None and hosts:
-        got, used = packing.crowd(dem[:, 0], cap[:, 0], ok, current, hosts), \
-            f"{hosts} hosts forced: memory overcommitted"
+        mem = np.array([d.demand_bytes for d in demands], dtype=float)
+        fit_t = np.array([ok[owner == t].any(axis=0) for t in range(len(demands))])
+        crowded = packing.crowd(mem, cap[:, 0], fit_t, current, hosts)
+        first = {int(t): int(np.flatnonzero(owner == t)[0]) for t in range(len(demands))}
+        got = {first[t]: h for t, h in crowded.items()}
+        used = f"{hosts} hosts forced: memory overcommitted"
     if got is None:
-        return None, "the tenants do not fit on the hosts given"
-    return {names[t]: config.nodes[h].name for t, h in got.items()}, used
+        return None, "the tenants do not fit on the hosts given", demands
+    placed = list(demands)
+    for k in got:
+        placed[owner[k]] = rows[k]
+    return ({names[owner[k]]: config.nodes[h].name for k, h in got.items()}, used, placed)
 
 
 def plan(config, headroom: float = 0.10, method: str = "auto",
@@ -505,7 +529,9 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
     decreasing beyond; fewest hosts, then fewest moves).  Each tenant's
     throughput on its host is then predicted (predict); while one breaks
     its SLO on a busier disk, the disk share a host may be packed to is
-    lowered and the packing redone.  `hosts`: force that many, and report
+    lowered and the packing redone.  A demand's `options` (the tenant at
+    more memory, reading less) are rows the packing may place instead; the
+    plan gives each tenant the one placed.  `hosts`: force that many, and report
     what breaks (packed on memory alone: a plan the planner would refuse).
     `refine(assignment, demands)`: the demands as each host would really
     run them (the controller's allocation of its memory), to predict from."""
@@ -529,8 +555,8 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
     for share in steps:
         cap = full[:, :1] if memory_only or hosts else _disk_share(full, demands, share)
         try:
-            assignment, used = _pack(config, demands, allowed, cap, method, exact_limit,
-                                     time_limit, hosts)
+            assignment, used, placed = _pack(config, demands, allowed, cap, method,
+                                             exact_limit, time_limit, hosts)
         except UserError:
             if found is None:
                 raise
@@ -539,13 +565,13 @@ def plan(config, headroom: float = 0.10, method: str = "auto",
             if found is None:
                 raise UserError(f"plan: {used}" + (f" on {hosts} hosts" if hosts else ""))
             break
-        running = refine(assignment, demands) if refine is not None else demands
-        found = assignment, used, _overcommitted(config, demands, assignment,
-                                                 predict(running, assignment, disk, cores))
-        if not any(p["slo_met"] is False for p in found[2].values()):
+        running = refine(assignment, placed) if refine is not None else placed
+        found = assignment, used, placed, _overcommitted(
+            config, placed, assignment, predict(running, assignment, disk, cores))
+        if not any(p["slo_met"] is False for p in found[3].values()):
             break
-    assignment, used, predictions = found
-    return _result(config, demands, assignment, used, full, predictions,
+    assignment, used, placed, predictions = found
+    return _result(config, placed, assignment, used, full, predictions,
                    memory_only or bool(hosts), hosts, time.perf_counter() - start)
 
 

@@ -87,6 +87,40 @@ def test_the_disk_keeps_apart_what_memory_alone_would_pack_together():
                     "predicted_ops": fast.predictions[t]["predicted_ops"]}
 
 
+def _at_more_memory(d, size, m):
+    """d at `size` where it misses m: the same model, less read a miss."""
+    import dataclasses
+    per_op = d.disk_per_op * m / d.miss_ratio
+    return dataclasses.replace(d, demand_bytes=size, miss_ratio=m, disk_per_op=per_op,
+                               disk_bps=900 * 1.1 * per_op, options=[])
+
+
+def test_a_tenant_offered_at_more_memory_shares_a_host_whose_disk_had_no_room():
+    """The two disk-heavy tenants the disk keeps apart, each offering to
+    run at 300 MiB where it misses a tenth as often: one host holds both,
+    one of them at 300 MiB (the least memory that fits), and both SLOs
+    are predicted met.  Without the offer, two hosts."""
+    cfg = _hosts()
+    demands = [_demand("t1", "h1"), _demand("t2", "h2")]
+    for d in demands:
+        d.options = [_at_more_memory(d, 300 * MiB, 0.01)]
+    got = planner.plan(cfg, demands=demands)
+    assert len(got.hosts_used) == 1 and not got.breaks
+    sizes = sorted(d.demand_bytes for d in got.demands)
+    assert sizes == [100 * MiB, 300 * MiB]
+    (move,) = got.moves
+    assert move["limit_bytes"] in (100 * MiB, 300 * MiB)
+    (host,) = [h for h in got.hosts if h["tenants"]]
+    assert host["demand_bytes"] == 400 * MiB and host["disk_bps"] < 0.9 * 100 * MiB
+    for d in demands:
+        d.options = []
+    assert len(planner.plan(cfg, demands=demands).hosts_used) == 2
+    # packed on memory alone, the offers are not read: both at 100 MiB
+    mem = planner.plan(cfg, demands=[_demand("t1", "h1"), _demand("t2", "h2")],
+                       memory_only=True)
+    assert sorted(d.demand_bytes for d in mem.demands) == [100 * MiB, 100 * MiB]
+
+
 def test_a_plan_forced_below_what_memory_allows_crowds_a_host_and_misses_its_slos():
     cfg = config_from_dict({
         "nodes": [{"name": f"h{i}", "memory_bytes": "150MiB"} for i in (1, 2)],

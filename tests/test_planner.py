@@ -63,6 +63,34 @@ def test_milp_is_optimal_on_random_small_cases():
             assert h["demand_bytes"] <= h["memory_bytes"]
 
 
+@pytest.mark.parametrize("how", ["milp", "ffd"])
+def test_a_tenant_offering_more_memory_for_less_disk_is_packed_with_the_least_that_fits(how):
+    """Two tenants each reading 60 % of a disk at 20 units of memory, or
+    30 % at 45: one host holds them, one at each size (the MILP by its
+    least memory, first-fit by the first row that fits); offered nothing
+    more, they take two hosts."""
+    from cachepilot.controller import packing
+    cap = np.array([[100.0, 100.0], [100.0, 100.0]])
+    rows = np.array([[20.0, 60.0], [45.0, 30.0], [20.0, 60.0], [45.0, 30.0]])
+    owner = np.array([0, 0, 1, 1])
+    ok = packing.compatible(rows, cap)
+    if how == "milp":
+        got, optimal = packing.milp(rows, cap, ok, [0, 1], 5.0, owner=owner)
+        assert optimal
+    else:
+        got = packing.first_fit_decreasing(rows, cap, ok, [0, 1], ["a", "b"], owner=owner)
+    assert len(got) == 2 and len(set(got.values())) == 1
+    assert sorted(owner[k] for k in got) == [0, 1]
+    assert sorted(rows[k, 0] for k in got) == [20.0, 45.0]
+    single = rows[[0, 2]]
+    if how == "milp":
+        plain, _ = packing.milp(single, cap, packing.compatible(single, cap), [0, 1], 5.0)
+    else:
+        plain = packing.first_fit_decreasing(single, cap, packing.compatible(single, cap),
+                                             [0, 1], ["a", "b"])
+    assert len(set(plain.values())) == 2
+
+
 def test_milp_prefers_leaving_tenants_where_they_are():
     # two hosts suffice either way; t0 and t1 already share h1
     cfg, demands = packing_case([100, 100, 100], [40, 40, 90], current={0: "h1", 1: "h1", 2: "h2"})
