@@ -28,7 +28,7 @@ from cachepilot.core.errors import UserError
 from cachepilot.models.mrc import MRC, PAGE_SIZE
 from cachepilot.sim.backend import PhaseStream, SimBackend
 
-EXACT_LIMIT = 600          # (row: a demand or an option) x host pairs up to which the MILP is tried
+EXACT_LIMIT = 600          # row (a demand or an option) x host pairs up to which the MILP runs
 MILP_TIME_LIMIT_S = 20.0
 
 
