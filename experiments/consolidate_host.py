@@ -126,9 +126,18 @@ class Hosts:
         f = self.path("memory", host, tenant, "cgroup.procs")
         return [int(x) for x in f.read_text().split()] if f.exists() else []
 
-    def remove(self):
-        for ctrl in (("memory",) if self.version == 2 else
-                     ("memory", "cpu", "cpuacct", "blkio")):
+    def remove(self) -> int:
+        """Every process left in the hosts' cgroups killed, then the
+        cgroups removed; how many were killed.  A tenant's process that
+        outlived its exporter (killed after its grace) stayed in a cgroup
+        the next run made again by name: run J found a fio of run I in
+        scan-a's, holding memory under its 16 MiB floor, and scan-a was
+        killed by the OOM killer in its first seconds."""
+        killed = 0
+        ctrls = ("memory",) if self.version == 2 else ("memory", "cpu", "cpuacct", "blkio")
+        for ctrl in ctrls:
+            killed += _kill_members(self.path(ctrl))
+        for ctrl in ctrls:
             top = self.path(ctrl)
             if not top.exists():
                 continue
@@ -136,6 +145,30 @@ class Hosts:
                 if d.is_dir():
                     _rmdir(d)
             _rmdir(top)
+        return killed
+
+
+def _kill_members(top: Path, wait_s: float = 10.0) -> int:
+    """SIGKILL every process in the cgroup tree at `top`; wait until they
+    are gone (at most `wait_s`).  How many were signalled."""
+    def members() -> set[int]:
+        pids = set()
+        for f in top.rglob("cgroup.procs") if top.exists() else ():
+            try:
+                pids.update(int(x) for x in f.read_text().split())
+            except (OSError, ValueError):
+                pass
+        return pids
+    found = members()
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + wait_s
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return len(found)
 
 
 def cgroups_root(base: Path, version: int) -> Path:
@@ -437,7 +470,9 @@ def main() -> int:
         old.unlink()
     prepare(data)
     hosts = Hosts(whole_disk(data))
-    hosts.remove()
+    stale = hosts.remove()
+    if stale:
+        print(f"killed {stale} processes an earlier run left in the hosts' cgroups")
     hosts.make()
     seconds = int(args.interval * args.intervals * 6 + 600)
     lib.drop_caches()
@@ -458,7 +493,9 @@ def main() -> int:
         lib.stop(daemons)
         if running is not None:
             running.stop()
-        hosts.remove()
+        left = hosts.remove()
+        if left:
+            print(f"killed {left} tenant processes that outlived their exporters")
 
 
 def run(args, configs, running, work) -> int:
