@@ -91,8 +91,9 @@ class Plan:
     def to_dict(self) -> dict:
         d = asdict(self)
         for x in d["demands"]:
-            x["per_policy"] = {k: (None if v == math.inf else v)
-                               for k, v in x["per_policy"].items()}
+            for y in [x] + x.get("options", []):
+                y["per_policy"] = {k: (None if v == math.inf else v)
+                                   for k, v in y["per_policy"].items()}
         return d
 
 

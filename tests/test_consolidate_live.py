@@ -104,8 +104,11 @@ def test_a_tenant_offered_at_more_memory_shares_a_host_whose_disk_had_no_room():
     demands = [_demand("t1", "h1"), _demand("t2", "h2")]
     for d in demands:
         d.options = [_at_more_memory(d, 300 * MiB, 0.01)]
+        d.options[0].per_policy = {"lru": math.inf, "s3fifo": 300 * MiB}
     got = planner.plan(cfg, demands=demands)
     assert len(got.hosts_used) == 1 and not got.breaks
+    # the plan's JSON (admin plan --json) is strict JSON, options and all
+    json.loads(json.dumps(got.to_dict(), allow_nan=False))
     sizes = sorted(d.demand_bytes for d in got.demands)
     assert sizes == [100 * MiB, 300 * MiB]
     (move,) = got.moves
