@@ -35,7 +35,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -44,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import e2e_lib as lib  # noqa: E402
 
-from cachepilot.agent import cgroups  # noqa: E402
+from cachepilot.agent import cgroups, testbed  # noqa: E402
 
 MiB = lib.MiB
 HOSTS = ("h1", "h2", "h3")
@@ -133,42 +132,26 @@ class Hosts:
         the next run made again by name: run J found a fio of run I in
         scan-a's, holding memory under its 16 MiB floor, and scan-a was
         killed by the OOM killer in its first seconds."""
-        killed = 0
         ctrls = ("memory",) if self.version == 2 else ("memory", "cpu", "cpuacct", "blkio")
-        for ctrl in ctrls:
-            killed += _kill_members(self.path(ctrl))
-        for ctrl in ctrls:
-            top = self.path(ctrl)
-            if not top.exists():
-                continue
-            for d in sorted(top.rglob("*"), key=lambda p: -len(p.parts)):
-                if d.is_dir():
-                    _rmdir(d)
-            _rmdir(top)
-        return killed
+        return sum(_remove_tree(self.path(ctrl)) for ctrl in ctrls)
 
 
-def _kill_members(top: Path, wait_s: float = 10.0) -> int:
-    """SIGKILL every process in the cgroup tree at `top`; wait until they
-    are gone (at most `wait_s`).  How many were signalled."""
-    def members() -> set[int]:
-        pids = set()
-        for f in top.rglob("cgroup.procs") if top.exists() else ():
-            try:
-                pids.update(int(x) for x in f.read_text().split())
-            except (OSError, ValueError):
-                pass
-        return pids
-    found = members()
-    for pid in found:
+def _remove_tree(top: Path) -> int:
+    """The cgroup tree at `top` removed, deepest first, every member of each
+    cgroup killed before it goes (testbed.remove_cgroup); how many
+    processes were in it."""
+    if not top.exists():
+        return 0
+    members = set()
+    for f in top.rglob("cgroup.procs"):
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            members.update(f.read_text().split())
+        except OSError:
             pass
-    deadline = time.monotonic() + wait_s
-    while members() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return len(found)
+    for d in sorted([p for p in top.rglob("*") if p.is_dir()], key=lambda p: -len(p.parts)):
+        testbed.remove_cgroup(d)
+    testbed.remove_cgroup(top)
+    return len(members)
 
 
 def cgroups_root(base: Path, version: int) -> Path:
@@ -177,17 +160,6 @@ def cgroups_root(base: Path, version: int) -> Path:
 
 def _write(path: Path, text: str):
     path.write_text(text)
-
-
-def _rmdir(p: Path):
-    for _ in range(30):
-        try:
-            p.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)
 
 
 def whole_disk(path: Path) -> str:
