@@ -506,12 +506,9 @@ def _pack(config, demands, allowed, cap, method, exact_limit, time_limit, hosts)
         used = "first-fit decreasing" + (
             "" if method == "ffd" or pairs > exact_limit else " (MILP gave no answer)")
     if got is None and hosts:
-        mem = np.array([d.demand_bytes for d in demands], dtype=float)
-        fit_t = np.array([ok[owner == t].any(axis=0) for t in range(len(demands))])
-        crowded = packing.crowd(mem, cap[:, 0], fit_t, current, hosts)
-        first = {int(t): int(np.flatnonzero(owner == t)[0]) for t in range(len(demands))}
-        got = {first[t]: h for t, h in crowded.items()}
-        used = f"{hosts} hosts forced: memory overcommitted"
+        # a forced plan is packed on memory alone: one row per tenant
+        got, used = packing.crowd(dem[:, 0], cap[:, 0], ok, current, hosts), \
+            f"{hosts} hosts forced: memory overcommitted"
     if got is None:
         return None, "the tenants do not fit on the hosts given", demands
     placed = list(demands)
