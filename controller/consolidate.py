@@ -68,9 +68,7 @@ def _more_memory(d: Demand, spec, report, state, config, headroom) -> list[Deman
         return []
     top = max(n.memory_bytes for n in config.nodes)
     out, last = [], d
-    for k in range(1, OPTIONS + 1):
-        size = int(d.demand_bytes * (top / d.demand_bytes) ** (k / OPTIONS))
-        size = size // PAGE_SIZE * PAGE_SIZE
+    for size in _sizes_up(d.demand_bytes, top, OPTIONS):
         if size <= last.demand_bytes:
             continue
         trial = dataclasses.replace(d, demand_bytes=size, options=[], miss_ratio=None)
@@ -104,6 +102,13 @@ def _full_disks(config, registry, disks) -> set[str]:
 DISK_FIT = 0.5
 
 
+def _sizes_up(start: int, top: int, steps: int):
+    """`steps` sizes above `start`, spaced evenly in ratio up to `top`, each
+    rounded down to whole pages."""
+    for k in range(1, steps + 1):
+        yield int(start * (top / start) ** (k / steps)) // PAGE_SIZE * PAGE_SIZE
+
+
 def _trade_memory_for_disk(d: Demand, spec, report, state, config, headroom,
                            cap) -> Demand:
     """d, or, when its disk reads at its size exceed `cap`, d raised to the
@@ -113,8 +118,7 @@ def _trade_memory_for_disk(d: Demand, spec, report, state, config, headroom,
         return d
     top = max(n.memory_bytes for n in config.nodes)
     start = d.demand_bytes
-    for k in range(1, 17):
-        size = int(start * (top / start) ** (k / 16)) // PAGE_SIZE * PAGE_SIZE
+    for size in _sizes_up(start, top, 16):
         trial = dataclasses.replace(d, demand_bytes=size)
         _vector(trial, spec, report, state, config, headroom)
         if trial.disk_bps <= cap:
