@@ -92,9 +92,11 @@ def cmd_replay(args) -> int:
 
 
 
-def replay(lines: list[dict], other=None) -> Replayed:
+def replay(lines: list[dict], other=None, after_round=None) -> Replayed:
     """Every round of a recording (recording.read) through decide(), with
-    the recorded configuration or `other`."""
+    the recorded configuration or `other`.  `after_round(line, state,
+    cfg)`, if given, is called after each round with the state it left;
+    it may return True to stop there."""
     from cachepilot.controller import engine
     from cachepilot.controller.engine import saved
     state, cfg, first, out = engine.EngineState(), None, None, Replayed()
@@ -111,6 +113,8 @@ def replay(lines: list[dict], other=None) -> Replayed:
         elif kind == "round":
             _need(cfg)
             state = _round(engine, state, cfg, line, out)
+            if after_round is not None and after_round(line, state, cfg):
+                break
     return out
 
 

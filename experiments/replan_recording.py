@@ -3,7 +3,7 @@
 rounds, with and without the larger sizes a demand offers the packing.
 
 `make consolidate` keeps its controller's recording.  This replays it
-(`cachepilot replay`'s own round) and, every `--every` rounds from
+(`cachepilot replay`'s own loop, restores and all) and, every `--every` rounds from
 `--from` to `--to`, builds the live demands from the reports replayed so
 far (`consolidate.live_demands`), plans from them as the controller's
 leader does (`planner.plan` with `consolidate.as_allocated`), and plans
@@ -26,7 +26,7 @@ import sys
 import types
 from pathlib import Path
 
-from cachepilot.controller import consolidate, engine, planner, recording, replay
+from cachepilot.controller import consolidate, planner, recording, replay
 from cachepilot.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,18 +76,12 @@ def main(argv=None) -> int:
     except (OSError, ValueError, UserError) as err:
         print(f"replan: {err}", file=sys.stderr)
         return 2
-    state, cfg, seen = engine.EngineState(), None, replay.Replayed()
     last, rows = {}, []
-    for line in lines[1:]:
-        if line["type"] == "config":
-            cfg = replay._config(line, seen.ignored)
-            continue
-        if line["type"] != "round" or cfg is None:
-            continue
+
+    def after_round(line, state, cfg) -> bool:
         n = line["round"]
         if n > args.last:
-            break
-        state = replay._round(engine, state, cfg, line, seen)
+            return True
         for reports in line["reports"].values():
             for r in reports:
                 rep = recording.decode_report(r)
@@ -99,6 +93,12 @@ def main(argv=None) -> int:
             print(f"round {n:5d}: with the offers {o['hosts']} hosts "
                   f"(breaks {o['breaks'] or 'none'}), without {w['hosts']} hosts "
                   f"(breaks {w['breaks'] or 'none'})", flush=True)
+        return False
+    try:
+        replay.replay(lines, after_round=after_round)
+    except UserError as err:
+        print(f"replan: {err}", file=sys.stderr)
+        return 2
     if not rows:
         print("replan: no round in that range", file=sys.stderr)
         return 2
@@ -118,9 +118,12 @@ def main(argv=None) -> int:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     fig, ax = plt.subplots(figsize=(8, 3))
+    names = {"offers": "with the larger sizes offered",
+             "without": "demands alone (a gap: no placement)"}
     for label, style in (("without", "s--"), ("offers", "o-")):
-        ax.plot([r["round"] for r in rows], [r[label]["hosts"] or 0 for r in rows], style,
-                label={"offers": "with the larger sizes offered", "without": "demands alone"}[label])
+        hosts = [r[label]["hosts"] if r[label]["hosts"] is not None else float("nan")
+                 for r in rows]
+        ax.plot([r["round"] for r in rows], hosts, style, label=names[label])
     ax.set_xlabel("round of the recording the plan is made at")
     ax.set_ylabel("hosts the plan uses")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))

@@ -72,6 +72,22 @@ def test_a_recorded_run_replays_with_nothing_differing(recorded):
     assert (folder / recording.FILE).stat().st_size < 3 << 20
 
 
+def test_a_replay_hands_each_rounds_state_to_its_caller_and_stops_when_told(recorded):
+    # experiments/replan_recording.py plans from the state a replay reaches
+    from cachepilot.controller import replay
+    _, folder, _ = recorded
+    lines = recording.read(str(folder))
+    seen = []
+
+    def after_round(line, state, cfg):
+        seen.append((line["round"], sorted(state.tenants), cfg.control.interval_s))
+        return line["round"] >= 10
+    out = replay.replay(lines, after_round=after_round)
+    assert [r for r, _, _ in seen] == list(range(1, 11))
+    assert out.rounds == 10 and out.rounds < replay.replay(lines).rounds
+    assert seen[-1][1] and all(iv == seen[0][2] for _, _, iv in seen)
+
+
 def test_a_replay_scores_its_predictions_on_the_recorded_outcomes(recorded, tmp_path):
     # with the recorded configuration, the replay's predictions and their
     # outcomes are the run's own: every "observed" entry the run logged
