@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 from cachepilot.controller import planner
 from cachepilot.controller.engine import whatif
@@ -36,7 +37,7 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
     disks = planner.host_capacity(config, node_resources(registry))[:, 1]
     known = [v for v in disks if math.isfinite(v)]
     cap = DISK_FIT * max(known, default=math.inf)       # of the largest disk known
-    full = _full_disks(config, registry, disks)
+    full = _full_disks(config, state, registry, disks)
     out = []
     for spec in config.tenants:
         rec = registry.nodes.get(spec.node)
@@ -48,8 +49,9 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
         else:
             _vector(d, spec, report, state, config, headroom)
             d = _trade_memory_for_disk(d, spec, report, state, config, headroom, cap)
-            if spec.node in full and d.a is not None and _reads(report) > 0:
-                d.disk_share_fitted = _reads(report)
+            reads = recent(st, report).reads
+            if spec.node in full and d.a is not None and reads > 0:
+                d.disk_share_fitted = reads
             d.options = _more_memory(d, spec, report, state, config, headroom)
         out.append(d)
     return out
@@ -81,7 +83,7 @@ def _more_memory(d: Demand, spec, report, state, config, headroom) -> list[Deman
     return out
 
 
-def _full_disks(config, registry, disks) -> set[str]:
+def _full_disks(config, state, registry, disks) -> set[str]:
     """Nodes whose tenants read their disk at the packing's top step
     (planner.DISK_BUSY_STEPS[0]) of its rate or more: full, so that the
     misses of the models fitted there waited for their share of it
@@ -91,7 +93,9 @@ def _full_disks(config, registry, disks) -> set[str]:
         rec = registry.nodes.get(n.name)
         if rec is None or not math.isfinite(disks[h]):
             continue
-        if sum(_reads(r) for r in rec.tenants.values()) >= planner.DISK_BUSY_STEPS[0] * disks[h]:
+        reads = sum(recent(state.tenants.get(name) if state is not None else None, r).reads
+                    for name, r in rec.tenants.items())
+        if reads >= planner.DISK_BUSY_STEPS[0] * disks[h]:
             out.add(n.name)
     return out
 
@@ -139,11 +143,11 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     except whatif.WhatIfError as err:
         d.why += f"; no prediction ({err})"
         return
-    thr_now = report.throughput or 0.0
+    now = recent(state.tenants.get(spec.name) if state else None, report)
     d.policy, d.miss_ratio = policy, p.miss_ratio
-    d.disk_per_op = _disk_per_op(report, p.miss_ratio, _miss_now(state, spec.name, report))
-    d.cpu_per_op = report.cpu_per_s / thr_now if thr_now > 0 else 0.0
-    rate_now = recent_throughput(state.tenants.get(spec.name) if state else None, report)
+    d.disk_per_op = _disk_per_op(report, now, p.miss_ratio, _miss_now(state, spec.name, report))
+    d.cpu_per_op = now.cpu / now.ops if now.ops > 0 else 0.0
+    rate_now = now.ops
     if d.slo:
         a, b, _ = whatif._model(state, spec.name, spec, config.control)
         d.a, d.b = a, b
@@ -154,16 +158,30 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     d.disk_bps, d.cpu = rate * d.disk_per_op, rate * d.cpu_per_op
 
 
-def recent_throughput(st, report) -> float:
-    """What the tenant runs at now: the mean over its last reports
-    (TenantState.recent_obs) at the limit and policy of this one, not one
-    interval's reading -- a fixed-rate job read 98/s in the interval a
-    plan was made and ran at 127/s before and after (make consolidate)."""
-    now = report.throughput or 0.0
-    same = [o[3] for o in (st.recent_obs if st is not None else ())
+class Recent(NamedTuple):
+    """What a tenant does per second where it stands now."""
+    ops: float          # operations
+    reads: float        # disk bytes read
+    cpu: float          # CPU seconds
+
+
+def recent(st, report) -> Recent:
+    """The means over the tenant's last reports (TenantState.recent_obs) at
+    the limit and policy of this one, not one interval's readings: a
+    fixed-rate job read 98/s in the interval a plan was made and ran at
+    127/s before and after; an application's operations and the agent's
+    disk counters are read at different moments, so one interval's
+    bytes per operation swung from 380 to 850 for a tenant whose reads
+    held steady (make consolidate, run K).  The report's own where no
+    report kept holds all three."""
+    same = [o for o in (st.recent_obs if st is not None else ())
             if o[0] == report.policy and o[1] == float(report.limit_bytes)
-            and math.isfinite(o[3]) and o[3] > 0]
-    return sum(same) / len(same) if same else now
+            and len(o) >= 6 and math.isfinite(o[3]) and o[3] > 0
+            and math.isfinite(o[4]) and math.isfinite(o[5])]
+    if not same:
+        return Recent(report.throughput or 0.0, report.disk_reads_per_s, report.cpu_per_s)
+    n = len(same)
+    return Recent(*(math.fsum(o[k] for o in same) / n for k in (3, 4, 5)))
 
 
 def as_allocated(config, state, registry):
@@ -195,9 +213,11 @@ def as_allocated(config, state, registry):
                 continue
             for p in got:
                 r = reports[p.tenant]
+                now = recent(state.tenants.get(p.tenant) if state else None, r)
                 out[p.tenant] = dataclasses.replace(
                     out[p.tenant], demand_bytes=p.limit_bytes, miss_ratio=p.miss_ratio,
-                    disk_per_op=_disk_per_op(r, p.miss_ratio, _miss_now(state, p.tenant, r)))
+                    disk_per_op=_disk_per_op(r, now, p.miss_ratio,
+                                             _miss_now(state, p.tenant, r)))
         return [out[d.tenant] for d in demands]
     return refine
 
@@ -213,23 +233,13 @@ def _miss_now(state, name: str, report) -> float:
     return float(report.miss_ratio) if now is None else now
 
 
-def _disk_per_op(report, m: float, m_now: float) -> float:
+def _disk_per_op(report, now: Recent, m: float, m_now: float) -> float:
     """Disk bytes an operation reads at miss ratio m: what it reads now
-    per operation (its disk reads where known, else the pages put in its
-    cache, read-ahead and all), scaled by m over its miss ratio now
-    (`m_now`: _miss_now); a page per miss where it reads nothing now."""
-    thr_now = report.throughput or 0.0
-    reads = _reads(report)
-    if thr_now > 0 and reads > 0 and m_now > 0:
-        return reads / thr_now * m / m_now
-    accesses_per_op = report.accesses_per_s / thr_now if thr_now > 0 else 1.0
+    per operation (`now`: recent; its disk reads where known, else the
+    pages put in its cache, read-ahead and all), scaled by m over its miss
+    ratio now (`m_now`: _miss_now); a page per miss where it reads nothing
+    now."""
+    if now.ops > 0 and now.reads > 0 and m_now > 0:
+        return now.reads / now.ops * m / m_now
+    accesses_per_op = report.accesses_per_s / now.ops if now.ops > 0 else 1.0
     return accesses_per_op * m * PAGE_SIZE
-
-
-def _reads(report) -> float:
-    """Bytes/s the tenant reads from its disk: measured where the agent's
-    I/O accounting reaches it, else the pages put in its cache (read-ahead
-    and all)."""
-    if report.read_bytes_per_s is not None:
-        return float(report.read_bytes_per_s)
-    return float(report.inserts_per_s) * PAGE_SIZE

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from cachepilot.models.mrc import MRC
+from cachepilot.models.mrc import MRC, PAGE_SIZE
 
 
 @dataclass
@@ -57,6 +57,16 @@ class TenantReport:
     # node's report; a malformed entry stands in for itself by the last
     # one taken, without curves).
     refused: str = ""
+
+    @property
+    def disk_reads_per_s(self) -> float:
+        """Bytes/s the tenant reads from its disk: measured where I/O
+        accounting reaches it, else the pages put in its cache (read-ahead
+        and all) -- on cgroup v1 a host's tenants may share one blkio
+        cgroup, and then only their inserts tell them apart."""
+        if self.read_bytes_per_s is not None:
+            return float(self.read_bytes_per_s)
+        return float(self.inserts_per_s) * PAGE_SIZE
 
     @property
     def held_reason(self) -> str:

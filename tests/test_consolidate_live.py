@@ -208,8 +208,12 @@ def test_a_demand_carries_the_disk_share_its_model_was_fitted_on_only_if_that_di
         c = served.controller
         with c.lock:
             (d,) = consolidate.live_demands(c.config, c.engine.state, c.registry)
-            reads = c.registry.nodes["n1"].tenants["t1"].read_bytes_per_s
-        assert d.a is not None and reads > 2 * MiB
+            report = c.registry.nodes["n1"].tenants["t1"]
+            # the mean of its reports' reads at the limit it holds
+            kept = [o[4] for o in c.engine.state.tenants["t1"].recent_obs
+                    if o[1] == float(report.limit_bytes)]
+            reads = sum(kept) / len(kept)
+        assert kept and d.a is not None and reads > 2 * MiB
         assert d.disk_share_fitted == (pytest.approx(reads) if full else None)
     finally:
         client.close()
@@ -240,19 +244,53 @@ def test_shares_are_max_min_fair_and_a_tenant_cut_by_cores_leaves_disk_to_the_ot
 
 def test_a_tenant_runs_at_its_recent_mean_not_one_intervals_reading():
     # a fixed-rate job read 98/s in the interval a plan was made and 127/s
-    # before and after: its demand is the mean of its reports at this limit
+    # before and after: its demand is the mean of its reports at this limit,
+    # and so are its disk reads and CPU
     from types import SimpleNamespace
-    from cachepilot.controller.consolidate import recent_throughput
+    from cachepilot.controller.consolidate import recent
     from cachepilot.controller.engine.types import TenantState
     st = TenantState()
-    for thr in (126.0, 130.0, 125.0, 98.0):
-        st.recent_obs.append(("linux", 16.0 * MiB, 0.95, thr))
-    r = SimpleNamespace(throughput=98.0, policy="linux", limit_bytes=16 * MiB)
-    assert recent_throughput(st, r) == pytest.approx((126 + 130 + 125 + 98) / 4)
-    st.recent_obs.append(("linux", 32.0 * MiB, 0.5, 400.0))    # another limit: not it
-    st.recent_obs.append(("mru", 16.0 * MiB, 0.5, float("nan")))
-    assert recent_throughput(st, r) == pytest.approx((125 + 98) / 2)
-    assert recent_throughput(None, r) == 98.0
+    for thr, reads, cpu in ((126.0, 8e6, 0.02), (130.0, 2e6, 0.03), (125.0, 4e6, 0.02),
+                            (98.0, 8e6, 0.01)):
+        st.recent_obs.append(("linux", 16.0 * MiB, 0.95, thr, reads, cpu))
+    r = SimpleNamespace(throughput=98.0, policy="linux", limit_bytes=16 * MiB,
+                        disk_reads_per_s=8e6, cpu_per_s=0.01)
+    now = recent(st, r)
+    assert now.ops == pytest.approx((126 + 130 + 125 + 98) / 4)
+    assert now.reads == pytest.approx(22e6 / 4)
+    assert now.cpu == pytest.approx(0.08 / 4)
+    st.recent_obs.append(("linux", 32.0 * MiB, 0.5, 400.0, 1e6, 0.1))    # another limit: not it
+    st.recent_obs.append(("mru", 16.0 * MiB, 0.5, float("nan"), 1e6, 0.1))
+    assert recent(st, r).ops == pytest.approx((125 + 98) / 2)
+    assert recent(st, r).reads == pytest.approx(6e6)
+    assert tuple(recent(None, r)) == (98.0, 8e6, 0.01)
+    # a state saved before reads and CPU were kept: the report's own
+    st.recent_obs.clear()
+    st.recent_obs.append(("linux", 16.0 * MiB, 0.95, 126.0))
+    assert tuple(recent(st, r)) == (98.0, 8e6, 0.01)
+
+
+def test_bytes_per_operation_come_from_the_same_reports_as_the_operations():
+    # make consolidate, run K: a zipf reader's operations per interval swung
+    # from 25,000 to 55,000 while its disk reads held at about 21 MB/s; one
+    # interval's ratio put its bytes per operation 30 % high and its
+    # throughput on a shared disk 23 % low.  Over the window, the ratio of
+    # the sums is what it read per operation.
+    from types import SimpleNamespace
+    from cachepilot.controller import consolidate
+    from cachepilot.controller.engine.types import TenantState
+    st = TenantState()
+    ops = (45000.0, 55000.0, 35000.0, 25000.0)
+    for thr in ops:
+        st.recent_obs.append(("linux", 170.0 * MiB, 0.13, thr, 21e6, 0.14))
+    r = SimpleNamespace(throughput=25000.0, policy="linux", limit_bytes=170 * MiB,
+                        disk_reads_per_s=21e6, cpu_per_s=0.14, accesses_per_s=1e5)
+    now = consolidate.recent(st, r)
+    per_op = consolidate._disk_per_op(r, now, 0.13, 0.13)
+    assert per_op == pytest.approx(4 * 21e6 / sum(ops))
+    one = consolidate.recent(None, r)
+    assert consolidate._disk_per_op(r, one, 0.13, 0.13) == pytest.approx(21e6 / 25000)
+    assert per_op < 0.7 * 21e6 / 25000
 
 
 def test_apply_refuses_a_plan_that_predicts_a_missed_slo_unless_forced(monkeypatch):

@@ -420,6 +420,24 @@ def test_a_tenant_restored_again_keeps_its_row_of_observations():
     assert b["m"][:b["count"]] == [0.1, 0.2, 0.3]
 
 
+def test_a_record_saved_before_reads_and_cpu_were_kept_restores_them_as_unknown():
+    """A report's outcome is kept with its disk reads and CPU now; a record
+    written before holds four fields, and they come back with those two
+    not known (NaN), which consolidate.recent passes over."""
+    import math
+    from cachepilot.controller.engine import saved
+    from cachepilot.controller.engine.types import EngineState
+    state = EngineState()
+    old = {"rounds": 3, "recent_obs": [["lru", 4096.0, 0.5, 100.0]]}
+    saved.restore(state, {"a": old}, 3, window=8)
+    (o,) = state.tenants["a"].recent_obs
+    assert o[:4] == ("lru", 4096.0, 0.5, 100.0) and math.isnan(o[4]) and math.isnan(o[5])
+    new = {"rounds": 3, "recent_obs": [["lru", 4096.0, 0.5, 100.0, 2e6, 0.25]]}
+    saved.restore(state, {"b": new}, 3, window=8)
+    assert saved.tenant_record(state, "b")["recent_obs"] == [["lru", 4096.0, 0.5, 100.0,
+                                                              2e6, 0.25]]
+
+
 def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,
                 observed=None, current=None):
     """A one-row Round with what round._trajectory and round._anchored read:

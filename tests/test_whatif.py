@@ -165,13 +165,14 @@ def test_disk_reads_are_scaled_from_the_miss_ratio_predictions_start_from():
     from types import SimpleNamespace
     from cachepilot.controller import consolidate
     st, rep = _anchor_case([0.0, 1.0, 0.0, 1.0])
-    rep.throughput, rep.read_bytes_per_s, rep.inserts_per_s = 50.0, 50.0 * 131072, 0.0
+    rep.throughput, rep.disk_reads_per_s, rep.cpu_per_s = 50.0, 50.0 * 131072, 0.0
     rep.accesses_per_s = 50.0 * 32
     state = SimpleNamespace(tenants={"scan": st})
     m_now = consolidate._miss_now(state, "scan", rep)
     assert m_now == pytest.approx(0.5)
-    assert consolidate._disk_per_op(rep, m_now, m_now) == pytest.approx(131072)
-    assert consolidate._disk_per_op(rep, 2 * m_now, m_now) == pytest.approx(2 * 131072)
+    now = consolidate.recent(None, rep)
+    assert consolidate._disk_per_op(rep, now, m_now, m_now) == pytest.approx(131072)
+    assert consolidate._disk_per_op(rep, now, 2 * m_now, m_now) == pytest.approx(2 * 131072)
     # the report's own miss ratio where there is no run of reports to read
     st.recent_obs.clear()
     assert consolidate._miss_now(state, "scan", rep) == 1.0

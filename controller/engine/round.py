@@ -208,7 +208,8 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
         st.running = r.policy
         st.recent_curves.append(r.curves)
         st.recent_obs.append((r.policy, float(r.limit_bytes), float(r.miss_ratio),
-                              math.nan if r.throughput is None else float(r.throughput)))
+                              math.nan if r.throughput is None else float(r.throughput),
+                              r.disk_reads_per_s, float(r.cpu_per_s)))
         p = spec.model or ctl.prior
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         R.tstates.append(st)

@@ -12,6 +12,7 @@ record is JSON-able; the state store keeps one per tenant
 from __future__ import annotations
 
 import base64
+import math
 from collections import deque
 from dataclasses import asdict, fields
 
@@ -99,8 +100,9 @@ def restore(state: EngineState, records: dict[str, dict], rounds: int, window: i
             st.probation = Probation(**{k: v for k, v in pb.items() if k in known})
         st.recent_curves = deque(unpack_curves(rec.get("recent_curves")),
                                  maxlen=CURVE_HISTORY)
-        st.recent_obs = deque((tuple(o) for o in rec.get("recent_obs") or ()),
-                              maxlen=OBS_HISTORY)
+        # a record saved before the disk reads and CPU were kept: not known
+        st.recent_obs = deque((tuple(o) + (math.nan,) * (6 - len(o))
+                               for o in rec.get("recent_obs") or ()), maxlen=OBS_HISTORY)
         st.slot = _slot(state, name)
         _restore_obs(state.obs, st.slot, rec)
         state.tenants[name] = st

@@ -93,8 +93,10 @@ class TenantState:
     # period is longer than an interval); not saved -- reports bring them
     recent_curves: deque = field(default_factory=lambda: deque(maxlen=CURVE_HISTORY))
     # what the last reports saw: (policy running, limit in bytes, miss
-    # ratio, throughput or NaN), the reference a policy trial is judged
-    # against (engine/watchdog.py); not saved either
+    # ratio, throughput or NaN, disk read bytes/s, CPU seconds/s), the
+    # reference a policy trial is judged against (engine/watchdog.py) and
+    # what an operation costs the disk and cores (controller/consolidate.py);
+    # saved
     recent_obs: deque = field(default_factory=lambda: deque(maxlen=OBS_HISTORY))
     # whether a policy trial ran in this phase (one a phase, however it
     # ended); saved

@@ -136,7 +136,7 @@ def latest_run(st, policy: str, limit_bytes: float, usable: int) -> list[tuple[f
     first, among the last `usable`, for as long as they ran `policy` at
     this limit (within 1 %) with a miss ratio in [0, 1]."""
     run = []
-    for pol, lim, m, thr in list(reversed(st.recent_obs))[:max(usable, 0)]:
+    for pol, lim, m, thr, *_ in list(reversed(st.recent_obs))[:max(usable, 0)]:
         if pol != policy or not limit_bytes > 0 or abs(lim / limit_bytes - 1.0) > 0.01 \
                 or not 0.0 <= m <= 1.0:
             break
