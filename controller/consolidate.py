@@ -35,8 +35,6 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
     """Every configured tenant's demand vector from what the controller
     knows of it now (see the module's docstring)."""
     disks = planner.host_capacity(config, node_resources(registry))[:, 1]
-    known = [v for v in disks if math.isfinite(v)]
-    cap = DISK_FIT * max(known, default=math.inf)       # of the largest disk known
     full = _full_disks(config, state, registry, disks)
     out = []
     for spec in config.tenants:
@@ -48,7 +46,6 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
             d.why = "not reported yet: its floor"
         else:
             _vector(d, spec, report, state, config, headroom)
-            d = _trade_memory_for_disk(d, spec, report, state, config, headroom, cap)
             reads = recent(st, report).reads
             if spec.node in full and d.a is not None and reads > 0:
                 d.disk_share_fitted = reads
@@ -100,36 +97,11 @@ def _full_disks(config, state, registry, disks) -> set[str]:
     return out
 
 
-# A demand reads at most this share of the largest host's disk: where its
-# size would read more, it takes more memory instead (two such tenants
-# still share a host).
-DISK_FIT = 0.5
-
-
 def _sizes_up(start: int, top: int, steps: int):
     """`steps` sizes above `start`, spaced evenly in ratio up to `top`, each
     rounded down to whole pages."""
     for k in range(1, steps + 1):
         yield int(start * (top / start) ** (k / steps)) // PAGE_SIZE * PAGE_SIZE
-
-
-def _trade_memory_for_disk(d: Demand, spec, report, state, config, headroom,
-                           cap) -> Demand:
-    """d, or, when its disk reads at its size exceed `cap`, d raised to the
-    least size (of sixteen between it and the largest host) at which they
-    fit: memory is what a host has to spare when its disk has none."""
-    if d.miss_ratio is None or d.disk_bps <= cap:
-        return d
-    top = max(n.memory_bytes for n in config.nodes)
-    start = d.demand_bytes
-    for size in _sizes_up(start, top, 16):
-        trial = dataclasses.replace(d, demand_bytes=size)
-        _vector(trial, spec, report, state, config, headroom)
-        if trial.disk_bps <= cap:
-            break
-    trial.why = (f"{d.why}; {size >> 20} MiB rather than {start >> 20} MiB, so that "
-                 f"its disk reads fit")
-    return trial
 
 
 def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
