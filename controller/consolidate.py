@@ -143,7 +143,7 @@ def recent(st, report) -> Recent:
     fixed-rate job read 98/s in the interval a plan was made and ran at
     127/s before and after; an application's operations and the agent's
     disk counters are read at different moments, so one interval's
-    bytes per operation swung from 380 to 850 for a tenant whose reads
+    bytes per operation ranged from 340 to 980 for a tenant whose reads
     held steady (make consolidate, run K).  The report's own where no
     report kept holds all three."""
     same = [o for o in (st.recent_obs if st is not None else ())
