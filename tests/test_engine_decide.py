@@ -487,6 +487,31 @@ def test_nodes_and_tenants_come_and_go():
     assert engine.decide(loop.state, {}, cfg)[0].directives == {}
 
 
+def test_a_tenant_moved_to_another_node_fits_its_model_again_there():
+    """Its (miss ratio, seconds per op) pairs timed misses on the old
+    node's disk; after a move (a consolidation plan carried out) they are
+    dropped, and so are its last reports' outcomes, while a tenant that
+    stays keeps its own."""
+    synth = {n: tenant(n, 0.4, 1.0) for n in "ab"}
+    nodes = [{"name": "n1", "memory_bytes": GiB}, {"name": "n2", "memory_bytes": GiB}]
+    cfg = make([{"name": "a", "node": "n1"}, {"name": "b", "node": "n1"}], nodes=nodes)
+    loop = Loop(cfg, synth)
+    for _ in range(6):
+        loop.step()
+    st = loop.state.tenants
+    before = {t: int(loop.state.obs.count[st[t].slot]) for t in "ab"}
+    assert before["a"] >= 5 and before["b"] >= 5 and len(st["a"].recent_obs) >= 3
+    r = loop.reports()
+    moved = [x for x in r["n1"] if x.tenant == "a"]
+    d, loop.state = engine.decide(loop.state, {"n1": [x for x in r["n1"] if x.tenant == "b"],
+                                               "n2": moved}, cfg)
+    st = loop.state.tenants
+    assert st["a"].node == "n2" and int(loop.state.obs.count[st["a"].slot]) == 1
+    assert len(st["a"].recent_obs) == 1
+    assert int(loop.state.obs.count[st["b"].slot]) == min(before["b"] + 1, cfg.control.model_window)
+    assert any("'a' moved from node 'n1' to 'n2'" in n for n in d.notes)
+
+
 def test_no_curves_holds_the_limit():
     synth = {"a": tenant("a", 0.4, 1.0)}
     cfg = make([{"name": "a", "node": "n1"}])
