@@ -216,10 +216,14 @@ class AdminOps:
         """Place `tenant` on `node` (the lock held): the config's placement
         changes and is saved, and both nodes' agents are told to register
         again, when the old one lets it go and the new one is handed it.
-        Its cache stays behind; what the engine learnt of it goes along.
-        The plan's `limit_bytes` and `policy` are its start (the sim starts
-        it there; on a real host the migration makes its cgroup at that
-        limit, as `make consolidate` does; the rounds take it from there)."""
+        Its cache stays behind; what the engine learnt of it goes along,
+        but for its throughput model, which the round starts again once the
+        new node reports it (engine/round.py _moved).  The engine's state
+        is not touched here: a round is rebuilt from its reports and
+        restores alone (a recording replays it).  The plan's `limit_bytes`
+        and `policy` are its start (the sim starts it there; on a real host
+        the migration makes its cgroup at that limit, as `make consolidate`
+        does; the rounds take it from there)."""
         spec = self._tenant(tenant)
         if node not in self.registry.nodes:
             raise Refused(grpc.StatusCode.NOT_FOUND, f"unknown node {node!r}")
@@ -235,9 +239,6 @@ class AdminOps:
             rec.tenants.pop(tenant, None)
             rec.directives.pop(tenant, None)
             rec.session = None           # its next report is told to register again
-        st = self.engine.state.tenants.get(tenant)
-        if st is not None:
-            st.node = node
         self._note(node, tenant, "move", f"moved from {old} to {node} at "
                    f"{size(limit_bytes)} under {policy or 'its policy'} (consolidation plan)",
                    {"from": old, "to": node, "limit_bytes": int(limit_bytes),

@@ -106,8 +106,9 @@ def score_own(cfg, state, last, run: dict) -> dict:
             got = planner.predict(running, assignment,
                                   {n.name: full[h, 1] for h, n in enumerate(cfg.nodes)},
                                   {n.name: full[h, 2] for h, n in enumerate(cfg.nodes)})
+        # over the tenants with both a prediction and a measurement
         errors = {t: (planned[t]["measured_ops"] - p["predicted_ops"]) / p["predicted_ops"]
-                  for t, p in got.items() if p["predicted_ops"]}
+                  for t, p in got.items() if p["predicted_ops"] and planned[t]["measured_ops"]}
         out[label] = {"median": statistics.median(abs(e) for e in errors.values()),
                       "worst": max(abs(e) for e in errors.values()),
                       "errors": dict(sorted(errors.items()))}

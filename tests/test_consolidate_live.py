@@ -434,6 +434,49 @@ def test_a_move_is_saved_and_kept_across_a_restart(tmp_path):
         again.stop()
 
 
+def test_a_moved_tenant_restarts_its_model_on_its_new_node_and_the_recording_replays(tmp_path):
+    """move_tenant leaves the engine's state alone (a round is rebuilt from
+    reports and restores only): once the new node reports the tenant, the
+    round itself starts its throughput model again there, and a recording
+    of the run replays with no directive differing (run L of make
+    consolidate did not, while the move set the tenant's node behind the
+    round's back)."""
+    from cachepilot.controller import recording, replay
+    from cachepilot.controller.engine import saved
+    cfg = _sim_config(tmp_path / "state.db")
+    served = serve(cfg, record=str(tmp_path / "rec"))
+    clients = {n: NodeClient(SimBackend(cfg, n, seed=3), f"127.0.0.1:{served.port}",
+                             insecure=True) for n in ("n1", "n2", "n3")}
+    try:
+        for _ in range(6):
+            for cl in clients.values():
+                assert cl.step().connected
+        c = served.controller
+        with c.lock:
+            before = saved.tenant_record(c.engine.state, "t2")
+            c.move_tenant("t2", "n1", 24 * MiB, "lru")
+            assert saved.tenant_record(c.engine.state, "t2") == before
+            moved_cfg = c.config.model_copy(deep=True)
+        for n in ("n1", "n2"):
+            clients.pop(n).close()
+        clients["n1"] = NodeClient(SimBackend(moved_cfg, "n1", seed=3),
+                                   f"127.0.0.1:{served.port}", insecure=True)
+        for _ in range(3):
+            for cl in clients.values():
+                assert cl.step().connected
+        with c.lock:
+            st = c.engine.state.tenants["t2"]
+            assert st.node == "n1" and before["obs"]["count"] >= 5
+            # only the new node's pairs: kept, it would hold 6 + 3 of them
+            assert int(c.engine.state.obs.count[st.slot]) <= 3
+    finally:
+        for cl in clients.values():
+            cl.close()
+        served.stop()
+    out = replay.replay(recording.read(tmp_path / "rec"))
+    assert out.directives > 0 and out.changes == []
+
+
 # -- on real cgroups: two linux agents, one plan applied ----------------------
 
 def _wait(pred, what, timeout=40):
