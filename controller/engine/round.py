@@ -247,9 +247,10 @@ def _moved(R: Round, obs, st, name: str, node: str) -> None:
     neither node's drew (make consolidate, run K: a reader moved onto a
     busier disk was fitted a = 0.47 us, where the old node's pairs alone
     gave 13 us and, replayed, the new node's 58; its gain from memory read
-    convex, and the round cut a neighbour to its floor for it).  Until the new node's pairs separate a from b, the
-    prior stands, scaled to what the tenant shows there; its last
-    reports' outcomes were the old node's too.  Not in a what-if of where
+    convex, and the round cut a neighbour to its floor for it).  Until
+    the new node's pairs separate a from b, the prior stands, scaled to
+    what the tenant shows there; its last reports' outcomes were the old
+    node's too.  Not in a what-if of where
     a placement settles (Round.settled: a plan's prediction of a host):
     there the old node's fit is the best guess of the new node's."""
     obs.forget(st.slot)
