@@ -1134,11 +1134,31 @@ def test_the_deadband_weighs_the_division_not_the_sizes():
                                    xs, ys, a, b, 0.03)
     assert kept[0] and out.tolist() == [100.0, 100.0]
     # an incumbent that no longer fits (a's floor rose to 150 of 250) is
-    # no option: raised to the floor it would take 300
+    # raised to the floor and the rest shrunk to fit: here that is the
+    # target itself
     out, kept = keep_unless_better(node, np.array([100.0]), np.array([150.0, 0.0]), hi,
                                    np.array([100.0, 150.0]), np.array([150.0, 100.0]),
                                    xs, ys, a, b, 0.03)
-    assert not kept[0] and out.tolist() == [150.0, 100.0]
+    assert out.tolist() == [150.0, 100.0]
+
+
+def test_a_division_that_no_longer_fits_is_shrunk_to_fit_and_still_weighed():
+    """The node's budget above the floors fell from 200 to 150 (a tenant
+    joined it): the division it held, shrunk alike to fit, is kept
+    against a new one its own model rates lower, and loses to one rated
+    higher."""
+    from cachepilot.controller.engine.allocate import keep_unless_better
+    xs = np.array([[0.0, 100.0, 200.0], [0.0, 100.0, 200.0]])
+    ys = np.array([[1.0, 0.5, 0.1], [1.0, 0.5, 0.45]])
+    a, b = np.array([1.0, 1.0]), np.array([9.0, 9.0])
+    node, lo, hi, budget = np.array([0, 0]), np.zeros(2), np.full(2, 200.0), np.array([150.0])
+    held = np.array([50.0, 150.0])
+    out, kept = keep_unless_better(node, budget, lo, hi, held, np.array([0.0, 150.0]),
+                                   xs, ys, a, b, 0.03)
+    assert kept[0] and out.tolist() == [37.5, 112.5]
+    out, kept = keep_unless_better(node, budget, lo, hi, held, np.array([150.0, 0.0]),
+                                   xs, ys, a, b, 0.03)
+    assert not kept[0] and out.tolist() == [150.0, 0.0]
 
 
 def test_a_division_must_win_by_more_than_its_tenants_prediction_error():
@@ -1562,3 +1582,34 @@ def test_a_curve_that_swings_from_window_to_window_is_scored_by_its_windows():
     assert not _log(loop, "policy") and not _log(loop, "watchdog")
     steady = {"linux": flat_curve("linux", 0.3), "mru": flat_curve("mru", 0.1)}
     assert run(SynthTenant("a", steady, t_hit=1e-6, t_miss=1e-4), 6).policy["a"] == "mru"
+
+
+def test_a_tenant_joining_a_node_shrinks_its_division_and_the_trace_says_so():
+    """A node's two tenants have settled on a division; a third joins it
+    (a consolidation move).  The two keep their division shrunk alike to
+    make room rather than being dealt afresh, and the trace and `admin
+    explain` say by how much."""
+    from cachepilot.controller.engine.trace import explain
+    synth = {n: tenant(n, 0.6, 1.2, t_hit=2e-6, t_miss=4e-4) for n in "ab"}
+    loop = Loop(make([{"name": n, "node": "n1"} for n in synth]), synth)
+    for _ in range(15):
+        loop.step()
+    held = {n: loop.limit[n] for n in synth}
+    # c gains next to nothing from memory, and arrives at its floor
+    synth["c"] = tenant("c", 0.9, 0.01)
+    loop.cfg = make([{"name": n, "node": "n1"} for n in synth])
+    loop.limit["c"], loop.policy["c"] = GiB // 64, "linux"
+    loop.step()
+    recs = {r["tenant"]: r for r in loop.decisions[-1].trace.records()}
+    for n in "ab":
+        alloc = recs[n]["allocation"]
+        assert alloc["rule"] == "kept-last-division", alloc
+        assert 0 < alloc["kept_shrunk_to"] < 1
+        assert alloc["target_bytes"] < held[n]
+        assert "shrunk to fit the node" in explain(recs[n])
+    # what a and b gave up, above their floors alike, is what c holds
+    lo = {n: recs[n]["allocation"]["after_slos_bytes"] for n in "ab"}
+    f = recs["a"]["allocation"]["kept_shrunk_to"]
+    for n in "ab":
+        assert recs[n]["allocation"]["target_bytes"] == pytest.approx(
+            lo[n] + (held[n] - lo[n]) * f, rel=0.01)

@@ -187,7 +187,7 @@ def _dual(node, budget, D, G, iterations):
 
 
 def keep_unless_better(node, budget, x_lo, x_hi, incumbent, target, xs, ys, a, b,
-                       min_gain, sigma=None):
+                       min_gain, sigma=None, detail: dict | None = None):
     """Per node, `target` where it is modelled to gain more than `min_gain`
     (relative) over the `incumbent` division (last round's targets, within
     [x_lo, x_hi], where they fit the node's `budget` above x_lo), and more
@@ -213,10 +213,21 @@ def keep_unless_better(node, budget, x_lo, x_hi, incumbent, target, xs, ys, a, b
     spare memory went to one tenant whole and back to the other on the
     next swing of their models (make consolidate: 151 MiB between two
     tenants every 100 s).
+    An incumbent that no longer fits (a tenant joined the node, an SLO's
+    need rose) is shrunk to fit, every row's part above x_lo alike, and
+    judged so: the division a node settled on is not thrown away whole
+    because its budget moved (make consolidate: a 16 MiB tenant moved onto
+    a node made the round deal 130 MiB from one SLO tenant to the other,
+    a division its own model rated a fifth lower).  With `detail`, its
+    "shrink" is that factor per node (1 where the incumbent fits).
     Returns (sizes, nodes kept)."""
     nn = len(budget)
     stay = np.clip(incumbent, x_lo, x_hi)
-    fits = np.bincount(node, weights=stay - x_lo, minlength=nn) <= budget + 1e-6
+    above = np.bincount(node, weights=stay - x_lo, minlength=nn)
+    shrink = np.where(above > budget, np.maximum(budget, 0.0) / np.maximum(above, 1e-9), 1.0)
+    stay = x_lo + (stay - x_lo) * shrink[node]
+    if detail is not None:
+        detail["shrink"] = shrink
     t_stay = throughput(a, b, miss_at(xs, ys, stay))
     t_target = throughput(a, b, miss_at(xs, ys, target))
     total_stay = np.bincount(node, weights=t_stay, minlength=nn)
@@ -227,7 +238,7 @@ def keep_unless_better(node, budget, x_lo, x_hi, incumbent, target, xs, ys, a, b
         change = np.where(np.isfinite(change), change, 0.0)
         short = -np.expm1(-np.maximum(sigma, 0.0))
         doubt = np.sqrt(np.bincount(node, weights=(change * short) ** 2, minlength=nn))
-    kept = fits & (total_target <= total_stay * (1.0 + min_gain) + doubt)
+    kept = total_target <= total_stay * (1.0 + min_gain) + doubt
     return np.where(kept[node], stay, target), kept
 
 

@@ -107,6 +107,7 @@ class Round:
     x_lo: np.ndarray = None          # sizes after the SLO stage
     granted: np.ndarray = None
     kept: np.ndarray = None          # the node's last division kept (reallocation_gain)
+    kept_shrink: np.ndarray = None   # ... shrunk by this above the floors to fit (1: whole)
     t_sigma: np.ndarray = None       # relative error expected of each modelled throughput
     # step_limits
     target_wanted: np.ndarray = None  # the allocation's target, before a shrink waits
@@ -1147,11 +1148,14 @@ def allocate_memory(R: Round, ctl) -> None:
         # the incumbent is last round's target, not the limits in force:
         # a move the step cut short goes on to where it was decided
         incumbent = np.where(R.prev_target > 0, R.prev_target, R.current)
+        detail = {}
         R.target[cr], kept = allocate.keep_unless_better(
             node_of[cr], budget, R.x_lo[cr], R.ub[cr], incumbent[cr], R.target[cr],
-            pxs, pys, a_w, b_w, ctl.reallocation_gain, R.t_sigma[cr])
+            pxs, pys, a_w, b_w, ctl.reallocation_gain, R.t_sigma[cr], detail)
         R.kept = np.zeros(R.n, dtype=bool)
         R.kept[cr] = kept[node_of[cr]]
+        R.kept_shrink = np.ones(R.n)
+        R.kept_shrink[cr] = detail["shrink"][node_of[cr]]
 
 
 PRIOR_WEIGHT = 2        # scored predictions the model's own spread counts as (prediction_sigma)

@@ -31,7 +31,7 @@ ROW_ARRAYS = ("limit_now", "equal", "ref", "lb", "ub", "current", "slo", "has_sl
               "spread", "m_spread", "has_curve", "alloc_row", "run_row", "target", "x_lo",
               "granted", "new", "pred_target", "pred_new", "pred_old", "m_new", "feasible",
               "feasible_now", "headroom", "need", "need_safe", "target_wanted", "kept",
-              "shrink_held", "filling", "t_sigma", "served_at")
+              "kept_shrink", "shrink_held", "filling", "t_sigma", "served_at")
 STEP_ARRAYS = ("base", "want", "scale", "stepped", "settled")
 
 
@@ -286,7 +286,10 @@ def _allocation(v, t, o) -> dict:
     return {
         "after_slos_bytes": _bytes(v["x_lo"]), "wanted_bytes": _bytes(v["target_wanted"]),
         "target_bytes": _bytes(v["target"]), "rule": _target_rule(v, t, hold),
-        "kept_last_division": v["kept"] == 1.0, "shrink_waits": v["shrink_held"] == 1.0,
+        "kept_last_division": v["kept"] == 1.0,
+        # a shrink of less than half a per cent is rounding (a page or two)
+        "kept_shrunk_to": _num(v["kept_shrink"]) if v["kept"] == 1.0 and
+        v["kept_shrink"] < 0.995 else None, "shrink_waits": v["shrink_held"] == 1.0,
         "phase_hold": None if hold is None else {"curve_miss": hold[0],
                                                  "observed_miss": hold[1]},
     }
@@ -375,7 +378,7 @@ LIMIT_WORDS = {
 TARGET_WORDS = {
     "held": "none: the tenant is held", "no-curve": "none: no curve yet",
     "shrink-waits": "a shrink to {wanted} waits until the next round's target agrees",
-    "kept-last-division": "the node's last division, kept: the new one would not gain "
+    "kept-last-division": "the node's last division{shrunk}, kept: the new one would not gain "
                           "enough throughput, beyond the error of the tenants' "
                           "predictions, to be worth the move",
     "ceiling": "its ceiling {ceiling}: every page up to it adds throughput",
@@ -403,6 +406,9 @@ def explain(rec: dict) -> str:
                "hyst": mib(b["hysteresis_bytes"]), "scale": (step or {}).get("scale") or 0.0,
                "why": inp["held_reason"],
                "extra": mib((alloc["target_bytes"] or 0) - (alloc["after_slos_bytes"] or 0)),
+               "shrunk": "" if not alloc.get("kept_shrunk_to") else
+               f" (shrunk to fit the node: {100 * alloc['kept_shrunk_to']:.0f} % of each "
+               f"share above the floors)",
                "need": mib(slo["need_bytes"]) if slo else "?",
                "safe": mib(slo["safe_bytes"]) if slo else "?"}
     lines = [f"{rec['tenant']} on {rec['node']}, round {rec['round']}: limit "
