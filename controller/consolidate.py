@@ -40,15 +40,14 @@ def live_demands(config, state, registry, headroom: float = 0.10) -> list[Demand
     for spec in config.tenants:
         rec = registry.nodes.get(spec.node)
         report = rec.tenants.get(spec.name) if rec is not None else None
-        st = state.tenants.get(spec.name) if state is not None else None
+        st = _state_of(state, spec.name)
         d = live_demand(config, spec, st, report.limit_bytes if report else 0)
         if report is None:
             d.why = "not reported yet: its floor"
         else:
-            _vector(d, spec, report, state, config, headroom)
-            reads = recent(st, report).reads
-            if spec.node in full and d.a is not None and reads > 0:
-                d.disk_share_fitted = reads
+            now = _vector(d, spec, report, state, config, headroom)
+            if spec.node in full and d.a is not None and now.reads > 0:
+                d.disk_share_fitted = now.reads
             d.options = _more_memory(d, spec, report, state, config, headroom)
         out.append(d)
     return out
@@ -90,8 +89,7 @@ def _full_disks(config, state, registry, disks) -> set[str]:
         rec = registry.nodes.get(n.name)
         if rec is None or not math.isfinite(disks[h]):
             continue
-        reads = sum(recent(state.tenants.get(name) if state is not None else None, r).reads
-                    for name, r in rec.tenants.items())
+        reads = sum(recent(_state_of(state, name), r).reads for name, r in rec.tenants.items())
         if reads >= planner.DISK_BUSY_STEPS[0] * disks[h]:
             out.add(n.name)
     return out
@@ -104,20 +102,22 @@ def _sizes_up(start: int, top: int, steps: int):
         yield int(start * (top / start) ** (k / steps)) // PAGE_SIZE * PAGE_SIZE
 
 
-def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
+def _vector(d: Demand, spec, report, state, config, headroom: float) -> Recent:
     """Fill d's miss ratio and costs per operation; its model where it has
     an SLO; and its disk and CPU: an SLO tenant's at SLO x (1 + headroom)
     (what it must be given: a closed-loop one takes more when there is
-    more), any other's at its throughput now (what it takes from others)."""
+    more), any other's at its throughput now (what it takes from others).
+    Returns what the tenant does now (recent), which they are scaled from."""
+    st = _state_of(state, spec.name)
+    now = recent(st, report)
     policy = d.policy or report.policy
     try:
         p = whatif.tenant(state, spec, report, config.control, d.demand_bytes, policy)
     except whatif.WhatIfError as err:
         d.why += f"; no prediction ({err})"
-        return
-    now = recent(state.tenants.get(spec.name) if state else None, report)
+        return now
     d.policy, d.miss_ratio = policy, p.miss_ratio
-    d.disk_per_op = _disk_per_op(report, now, p.miss_ratio, _miss_now(state, spec.name, report))
+    d.disk_per_op = _disk_per_op(report, now, p.miss_ratio, _miss_now(st, report))
     d.cpu_per_op = now.cpu / now.ops if now.ops > 0 else 0.0
     rate_now = now.ops
     if d.slo:
@@ -128,6 +128,7 @@ def _vector(d: Demand, spec, report, state, config, headroom: float) -> None:
     else:
         d.predicted_throughput = rate = rate_now
     d.disk_bps, d.cpu = rate * d.disk_per_op, rate * d.cpu_per_op
+    return now
 
 
 class Recent(NamedTuple):
@@ -184,23 +185,26 @@ def as_allocated(config, state, registry):
             except whatif.WhatIfError:
                 continue
             for p in got:
-                r = reports[p.tenant]
-                now = recent(state.tenants.get(p.tenant) if state else None, r)
+                r, st = reports[p.tenant], _state_of(state, p.tenant)
                 out[p.tenant] = dataclasses.replace(
                     out[p.tenant], demand_bytes=p.limit_bytes, miss_ratio=p.miss_ratio,
-                    disk_per_op=_disk_per_op(r, now, p.miss_ratio,
-                                             _miss_now(state, p.tenant, r)))
+                    disk_per_op=_disk_per_op(r, recent(st, r), p.miss_ratio,
+                                             _miss_now(st, r)))
         return [out[d.tenant] for d in demands]
     return refine
 
 
-def _miss_now(state, name: str, report) -> float:
+def _state_of(state, name: str):
+    """The engine's TenantState of `name`, if it has one."""
+    return state.tenants.get(name) if state is not None else None
+
+
+def _miss_now(st, report) -> float:
     """The miss ratio its predictions start from (whatif.missing_now: the
     mean of its latest reports where its cache stands), else its report's:
     one interval's miss ratio swings (a fixed-rate scan read 0.0 and 1.0
     in turn under read-ahead), and disk reads scaled by it would swing
     with it."""
-    st = state.tenants.get(name) if state is not None else None
     now = whatif.missing_now(st, report)
     return float(report.miss_ratio) if now is None else now
 

@@ -162,17 +162,15 @@ def test_disk_reads_are_scaled_from_the_miss_ratio_predictions_start_from():
     # a fixed-rate scan whose reported miss ratio flips between 0 and 1
     # under read-ahead: its disk bytes per operation where it stands are
     # what it reads now, not that scaled by the last interval's flip
-    from types import SimpleNamespace
     from cachepilot.controller import consolidate
     st, rep = _anchor_case([0.0, 1.0, 0.0, 1.0])
     rep.throughput, rep.disk_reads_per_s, rep.cpu_per_s = 50.0, 50.0 * 131072, 0.0
     rep.accesses_per_s = 50.0 * 32
-    state = SimpleNamespace(tenants={"scan": st})
-    m_now = consolidate._miss_now(state, "scan", rep)
+    m_now = consolidate._miss_now(st, rep)
     assert m_now == pytest.approx(0.5)
     now = consolidate.recent(None, rep)
     assert consolidate._disk_per_op(rep, now, m_now, m_now) == pytest.approx(131072)
     assert consolidate._disk_per_op(rep, now, 2 * m_now, m_now) == pytest.approx(2 * 131072)
     # the report's own miss ratio where there is no run of reports to read
     st.recent_obs.clear()
-    assert consolidate._miss_now(state, "scan", rep) == 1.0
+    assert consolidate._miss_now(st, rep) == 1.0
