@@ -139,22 +139,22 @@ class Recent(NamedTuple):
 
 
 def recent(st, report) -> Recent:
-    """The means over the tenant's last reports (TenantState.recent_obs) at
-    the limit and policy of this one, not one interval's readings: a
+    """The means over the tenant's last reports (TenantState.costs) at the
+    limit and policy of this one, not one interval's readings: a
     fixed-rate job read 98/s in the interval a plan was made and ran at
     127/s before and after; an application's operations and the agent's
     disk counters are read at different moments, so one interval's
     bytes per operation ranged from 340 to 980 for a tenant whose reads
     held steady (make consolidate, run K).  The report's own where no
     report kept holds all three."""
-    same = [o for o in (st.recent_obs if st is not None else ())
+    same = [o for o in (st.costs if st is not None else ())
             if o[0] == report.policy and o[1] == float(report.limit_bytes)
-            and len(o) >= 6 and math.isfinite(o[3]) and o[3] > 0
-            and math.isfinite(o[4]) and math.isfinite(o[5])]
+            and math.isfinite(o[2]) and o[2] > 0
+            and math.isfinite(o[3]) and math.isfinite(o[4])]
     if not same:
         return Recent(report.throughput or 0.0, report.disk_reads_per_s, report.cpu_per_s)
     n = len(same)
-    return Recent(*(math.fsum(o[k] for o in same) / n for k in (3, 4, 5)))
+    return Recent(*(math.fsum(o[k] for o in same) / n for k in (2, 3, 4)))
 
 
 def as_allocated(config, state, registry):

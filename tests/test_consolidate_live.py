@@ -210,7 +210,7 @@ def test_a_demand_carries_the_disk_share_its_model_was_fitted_on_only_if_that_di
             (d,) = consolidate.live_demands(c.config, c.engine.state, c.registry)
             report = c.registry.nodes["n1"].tenants["t1"]
             # the mean of its reports' reads at the limit it holds
-            kept = [o[4] for o in c.engine.state.tenants["t1"].recent_obs
+            kept = [o[3] for o in c.engine.state.tenants["t1"].costs
                     if o[1] == float(report.limit_bytes)]
             reads = sum(kept) / len(kept)
         assert kept and d.a is not None and reads > 2 * MiB
@@ -252,22 +252,44 @@ def test_a_tenant_runs_at_its_recent_mean_not_one_intervals_reading():
     st = TenantState()
     for thr, reads, cpu in ((126.0, 8e6, 0.02), (130.0, 2e6, 0.03), (125.0, 4e6, 0.02),
                             (98.0, 8e6, 0.01)):
-        st.recent_obs.append(("linux", 16.0 * MiB, 0.95, thr, reads, cpu))
+        st.costs.append(("linux", 16.0 * MiB, thr, reads, cpu))
     r = SimpleNamespace(throughput=98.0, policy="linux", limit_bytes=16 * MiB,
                         disk_reads_per_s=8e6, cpu_per_s=0.01)
     now = recent(st, r)
     assert now.ops == pytest.approx((126 + 130 + 125 + 98) / 4)
     assert now.reads == pytest.approx(22e6 / 4)
     assert now.cpu == pytest.approx(0.08 / 4)
-    st.recent_obs.append(("linux", 32.0 * MiB, 0.5, 400.0, 1e6, 0.1))    # another limit: not it
-    st.recent_obs.append(("mru", 16.0 * MiB, 0.5, float("nan"), 1e6, 0.1))
-    assert recent(st, r).ops == pytest.approx((125 + 98) / 2)
-    assert recent(st, r).reads == pytest.approx(6e6)
+    st.costs.append(("linux", 32.0 * MiB, 400.0, 1e6, 0.1))    # another limit: not it
+    st.costs.append(("mru", 16.0 * MiB, float("nan"), 1e6, 0.1))
+    assert recent(st, r) == now                  # passed over
     assert tuple(recent(None, r)) == (98.0, 8e6, 0.01)
-    # a state saved before reads and CPU were kept: the report's own
-    st.recent_obs.clear()
-    st.recent_obs.append(("linux", 16.0 * MiB, 0.95, 126.0))
+    # no costs kept (a state saved before they were): the report's own
+    st.costs.clear()
     assert tuple(recent(st, r)) == (98.0, 8e6, 0.01)
+
+
+def test_reads_that_come_in_a_cycle_are_averaged_over_the_whole_cycle():
+    # make consolidate, run M: a fixed-rate loop over a file twice its
+    # cache read 0 to 6.6 MB/s by report, in a cycle of 12 reports; the
+    # last four of them put its bytes per operation anywhere from 16 to
+    # 47 KB, and its neighbours' shares of a shared disk with them
+    from types import SimpleNamespace
+    from cachepilot.controller.consolidate import recent
+    from cachepilot.controller.engine.types import COST_HISTORY, TenantState
+    cycle = [3.5, 2.5, 2.0, 4.0, 4.65, 6.6, 4.65, 6.6, 4.5, 6.2, 0.0, 0.0]
+    assert COST_HISTORY >= 2 * len(cycle)
+    r = SimpleNamespace(throughput=128.0, policy="linux", limit_bytes=21 * MiB,
+                        disk_reads_per_s=0.0, cpu_per_s=0.01)
+    got = []
+    for k in range(3 * len(cycle)):
+        st = TenantState()
+        for j in range(k + 1):
+            st.costs.append(("linux", 21.0 * MiB, 128.0, cycle[j % 12] * 1e6, 0.01))
+        if k + 1 >= 2 * len(cycle):
+            got.append(recent(st, r).reads)
+    # wherever the window ends, it holds two whole cycles and more
+    mean = sum(cycle) / len(cycle) * 1e6
+    assert all(abs(g - mean) < 0.25 * mean for g in got)
 
 
 def test_bytes_per_operation_come_from_the_same_reports_as_the_operations():
@@ -282,7 +304,7 @@ def test_bytes_per_operation_come_from_the_same_reports_as_the_operations():
     st = TenantState()
     ops = (45000.0, 55000.0, 35000.0, 25000.0)
     for thr in ops:
-        st.recent_obs.append(("linux", 170.0 * MiB, 0.13, thr, 21e6, 0.14))
+        st.costs.append(("linux", 170.0 * MiB, thr, 21e6, 0.14))
     r = SimpleNamespace(throughput=25000.0, policy="linux", limit_bytes=170 * MiB,
                         disk_reads_per_s=21e6, cpu_per_s=0.14, accesses_per_s=1e5)
     now = consolidate.recent(st, r)
@@ -467,8 +489,10 @@ def test_a_moved_tenant_restarts_its_model_on_its_new_node_and_the_recording_rep
         with c.lock:
             st = c.engine.state.tenants["t2"]
             assert st.node == "n1" and before["obs"]["count"] >= 5
-            # only the new node's pairs: kept, it would hold 6 + 3 of them
+            # only the new node's pairs: kept, it would hold 6 + 3 of them;
+            # and only its costs
             assert int(c.engine.state.obs.count[st.slot]) <= 3
+            assert len(before["costs"]) >= 6 and 0 < len(st.costs) <= 3
     finally:
         for cl in clients.values():
             cl.close()

@@ -1492,8 +1492,10 @@ def test_a_phase_change_drops_a_trial_under_way_and_its_old_reference():
     loop.step()
     st = loop.state.tenants["a"]        # a round returns a new state
     assert _log(loop, "phase") and st.probation is None and len(st.recent_obs) == 0
+    assert not st.costs                          # an operation of the old phase cost others
     loop.step()
     assert len(loop.state.tenants["a"].recent_obs) == 1
+    assert len(loop.state.tenants["a"].costs) == 1
 
 
 def test_one_report_of_a_jump_is_no_phase_and_no_observation():

@@ -420,22 +420,28 @@ def test_a_tenant_restored_again_keeps_its_row_of_observations():
     assert b["m"][:b["count"]] == [0.1, 0.2, 0.3]
 
 
-def test_a_record_saved_before_reads_and_cpu_were_kept_restores_them_as_unknown():
-    """A report's outcome is kept with its disk reads and CPU now; a record
-    written before holds four fields, and they come back with those two
-    not known (NaN), which consolidate.recent passes over."""
-    import math
+def test_costs_are_kept_apart_and_older_records_give_back_what_they_held():
+    """A report's costs (throughput, disk reads, CPU) are kept apart from
+    its outcome, over more reports.  A record written when they rode in
+    recent_obs's fifth and sixth fields gives them back as costs; one
+    older still, four fields, has none."""
     from cachepilot.controller.engine import saved
-    from cachepilot.controller.engine.types import EngineState
+    from cachepilot.controller.engine.types import COST_HISTORY, EngineState
     state = EngineState()
-    old = {"rounds": 3, "recent_obs": [["lru", 4096.0, 0.5, 100.0]]}
-    saved.restore(state, {"a": old}, 3, window=8)
-    (o,) = state.tenants["a"].recent_obs
-    assert o[:4] == ("lru", 4096.0, 0.5, 100.0) and math.isnan(o[4]) and math.isnan(o[5])
-    new = {"rounds": 3, "recent_obs": [["lru", 4096.0, 0.5, 100.0, 2e6, 0.25]]}
-    saved.restore(state, {"b": new}, 3, window=8)
-    assert saved.tenant_record(state, "b")["recent_obs"] == [["lru", 4096.0, 0.5, 100.0,
-                                                              2e6, 0.25]]
+    oldest = {"rounds": 3, "recent_obs": [["lru", 4096.0, 0.5, 100.0]]}
+    saved.restore(state, {"a": oldest}, 3, window=8)
+    assert list(state.tenants["a"].recent_obs) == [("lru", 4096.0, 0.5, 100.0)]
+    assert not state.tenants["a"].costs
+    older = {"rounds": 3, "recent_obs": [["lru", 4096.0, 0.5, 100.0, 2e6, 0.25]]}
+    saved.restore(state, {"b": older}, 3, window=8)
+    assert list(state.tenants["b"].recent_obs) == [("lru", 4096.0, 0.5, 100.0)]
+    assert list(state.tenants["b"].costs) == [("lru", 4096.0, 100.0, 2e6, 0.25)]
+    rec = saved.tenant_record(state, "b")
+    assert rec["costs"] == [["lru", 4096.0, 100.0, 2e6, 0.25]]
+    rec["costs"] = [["lru", 4096.0, float(k), 1e6, 0.1] for k in range(COST_HISTORY + 5)]
+    saved.restore(state, {"c": rec}, 3, window=8)
+    got = state.tenants["c"].costs
+    assert len(got) == COST_HISTORY and got[0][2] == 5.0
 
 
 def _fill_round(curve, resident, new, fill_rate, interval_s=1.0, running=None,

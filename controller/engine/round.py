@@ -210,9 +210,10 @@ def fit_models(state: EngineState, R: Round, ctl) -> None:
         st.rounds += 1
         st.running = r.policy
         st.recent_curves.append(r.curves)
-        st.recent_obs.append((r.policy, float(r.limit_bytes), float(r.miss_ratio),
-                              math.nan if r.throughput is None else float(r.throughput),
-                              r.disk_reads_per_s, float(r.cpu_per_s)))
+        thr = math.nan if r.throughput is None else float(r.throughput)
+        st.recent_obs.append((r.policy, float(r.limit_bytes), float(r.miss_ratio), thr))
+        st.costs.append((r.policy, float(r.limit_bytes), thr, r.disk_reads_per_s,
+                         float(r.cpu_per_s)))
         p = spec.model or ctl.prior
         priors[i] = (p.t_hit_s / p.concurrency, p.t_miss_s / p.concurrency)
         R.tstates.append(st)
@@ -256,6 +257,7 @@ def _moved(R: Round, obs, st, name: str, node: str) -> None:
     there the old node's fit is the best guess of the new node's."""
     obs.forget(st.slot)
     st.recent_obs.clear()
+    st.costs.clear()
     R.notes.append(f"tenant {name!r} moved from node {st.node!r} to {node!r}: "
                    f"its throughput model starts again there")
 
@@ -281,6 +283,7 @@ def _follow_phases(R: Round, obs, opa: np.ndarray) -> None:
             # under way is left to the autopilot's ordinary rules, and the
             # new phase may have one of its own
             st.recent_obs.clear()
+            st.costs.clear()
             st.trial_done = False
             st.overpromise = st.baseline_overpromise = 0.0
             st.held_until = {}

@@ -12,21 +12,21 @@ record is JSON-able; the state store keeps one per tenant
 from __future__ import annotations
 
 import base64
-import math
 from collections import deque
 from dataclasses import asdict, fields
 
 import numpy as np
 import zstandard
 
-from cachepilot.controller.engine.types import (CURVE_HISTORY, OBS_HISTORY, EngineState,
-                                                LogEntry, Observations, TenantState)
+from cachepilot.controller.engine.types import (COST_HISTORY, CURVE_HISTORY, OBS_HISTORY,
+                                                EngineState, LogEntry, Observations,
+                                                TenantState)
 from cachepilot.controller.engine.watchdog import Probation
 from cachepilot.models.mrc import MRC
 
 RECORD_VERSION = 2
 # fields a record carries in a form of their own, and the one it leaves out
-_OWN = ("probation", "recent_curves", "recent_obs", "held_until", "slot")
+_OWN = ("probation", "recent_curves", "recent_obs", "costs", "held_until", "slot")
 PLAIN = tuple(f.name for f in fields(TenantState) if f.name not in _OWN)
 
 
@@ -38,6 +38,7 @@ def tenant_record(state: EngineState, name: str) -> dict:
     rec["probation"] = asdict(st.probation) if st.probation is not None else None
     rec["recent_curves"] = pack_curves(st.recent_curves)
     rec["recent_obs"] = [list(o) for o in st.recent_obs]
+    rec["costs"] = [list(o) for o in st.costs]
     obs = state.obs
     if obs is not None and st.slot >= 0:
         rec["obs"] = {"m": obs.m[st.slot].tolist(), "y": obs.y[st.slot].tolist(),
@@ -100,9 +101,14 @@ def restore(state: EngineState, records: dict[str, dict], rounds: int, window: i
             st.probation = Probation(**{k: v for k, v in pb.items() if k in known})
         st.recent_curves = deque(unpack_curves(rec.get("recent_curves")),
                                  maxlen=CURVE_HISTORY)
-        # a record saved before the disk reads and CPU were kept: not known
-        st.recent_obs = deque((tuple(o) + (math.nan,) * (6 - len(o))
-                               for o in rec.get("recent_obs") or ()), maxlen=OBS_HISTORY)
+        old = [tuple(o) for o in rec.get("recent_obs") or ()]
+        st.recent_obs = deque((o[:4] for o in old), maxlen=OBS_HISTORY)
+        # a record saved before the costs were kept apart has them, if
+        # any, in its recent_obs (disk reads and CPU fifth and sixth)
+        costs = rec.get("costs")
+        if costs is None:
+            costs = [(o[0], o[1], o[3], o[4], o[5]) for o in old if len(o) >= 6]
+        st.costs = deque((tuple(o) for o in costs), maxlen=COST_HISTORY)
         st.slot = _slot(state, name)
         _restore_obs(state.obs, st.slot, rec)
         state.tenants[name] = st

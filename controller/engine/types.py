@@ -19,6 +19,7 @@ from cachepilot.protocol.types import Directive
 
 CURVE_HISTORY = 8       # reports' curves kept per tenant (TenantState.recent_curves)
 OBS_HISTORY = 4         # reports' outcomes kept per tenant (TenantState.recent_obs)
+COST_HISTORY = 30       # reports' costs kept per tenant (TenantState.costs)
 
 
 @dataclass
@@ -93,11 +94,17 @@ class TenantState:
     # period is longer than an interval); not saved -- reports bring them
     recent_curves: deque = field(default_factory=lambda: deque(maxlen=CURVE_HISTORY))
     # what the last reports saw: (policy running, limit in bytes, miss
-    # ratio, throughput or NaN, disk read bytes/s, CPU seconds/s), the
-    # reference a policy trial is judged against (engine/watchdog.py) and
-    # what an operation costs the disk and cores (controller/consolidate.py);
-    # saved
+    # ratio, throughput or NaN), the reference a policy trial is judged
+    # against (engine/watchdog.py); saved
     recent_obs: deque = field(default_factory=lambda: deque(maxlen=OBS_HISTORY))
+    # what the last COST_HISTORY reports cost: (policy running, limit in
+    # bytes, throughput or NaN, disk read bytes/s, CPU seconds/s), what an
+    # operation costs the disk and cores where the tenant stands
+    # (controller/consolidate.py recent); more reports than recent_obs, as
+    # a job whose reads come in a cycle reads in bursts four reports do
+    # not average (make consolidate: a loop over a file twice its cache
+    # read 0 to 6.6 MB/s by report, a cycle of 12); saved
+    costs: deque = field(default_factory=lambda: deque(maxlen=COST_HISTORY))
     # whether a policy trial ran in this phase (one a phase, however it
     # ended); saved
     trial_done: bool = False
@@ -122,6 +129,7 @@ class TenantState:
         d["held_until"] = dict(self.held_until) if self.held_until else {}
         d["recent_curves"] = deque(self.recent_curves, maxlen=CURVE_HISTORY)
         d["recent_obs"] = deque(self.recent_obs, maxlen=OBS_HISTORY)
+        d["costs"] = deque(self.costs, maxlen=COST_HISTORY)
         if self.probation is not None:
             pb = self.probation
             d["probation"] = replace(pb, **{f.name: list(getattr(pb, f.name))
