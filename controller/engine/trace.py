@@ -287,9 +287,8 @@ def _allocation(v, t, o) -> dict:
         "after_slos_bytes": _bytes(v["x_lo"]), "wanted_bytes": _bytes(v["target_wanted"]),
         "target_bytes": _bytes(v["target"]), "rule": _target_rule(v, t, hold),
         "kept_last_division": v["kept"] == 1.0,
-        # a shrink of less than half a per cent is rounding (a page or two)
         "kept_shrunk_to": _num(v["kept_shrink"]) if v["kept"] == 1.0 and
-        v["kept_shrink"] < 0.995 else None, "shrink_waits": v["shrink_held"] == 1.0,
+        v["kept_shrink"] < 1.0 else None, "shrink_waits": v["shrink_held"] == 1.0,
         "phase_hold": None if hold is None else {"curve_miss": hold[0],
                                                  "observed_miss": hold[1]},
     }
@@ -304,7 +303,7 @@ def _target_rule(v, t, hold) -> str:
     tgt, x_lo = v["target"], v["x_lo"]
     if tgt > x_lo + 0.5:
         if v["kept"] == 1.0:
-            return "kept-last-division"
+            return "kept-shrunk-division" if v["kept_shrink"] < 1.0 else "kept-last-division"
         return "ceiling" if tgt >= v["ub"] - 0.5 else "throughput"
     if v["granted"]:
         if not math.isfinite(v["need"]):
@@ -378,9 +377,12 @@ LIMIT_WORDS = {
 TARGET_WORDS = {
     "held": "none: the tenant is held", "no-curve": "none: no curve yet",
     "shrink-waits": "a shrink to {wanted} waits until the next round's target agrees",
-    "kept-last-division": "the node's last division{shrunk}, kept: the new one would not gain "
+    "kept-last-division": "the node's last division, kept: the new one would not gain "
                           "enough throughput, beyond the error of the tenants' "
                           "predictions, to be worth the move",
+    "kept-shrunk-division": "the node's last division, no longer fitting it, shrunk to fit "
+                            "({shrunk} of each share above the floors) and kept: the "
+                            "model rates the new one lower",
     "ceiling": "its ceiling {ceiling}: every page up to it adds throughput",
     "throughput": "{after_slos} after the SLO stage, plus {extra} where the node's memory "
                   "adds the most throughput",
@@ -406,9 +408,7 @@ def explain(rec: dict) -> str:
                "hyst": mib(b["hysteresis_bytes"]), "scale": (step or {}).get("scale") or 0.0,
                "why": inp["held_reason"],
                "extra": mib((alloc["target_bytes"] or 0) - (alloc["after_slos_bytes"] or 0)),
-               "shrunk": "" if not alloc.get("kept_shrunk_to") else
-               f" (shrunk to fit the node: {100 * alloc['kept_shrunk_to']:.0f} % of each "
-               f"share above the floors)",
+               "shrunk": f"{100 * (alloc.get('kept_shrunk_to') or 1.0):.1f} %",
                "need": mib(slo["need_bytes"]) if slo else "?",
                "safe": mib(slo["safe_bytes"]) if slo else "?"}
     lines = [f"{rec['tenant']} on {rec['node']}, round {rec['round']}: limit "
