@@ -126,7 +126,7 @@ kernel-test: kernel bpf
 E2E_DISK := throttling.bps-total=67108864,throttling.iops-total=8000
 E2E_ARGS :=
 e2e: build kernel
-	kernel/vm -H -m 3G -s 2 -t 4800 -D 3G -d "$(E2E_DISK)" \
+	kernel/vm -H -m 3G -s 2 -t 6600 -D 3G -d "$(E2E_DISK)" \
 		-W experiments/results -a $(CURDIR) $(foreach a,$(E2E_ARGS),-a $(a)) \
 		kernel/tests/e2e-in-vm.sh
 
