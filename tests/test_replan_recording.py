@@ -16,7 +16,9 @@ sys.path.insert(0, str(ROOT / "experiments"))
 
 import replan_recording  # noqa: E402
 
-RECORDING = ROOT / "experiments" / "results" / "consolidate_host_consolidate.recording"
+# run M of make consolidate, kept under its own name: a new run replaces
+# consolidate_host.json and its recording, and these rounds are M's
+RECORDING = ROOT / "experiments" / "results" / "consolidate_host_runM.recording"
 
 
 def test_plans_from_a_recording_never_use_more_hosts_with_the_offers(tmp_path, capsys):
@@ -39,7 +41,7 @@ def test_a_missing_recording_is_a_clear_error(tmp_path, capsys):
 
 
 def test_the_runs_own_placement_is_scored_against_what_it_measured(tmp_path, capsys):
-    measured = ROOT / "experiments" / "results" / "consolidate_host.json"
+    measured = ROOT / "experiments" / "results" / "consolidate_host_runM.json"
     assert replan_recording.main([str(RECORDING), "--from", "372", "--to", "378",
                                   "--every", "3", "--results", str(tmp_path),
                                   "--measured", str(measured)]) == 0
