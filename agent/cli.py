@@ -115,7 +115,7 @@ def run_agent(args) -> int:
         while not stop.is_set() and (args.intervals is None or done < args.intervals):
             # time slices of the curves: collect() takes the last one
             start = next_at - cfg.interval_s
-            ticking = 0.0
+            ticking, cpu_began = 0.0, time.process_time()
             for k in range(1, slices):
                 stop.wait(max(0.0, start + k * cfg.interval_s / slices - time.monotonic()))
                 if stop.is_set():
@@ -138,12 +138,15 @@ def run_agent(args) -> int:
             took = time.monotonic() - began
             if ticking + took > cfg.interval_s / 2:
                 # feeding the curves and the controller's answer take most
-                # of an interval: the next ones start late (a slow host, or
-                # too many policies' miniature simulations for its CPU)
+                # of an interval: the next ones start late.  The agent's own
+                # CPU time tells a heavy interval (too many policies'
+                # miniature simulations for this CPU) from a starved one
+                # (the tenants leave the agent little CPU)
                 log.warning("busy %.1f s of a %.1f s interval (feeding curves %.1f s, "
-                            "last slice and curves %.1f s, controller %.1f s)",
+                            "last slice and curves %.1f s, controller %.1f s; "
+                            "the agent's CPU %.1f s)",
                             ticking + took, cfg.interval_s, ticking, collected - began,
-                            took - (collected - began))
+                            took - (collected - began), time.process_time() - cpu_began)
             if out:
                 out.write(json.dumps({"time": time.time(),
                                       "reports": [report_to_json(r) for r in reports]}) + "\n")

@@ -36,6 +36,9 @@ RESULTS = ROOT / "experiments" / "results"
 CLI = [sys.executable, "-m", "cachepilot"]
 MiB = 1 << 20
 CONTROLLED = ("limits_only", "autopilot")
+# a diagnostic run (e2e_vm --profile-agent) profiles the agent's main loop
+# (cProfile, written at its exit to <work>/<run>-agent.prof)
+PROFILE_AGENT = False
 # The agent's sampling: each tenant at its own rate, about SAMPLES_PER_S
 # sampled accesses a second (agent/rates.py), starting at SAMPLING_RATE.
 # At one rate of 0.01 for all, kv (800 page accesses a second under TCG)
@@ -628,7 +631,10 @@ def start_run(name: str, ts, cg: Cgroups, budget: int, interval: float, work: Pa
             # its miniature caches began empty beside page caches already full,
             # and every policy's curve read the cold misses of pages the kernel
             # held (kv's 0.78 at its limit against 0.51 observed)
-            agent = subprocess.Popen([*CLI, "agent", "--config", str(work / "agent.yaml")],
+            profile = ["-m", "cProfile", "-o", str(work / f"{name}-agent.prof")] \
+                if PROFILE_AGENT else []
+            agent = subprocess.Popen([CLI[0], *profile, *CLI[1:], "agent", "--config",
+                                      str(work / "agent.yaml")],
                                      stdout=open(work / f"{name}-agent.log", "w"),
                                      stderr=subprocess.STDOUT, cwd=ROOT,
                                      preexec_fn=daemon_priority)
