@@ -33,6 +33,12 @@ MAX_HANDOVER_WINDOWS = 30       # ... and the most, warm or not
 WARM_SHARE = 0.9                # of the old builder's distinct pages, when fewer than the limit
 REPLAY_INTERVALS = 2            # the least intervals kept for a builder at a lower rate
 REPLAY_SAMPLES = 1 << 17        # ... and the most sampled keys kept, if more intervals hold them
+# the share of the agent's wall time its curve work (feeding the builders,
+# reading the curves) aims at; past twice that, the budget is shed
+BUSY_AIM = 0.25
+# the least budget, as a share of the configured one: where the agent is
+# still busy at 1/64 of its samples, the samples are not what keeps it so
+BUDGET_FLOOR = 1 / 64
 # the least pages a miniature cache at the tenant's own limit holds: below
 # a hundred or so, which pages the hash happened to draw decides its curve
 MIN_MINI_PAGES = 128
@@ -170,3 +176,57 @@ class Replay:
     def __len__(self) -> int:
         """Intervals held, the one under way among them if it has a batch."""
         return len(self.intervals) - (0 if self.intervals[-1] else 1)
+
+
+@dataclass
+class SampleBudget:
+    """The node's samples a second per tenant: `sampling.samples_per_s`
+    while the agent keeps up, less while feeding the curves takes more of
+    its time than it has.
+
+    A sample's cost is one access through every policy's miniature caches,
+    a few microseconds on a host's CPU and tens of times that under
+    emulation, and the CPU the agent gets is what its tenants leave it.
+    Its work follows the samples over the wall time an interval covers, so
+    an agent that falls behind covers more time the next interval, samples
+    more and falls further behind: in the VM (make e2e), run behind four
+    busy tenants, its intervals took 100 to 200 s of 10, and its node was
+    marked lost again and again.  So the budget follows the share of the
+    wall time since the last report that the curve work took (`busy`): past
+    twice BUSY_AIM it falls at once by powers of RETUNE_FACTOR until the
+    work would be within the aim (each tenant's rate then falls by as much:
+    RateTuner), and it rises again by RETUNE_FACTOR only after
+    RETUNE_INTERVALS reports in a row with room for that, never above the
+    configured figure, nor below BUDGET_FLOOR of it; and a tenant's rate
+    never falls so low that its miniature caches at its limit empty
+    (RateTuner.wanted)."""
+    ceiling: float
+    value: float = 0.0
+    calm: int = 0                # reports in a row with room to rise
+
+    def __post_init__(self):
+        self.value = self.value or self.ceiling
+
+    def after(self, busy_s: float, elapsed_s: float) -> float | None:
+        """The new budget after a report whose curve work took `busy_s` of
+        `elapsed_s` of wall time, or None to keep it."""
+        if not elapsed_s > 0 or not busy_s >= 0:
+            return None
+        share = busy_s / elapsed_s
+        if share > 2 * BUSY_AIM:
+            self.calm = 0
+            steps = math.ceil(math.log(share / BUSY_AIM, RETUNE_FACTOR))
+            floor = self.ceiling * BUDGET_FLOOR
+            if self.value <= floor:
+                return None
+            self.value = max(floor, self.value / RETUNE_FACTOR ** steps)
+            return self.value
+        if self.value >= self.ceiling or share * RETUNE_FACTOR > BUSY_AIM:
+            self.calm = 0
+            return None
+        self.calm += 1
+        if self.calm < RETUNE_INTERVALS:
+            return None
+        self.calm = 0
+        self.value = min(self.ceiling, self.value * RETUNE_FACTOR)
+        return self.value

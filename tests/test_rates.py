@@ -2,6 +2,9 @@
 samples, not on time (MRCBuilder.end_interval): the rule alone, and the
 linux backend following it over a cgroup tree with an emulated sampler
 that samples and counts as the kernel's does."""
+import math
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -10,7 +13,8 @@ from cachepilot.agent.config import config_from_dict
 from cachepilot.agent.curves import make_builder
 from cachepilot.agent.rates import (HANDOVER_WINDOWS, MAX_HANDOVER_WINDOWS, REPLAY_INTERVALS,
                                     REPLAY_SAMPLES, RETUNE_INTERVALS, WARM_SHARE, RateTuner,
-                                    RETUNE_FACTOR, Replay, ladder, warm)
+                                    RETUNE_FACTOR, BUDGET_FLOOR, BUSY_AIM, Replay,
+                                    SampleBudget, ladder, warm)
 from cachepilot.agent.sampler import OP_ACCESS, Counters, threshold_for_rate
 from cachepilot.core.errors import UserError
 from cachepilot.models.shards import sample_mask_index, threshold_rate
@@ -391,3 +395,81 @@ def test_shedding_waits_for_several_intervals_of_budget():
     assert t.shed(0.25, 4_000, 16_000, 2.0, 10.0) == 1 / 128
     # a speed that asks for less than RETUNE_FACTOR down keeps the rate
     assert t.shed(0.25, 4_000, 1_000, 2.0, 10.0) is None
+
+
+def test_the_sample_budget_falls_at_once_and_rises_slowly():
+    b = SampleBudget(100.0)
+    # within twice the aim: kept
+    assert b.after(5.0, 10.0) is None and b.value == 100.0
+    # 60 % of the time: one step of RETUNE_FACTOR brings it to 15 %
+    assert b.after(6.0, 10.0) == 100.0 / RETUNE_FACTOR
+    # 100 s of 110 (an agent that fell behind): as many steps as bring
+    # 91 % under the aim, at once
+    steps = math.ceil(math.log(100 / 110 / BUSY_AIM, RETUNE_FACTOR))
+    assert b.after(100.0, 110.0) == pytest.approx(100.0 / RETUNE_FACTOR ** (1 + steps))
+    # never under its floor; there, more shedding changes nothing
+    assert b.after(1000.0, 1001.0) == pytest.approx(100.0 * BUDGET_FLOOR)
+    assert b.after(1000.0, 1001.0) is None
+    # up again only after RETUNE_INTERVALS reports with room for a step up
+    low = b.value
+    room = BUSY_AIM / RETUNE_FACTOR
+    for _ in range(RETUNE_INTERVALS - 1):
+        assert b.after(room * 10.0, 10.0) is None
+    assert b.after(room * 10.0, 10.0) == pytest.approx(low * RETUNE_FACTOR)
+    # a report with too little room starts the count again
+    for _ in range(RETUNE_INTERVALS - 1):
+        assert b.after(room * 10.0, 10.0) is None
+    assert b.after(room * 12.0, 10.0) is None
+    for _ in range(RETUNE_INTERVALS - 1):
+        assert b.after(room * 10.0, 10.0) is None
+    assert b.after(room * 10.0, 10.0) == pytest.approx(low * RETUNE_FACTOR ** 2)
+    # and never above the configured figure
+    b = SampleBudget(100.0, value=50.0)
+    for _ in range(RETUNE_INTERVALS):
+        got = b.after(0.0, 10.0)
+    assert got == 100.0
+    assert all(b.after(0.0, 10.0) is None for _ in range(2 * RETUNE_INTERVALS))
+    assert b.after(1.0, 0.0) is None and b.after(float("nan"), 10.0) is None
+
+
+def test_an_agent_whose_curve_work_outruns_its_interval_samples_less(host):
+    """Feeding the builders took most of each interval (the VM's agent,
+    behind four busy tenants): every tenant's rate falls in the report that
+    measured it, and rises again once the work leaves room."""
+    b, sampler, clock, ids = host
+    rng = np.random.default_rng(23)
+    speeds = {"fast": 40_000, "slow": 800}
+    one_interval(b, sampler, clock, ids, speeds, rng)
+    rates = {n: w.rate for n, w in b.watched.items()}
+    assert rates == {"fast": 1 / 256, "slow": 0.25}
+    # each slice's feeding now takes 3 s of wall time (a starved agent)
+    tick = b._tick
+
+    def slow_tick():
+        tick()
+        clock[0] += 3.0
+    b._tick = slow_tick
+    for _ in range(3):
+        clock[0] += 2.5
+        b.tick()
+    # the same speeds over the 22 s the interval took
+    sampler.read(ids["fast"], zipf_keys(880_000, 20_000, rng))
+    sampler.read(ids["slow"], zipf_keys(17_600, 20_000, rng))
+    clock[0] += 2.5
+    b.collect()
+    # 12 s of 22: one step of RETUNE_FACTOR, and each rate falls with it
+    assert b.budget.value == 200 / RETUNE_FACTOR
+    assert all(w.tuner.samples_per_s == b.budget.value for w in b.watched.values())
+    assert b.watched["fast"].rate == rates["fast"] / RETUNE_FACTOR
+    assert b.watched["slow"].rate == rates["slow"] / RETUNE_FACTOR
+    # a tenant that starts now is tuned to the budget as it stands
+    make_v2(Path(b.cfg.roots[0]) / "late", current=40 * MiB, file=30 * MiB, anon=5 * MiB)
+    b._refresh()
+    assert b.watched["late"].tuner.samples_per_s == b.budget.value
+    # the work back to nothing: after RETUNE_INTERVALS reports the budget
+    # is the configured one again, and the tuners follow
+    b._tick = tick
+    for _ in range(RETUNE_INTERVALS + 1):
+        one_interval(b, sampler, clock, ids, speeds, rng)
+    assert b.budget.value == 200
+    assert all(w.tuner.samples_per_s == 200 for w in b.watched.values())

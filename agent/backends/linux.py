@@ -26,7 +26,7 @@ from cachepilot.agent.cache_ext import (POLICY_DIR, PolicyActuator, PolicyError,
                                         running_policy)
 from cachepilot.agent.cgroups import CgroupError, CgroupGone, SafetyRules
 from cachepilot.agent.curves import CountedMisses, make_builder, shift_by_anon
-from cachepilot.agent.rates import Replay, RateTuner, warm
+from cachepilot.agent.rates import Replay, RateTuner, SampleBudget, warm
 from cachepilot.agent.sampler import (Counters, Sampler, SamplerUnavailable,
                                       access_batch, rate_for_threshold, why_unavailable)
 from cachepilot.agent.throughput import PrometheusSource
@@ -178,6 +178,12 @@ class LinuxBackend:
                         "any cgroup are reclaimed below its limit, so miss ratios can run "
                         "above the curves", damon.describe(reclaimers))
         self.sampler_totals = {"events": 0, "samples": 0, "drops": 0}
+        # sampling.samples_per_s, lowered while the curve work outruns the
+        # agent's CPU (agent/rates.py); the wall time that work took since
+        # the last report, and when that report began
+        self.budget = SampleBudget(cfg.sampling.samples_per_s) \
+            if cfg.sampling.samples_per_s else None
+        self.busy_s, self.reported_at = 0.0, time.monotonic()
         self.actuator: PolicyActuator | None = None
         self.no_actuation_reason = "this kernel has no cache_ext"
         if self.has_cache_ext:
@@ -333,9 +339,9 @@ class LinuxBackend:
             w = Watched(tenant, path, cgid, spec, builder, tp, time.monotonic(),
                         policy=running_policy(path, self.default_policy),
                         rate=sampling.start_rate,
-                        tuner=RateTuner(sampling.samples_per_s, sampling.min_rate,
+                        tuner=RateTuner(self.budget.value, sampling.min_rate,
                                         sampling.max_rate)
-                        if sampling.samples_per_s else None,
+                        if self.budget is not None else None,
                         recent=Replay()
                         if sampling.samples_per_s else None,
                         last_read_bytes=cgroups.read_bytes(path))
@@ -463,6 +469,13 @@ class LinuxBackend:
         "stack" estimator counts every page read by slice from the sketches."""
         if self.sampler is None and not self.restart_sampler():
             return
+        began = time.monotonic()
+        try:
+            self._tick()
+        finally:
+            self.busy_s += time.monotonic() - began
+
+    def _tick(self) -> None:
         try:
             # the loader hands over the records read before it answers a
             # command, so these keys are those the counters count (give or
@@ -596,6 +609,31 @@ class LinuxBackend:
     def collect(self) -> list[TenantReport]:
         self._refresh()
         self.tick()
+        self._pace()
+        began = time.monotonic()
+        try:
+            return self._collect()
+        finally:
+            self.busy_s += time.monotonic() - began
+
+    def _pace(self) -> None:
+        """Once a report: the sample budget after the curve work of the wall
+        time since the last report (agent/rates.py), each tenant's tuner
+        told, so that its rate follows in this report."""
+        now = time.monotonic()
+        busy, elapsed = self.busy_s, now - self.reported_at
+        self.busy_s, self.reported_at = 0.0, now
+        new = self.budget.after(busy, elapsed) if self.budget is not None else None
+        if new is None:
+            return
+        log.warning("curve work took %.1f s of the last %.1f s: %g samples a second "
+                    "per tenant now (sampling.samples_per_s %g)", busy, elapsed, new,
+                    self.budget.ceiling)
+        for w in self.watched.values():
+            if w.tuner is not None:
+                w.tuner.samples_per_s = new
+
+    def _collect(self) -> list[TenantReport]:
         reports = []
         for tenant in list(self.watched):
             w = self.watched[tenant]
