@@ -867,11 +867,12 @@ def keep_logs(run: Run) -> None:
     if LOG_DIR is None:
         return
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    for log in run.work.glob(f"{run.name}-*.log"):
+    # the logs, and the agent's profile where one was taken (PROFILE_AGENT)
+    for log in [*run.work.glob(f"{run.name}-*.log"), *run.work.glob(f"{run.name}-*.prof")]:
         dest, n = LOG_DIR / log.name, 1
         while dest.exists():            # a configuration run again keeps both
             n += 1
-            dest = LOG_DIR / f"{log.stem}.{n}.log"
+            dest = LOG_DIR / f"{log.stem}.{n}{log.suffix}"
         shutil.copyfile(log, dest)
 
 

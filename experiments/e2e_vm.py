@@ -463,17 +463,6 @@ def parse_static(text: str | None) -> dict:
     return out
 
 
-def keep_logs(work: Path, name: str, out: Path) -> None:
-    """A diagnostic run's agent and controller logs (and the agent's
-    profile, with --profile-agent) beside its JSON, as
-    e2e_vm_diag_<run>-<part>: the VM's data disk goes with the VM."""
-    out.mkdir(parents=True, exist_ok=True)
-    for part in ("agent.log", "controller.log", "agent.prof"):
-        src = work / f"{name}-{part}"
-        if src.exists():
-            shutil.copyfile(src, out / f"e2e_vm_diag_{name}-{part}")
-
-
 def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
     """`--only`: the named configurations alone, one after another, each
     tenant's mean ops/s and CPU per phase printed, every interval kept."""
@@ -525,7 +514,6 @@ def diagnose(args, ts, cg, budget, work, phase_at, win, t_start) -> int:
                 for p, v in seen.items():
                     print(f"            p{p} miss ratio observed {v:.3f}; curves "
                           + ", ".join(f"{pol} {m[p]:.3f}" for pol, m in said.items()), flush=True)
-        keep_logs(work, name, Path(args.out))
         host = s["_host"]
         print(f"    busy CPUs {mean(host['busy_cpus'][args.warmup:]):.2f}, agent "
               f"{mean(host['agent_cpus'][args.warmup:]):.2f}", flush=True)
@@ -644,7 +632,7 @@ def main(argv=None) -> int:
                          "limit, policy and CPU, and the machine's busy CPUs")
     ap.add_argument("--profile-agent", action="store_true",
                     help="with --only: profile the agent's main loop (cProfile), kept "
-                         "with its log as e2e_vm_diag_<run>-agent.prof")
+                         "with its log in e2e_vm_logs/ as <run>-agent.prof")
     ap.add_argument("--static", default=None, metavar="TENANT=POLICY@FACTOR,...",
                     help="with --only: the uncontrolled runs (default_equal, "
                          "agent_sampling) give these tenants this policy and limit (a "
