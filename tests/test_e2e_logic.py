@@ -801,3 +801,23 @@ def test_a_diagnostic_sweep_is_plotted_pass_by_pass(tmp_path, monkeypatch):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["linux", "get_scan"]
     assert title in shown[0].texts[0].get_text()
     assert (tmp_path / "s.png").stat().st_size > 10_000
+
+
+def test_the_agent_is_profiled_only_in_a_diagnostic_run_and_its_profile_is_kept(
+        tmp_path, monkeypatch, capsys):
+    # a profiled agent runs slower: a judged run refuses the flag
+    with pytest.raises(SystemExit):
+        e2e_vm.main(["--profile-agent"])
+    assert "--profile-agent goes with --only" in capsys.readouterr().err
+    # the run's profile lands beside its logs, a second run's beside the first
+    work, logs = tmp_path / "run", tmp_path / "logs"
+    work.mkdir()
+    monkeypatch.setattr(e2e_lib, "LOG_DIR", logs)
+    run = e2e_lib.Run("autopilot", work, [], None, None, 0.0)
+    for _ in range(2):
+        (work / "autopilot-agent.log").write_text("log")
+        (work / "autopilot-agent.prof").write_bytes(b"prof")
+        e2e_lib.keep_logs(run)
+    assert sorted(p.name for p in logs.iterdir()) == [
+        "autopilot-agent.2.log", "autopilot-agent.2.prof", "autopilot-agent.log",
+        "autopilot-agent.prof"]
