@@ -282,7 +282,7 @@ def test_agent_builds_each_tenants_own_curves(tmp_path, monkeypatch):
     monkeypatch.setattr(linux.cgroups, "read_stats", lambda p: SimpleNamespace())
     backend = linux.LinuxBackend.__new__(linux.LinuxBackend)
     backend.cfg, backend.policies, backend.memory_bytes = cfg, ["lru", "fifo", "mru"], 1 << 30
-    backend.watched, backend.default_policy = {}, "none"
+    backend.watched, backend.default_policy, backend.budget = {}, "none", None
     backend.tenants = cfg.tenants
     backend.sampler = SimpleNamespace(watch=lambda cgid, threshold: None,
                                       counters=lambda: (0, {}))
