@@ -342,8 +342,7 @@ class LinuxBackend:
                         tuner=RateTuner(self.budget.value, sampling.min_rate,
                                         sampling.max_rate)
                         if self.budget is not None else None,
-                        recent=Replay()
-                        if sampling.samples_per_s else None,
+                        recent=Replay() if self.budget is not None else None,
                         last_read_bytes=cgroups.read_bytes(path))
             try:
                 w.last_stats = cgroups.read_stats(path)
