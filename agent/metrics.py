@@ -8,6 +8,7 @@ import os
 import resource
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 _REPORT_FIELDS = {
     "accesses_per_s": "page-cache page accesses per second",
@@ -34,6 +35,36 @@ def _proc_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks     # utime + stime
 
 
+def _shown(n: int):
+    """The indices of a curve's points exported: all, or MAX_CURVE_POINTS
+    spread evenly and the last."""
+    if n <= MAX_CURVE_POINTS:
+        return range(n)
+    step = n / MAX_CURVE_POINTS
+    return sorted({int(i * step) for i in range(MAX_CURVE_POINTS)} | {n - 1})
+
+
+class _Curves:
+    """The curves' points, made into gauges when scraped.  Each report
+    replaces its tenant's points whole: a curve on a new grid (a builder at
+    a new rate, a tenant at a new limit) leaves none of the old one, and
+    the agent's interval does no per-point label work (under emulation,
+    setting and removing a few hundred labelled gauges an interval took
+    more of the agent's time than its curves did)."""
+
+    def __init__(self):
+        self.points: dict[str, list] = {}     # tenant -> [(policy, size, ratio)]
+
+    def collect(self):
+        family = GaugeMetricFamily("cachepilot_mrc_miss_ratio",
+                                   "miss ratio the curve predicts at a memory limit",
+                                   labels=["tenant", "policy", "size_pages"])
+        for tenant, points in list(self.points.items()):
+            for policy, size, ratio in points:
+                family.add_metric([tenant, policy, size], ratio)
+        return [family]
+
+
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
@@ -41,9 +72,8 @@ class AgentMetrics:
         self.report = {name: Gauge(f"cachepilot_cgroup_{name}", doc, labels,
                                    registry=self.registry)
                        for name, doc in _REPORT_FIELDS.items()}
-        self.curve = Gauge("cachepilot_mrc_miss_ratio",
-                           "miss ratio the curve predicts at a memory limit",
-                           ["tenant", "policy", "size_pages"], registry=self.registry)
+        self.curve = _Curves()
+        self.registry.register(self.curve)
         self.sampler = Gauge("cachepilot_sampler_total",
                              "sampler counts since the cgroup was first watched",
                              ["tenant", "kind"], registry=self.registry)
@@ -54,7 +84,6 @@ class AgentMetrics:
                                 "1 when the agent runs without the BPF sampler",
                                 registry=self.registry)
         self._tenants: set[str] = set()
-        self._points: dict[str, set] = {}      # tenant -> curve labels exported
 
     def update(self, reports, backend=None):
         seen = set()
@@ -64,22 +93,9 @@ class AgentMetrics:
                 value = getattr(r, name)
                 self.report[name].labels(r.tenant, r.cgroup).set(
                     math.nan if value is None else float(value))
-            points = set()
-            for c in r.curves:
-                idx = range(len(c.sizes))
-                if len(c.sizes) > MAX_CURVE_POINTS:
-                    step = len(c.sizes) / MAX_CURVE_POINTS
-                    idx = sorted({int(i * step) for i in range(MAX_CURVE_POINTS)}
-                                 | {len(c.sizes) - 1})
-                for i in idx:
-                    labels = (r.tenant, c.policy, str(int(c.sizes[i])))
-                    self.curve.labels(*labels).set(float(c.miss_ratio[i]))
-                    points.add(labels)
-            # a curve's sizes move with its builder's rate and the tenant's
-            # limit: points of an earlier grid would read as this curve's
-            for labels in self._points.get(r.tenant, set()) - points:
-                self.curve.remove(*labels)
-            self._points[r.tenant] = points
+            self.curve.points[r.tenant] = [
+                (c.policy, str(int(c.sizes[i])), float(c.miss_ratio[i]))
+                for c in r.curves for i in _shown(len(c.sizes))]
         for gone in self._tenants - seen:
             self._forget(gone)
         self._tenants = seen
@@ -99,8 +115,8 @@ class AgentMetrics:
         self.cpu.labels("agent").set(ru.ru_utime + ru.ru_stime)
 
     def _forget(self, tenant: str):
-        self._points.pop(tenant, None)
-        for gauge in list(self.report.values()) + [self.curve, self.sampler]:
+        self.curve.points.pop(tenant, None)
+        for gauge in list(self.report.values()) + [self.sampler]:
             for labels in list(gauge._metrics):      # noqa: SLF001 - no public API
                 if labels and labels[0] == tenant:
                     gauge.remove(*labels)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cachepilot.models import _mrc
 from cachepilot.models.shards import sample_mask_index
 
 BIN_SAMPLES = 5           # expected sampled accesses per bin
@@ -242,23 +243,14 @@ class MRUChain:
         target = np.maximum(np.searchsorted(all_start, np.maximum(link, 0), side="right") - 1, 0)
         bounds = np.searchsorted(in_bin, np.arange(len(starts) + 1))
         w_counted = weight * ~repeat
-        prior = all_hit[base - 1] if base else np.ones(k)
-        for b in range(len(starts)):
-            lo, hi = bounds[b], bounds[b + 1]
-            here = base + b
-            if hi > lo:
-                w = w_counted[lo:hi]
-                fr = free[lo:hi]
-                tg = target[lo:hi]
-                own = (tg == here)[:, None] & fr
-                other = ~own & fr
-                num = (w[:, None] * known_hit[lo:hi]).sum(0) \
-                    + (w[:, None] * other * all_hit[np.minimum(tg, here - 1 if here else 0)]).sum(0)
-                den = w.sum() - (w[:, None] * own).sum(0)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    h = np.where(den > 1e-12, num / den, prior)
-                prior = np.clip(h, 0.0, 1.0)
-            all_hit[here] = prior
+        if len(starts):
+            # bin by bin in order: each bin's ratio reads those before it
+            _mrc.mru_bins(np.ascontiguousarray(w_counted, np.float64),
+                          np.ascontiguousarray(known_hit), np.ascontiguousarray(free),
+                          np.ascontiguousarray(target, np.int64),
+                          np.ascontiguousarray(bounds, np.int64), all_hit,
+                          m, len(starts), base, k)
+        prior = all_hit[-1] if len(all_hit) else np.ones(k)
         hit = np.where(known_hit, 1.0, np.where(free, all_hit[target], 0.0)) if m else np.zeros((0, k))
         w_body = weight * body
 

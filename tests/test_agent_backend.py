@@ -559,3 +559,27 @@ def test_a_tenant_whose_operations_change_has_its_builders_count_the_new_phase(t
         (pytest.approx(f ** 0.2 * 0.99 ** 0.2), False, None)
     assert phase.follow(None, 3.0) == (3.0, False, None)
     assert phase.follow(2.0, float("nan"), pending=5.0) == (2.0, False, 5.0)
+
+
+def test_the_sampler_sorts_its_frames_by_cgroup_when_drained():
+    """The reader thread keeps record frames as they came; drain() splits
+    them by cgroup, each cgroup's records in their order, and drain(cg)
+    takes one cgroup's and keeps the others' for the next drain."""
+    import threading
+    from cachepilot.agent.sampler import Sampler
+    from cachepilot.models.traces.records import make_records
+    s = Sampler.__new__(Sampler)
+    s._lock, s._frames = threading.Condition(), []
+
+    def frame(keys, cg):
+        return make_records(np.array(keys, np.uint64), time_ns=np.array(keys, np.uint64),
+                            cgroup_id=cg).tobytes()
+    s._frames = [frame([1, 2], 7), frame([3], 9) + frame([4, 5], 7), frame([6], 9)]
+    nine = s.drain(9)
+    assert list(nine) == [9] and nine[9]["key"].tolist() == [3, 6]
+    assert s.drain(11)[11].shape == (0,)                 # a cgroup with none: empty
+    s._frames.append(frame([8], 9))
+    rest = s.drain()
+    assert sorted(rest) == [7, 9]
+    assert rest[7]["key"].tolist() == [1, 2, 4, 5] and rest[9]["key"].tolist() == [8]
+    assert s.drain() == {}

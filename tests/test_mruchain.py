@@ -145,3 +145,62 @@ def test_bad_positions_are_refused():
                                            positions=[4])
     with pytest.raises(ValueError, match="rate"):
         MRUChain([10], 0.0)
+
+
+def bins_reference(w, known, free, target, bounds, hit, base):
+    """The bin recurrence written out plainly: a bin's ratio is its
+    accesses' weighted hits (known, or their chain's bin's ratio) over
+    those that do not link into the bin itself; an empty bin (or one with
+    nothing left to count) takes the ratio before it."""
+    k = hit.shape[1]
+    prior = hit[base - 1].copy() if base else np.ones(k)
+    for b in range(len(bounds) - 1):
+        here = base + b
+        num, den = np.zeros(k), np.zeros(k)
+        for i in range(bounds[b], bounds[b + 1]):
+            for j in range(k):
+                own = free[i, j] and target[i] == here
+                if not own:
+                    den[j] += w[i]
+                num[j] += w[i] * known[i, j]
+                if free[i, j] and not own:
+                    num[j] += w[i] * hit[target[i], j]
+        for j in range(k):
+            if bounds[b + 1] > bounds[b] and den[j] > 1e-12:
+                prior[j] = min(1.0, max(0.0, num[j] / den[j]))
+        hit[here] = prior
+    return hit
+
+
+@pytest.mark.parametrize("base", [0, 7])
+def test_the_native_bin_loop_is_the_recurrence(base):
+    """models/_mrc.mru_bins, the chain model's sequential part, against
+    the recurrence written out: empty bins, links into the bin itself and
+    into the history, bins with nothing left to count."""
+    from cachepilot.models import _mrc
+    rng = np.random.default_rng(base)
+    k, nbins = 5, 40
+    per_bin = rng.integers(0, 6, nbins)
+    per_bin[[3, 4, 20]] = 0
+    bounds = np.concatenate(([0], np.cumsum(per_bin))).astype(np.int64)
+    m = int(bounds[-1])
+    in_bin = np.repeat(np.arange(nbins), per_bin) + base
+    target = np.array([rng.integers(0, t + 1) for t in in_bin], np.int64)
+    target[:3] = in_bin[:3]                              # links into their own bin
+    known = rng.random((m, k)) < 0.3
+    free = ~known & (rng.random((m, k)) < 0.7)
+    w = rng.random(m) * 2
+    w[5] = 0.0
+    hist = rng.random((base, k))
+    hit = np.concatenate((hist, np.zeros((nbins, k))))
+    want = bins_reference(w, known, free, target, bounds, hit.copy(), base)
+    _mrc.mru_bins(w, known, free, target, bounds, hit, m, nbins, base, k)
+    assert np.allclose(hit, want, rtol=0, atol=1e-12)
+    assert np.array_equal(hit[:base], hist)              # the history is read, not written
+    # a target beyond the bins it may read is refused, not followed
+    bad = target.copy()
+    bad[-1] = base + nbins
+    with pytest.raises(ValueError, match="out of range"):
+        _mrc.mru_bins(w, known, free, bad, bounds, hit, m, nbins, base, k)
+    with pytest.raises(ValueError, match="hit"):
+        _mrc.mru_bins(w, known, free, target, bounds, hit[:-1], m, nbins, base, k)

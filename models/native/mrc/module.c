@@ -10,6 +10,7 @@
 #include "cachepilot_hash.h"
 #include "cachepilot_hll.h"
 #include "hllstack.h"
+#include "mruchain.h"
 #include "parse.h"
 #include "stackdist.h"
 #include "pymodule.h"
@@ -212,6 +213,74 @@ static PyObject *py_sample_index(PyObject *self, PyObject *args)
 	out = PyBytes_FromStringAndSize((const char *)idx, m * sizeof(*idx));
 	free(idx);
 	return out;
+}
+
+/* A C-contiguous buffer of `itemsize`-byte items holding at least `n`. */
+static int get_sized_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize,
+			    Py_ssize_t n, int writable, const char *what)
+{
+	int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
+
+	if (writable)
+		flags |= PyBUF_WRITABLE;
+	if (PyObject_GetBuffer(obj, view, flags))
+		return -1;
+	if (view->itemsize != itemsize || view->len < n * itemsize) {
+		PyErr_Format(PyExc_ValueError, "%s: expected %zd items of %zd bytes",
+			     what, n, itemsize);
+		PyBuffer_Release(view);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *py_mru_bins(PyObject *self, PyObject *args)
+{
+	PyObject *obj[6];
+	Py_buffer v[6];
+	long long base, k, nbins, m;
+	int got = 0, rc = 0;
+
+	if (!PyArg_ParseTuple(args, "OOOOOOLLLL", &obj[0], &obj[1], &obj[2], &obj[3],
+			      &obj[4], &obj[5], &m, &nbins, &base, &k))
+		return NULL;
+	if (m < 0 || nbins < 0 || base < 0 || k < 0) {
+		PyErr_SetString(PyExc_ValueError, "negative size");
+		return NULL;
+	}
+	const Py_ssize_t size[6] = { 8, 1, 1, 8, 8, 8 };
+	const Py_ssize_t count[6] = { m, m * k, m * k, m, nbins + 1, (base + nbins) * k };
+	static const char *const name[6] = { "w", "known", "free", "target", "bounds",
+					     "hit" };
+
+	for (; got < 6; got++)
+		if (get_sized_buffer(obj[got], &v[got], size[got], count[got], got == 5,
+				     name[got]))
+			break;
+	if (got == 6) {
+		const int64_t *bounds = v[4].buf, *target = v[3].buf;
+
+		/* every index the loop follows stays within its buffer */
+		for (long long b = 0; b < nbins && !rc; b++)
+			rc = bounds[b] < 0 || bounds[b] > bounds[b + 1] || bounds[b + 1] > m;
+		for (long long i = 0; i < m && !rc; i++)
+			rc = target[i] < 0 || target[i] >= base + nbins;
+		if (rc)
+			PyErr_SetString(PyExc_ValueError, "bounds or targets out of range");
+		else {
+			Py_BEGIN_ALLOW_THREADS
+			rc = cp_mru_bins(v[0].buf, v[1].buf, v[2].buf, target, bounds, nbins,
+					 base, k, v[5].buf);
+			Py_END_ALLOW_THREADS
+			if (rc)
+				PyErr_NoMemory();
+		}
+	}
+	while (got-- > 0)
+		PyBuffer_Release(&v[got]);
+	if (rc || PyErr_Occurred())
+		return NULL;
+	Py_RETURN_NONE;
 }
 
 static PyObject *py_parse_text(PyObject *self, PyObject *args)
@@ -603,6 +672,9 @@ static PyMethodDef module_methods[] = {
 	  "[i, j] = distinct keys of slices i..j" },
 	{ "hll_add", py_hll_add, METH_VARARGS,
 	  "hll_add(keys, registers): count keys into a writable sketch of 2^bits bytes" },
+	{ "mru_bins", py_mru_bins, METH_VARARGS,
+	  "mru_bins(w, known, free, target, bounds, hit, m, nbins, base, k): the hit "
+	  "ratios of MRU's chain model, bin by bin, into rows base.. of hit" },
 	{ "parse_text", py_parse_text, METH_VARARGS,
 	  "parse_text(buf, fmt, header_ok, max_keys=0) -> (keys, requests, lines, bad_line, "
 	  "error, consumed): stops after the line that makes max_keys keys (0: no bound)" },
