@@ -4,9 +4,10 @@ The sampler loader (built from bpf/sampler.c and bpf/sampler.bpf.c; found by
 agent/binaries.py, in the package or the checkout's bpf/out) loads the
 tp_btf programs and runs as our child process: it takes text commands on
 stdin and streams binary frames on stdout (the frame layout is described at
-the top of bpf/sampler.c).  A reader thread sorts the frames: sampled access
-records pile up per cgroup until the agent drains them, counter snapshots
-answer `counters()`, distinct-page sketches answer `sketches()`.
+the top of bpf/sampler.c).  A reader thread sorts the frames: frames of
+sampled access records pile up until the agent drains them (split by
+cgroup then, in one go), counter snapshots answer `counters()`,
+distinct-page sketches answer `sketches()`.
 
 Nothing here is on the kernel's hot path; the kernel side only bumps
 per-CPU counters and, for sampled keys, writes a 32-byte record.
@@ -125,7 +126,8 @@ def _by_cgroup(recs: np.ndarray) -> dict[int, np.ndarray]:
         return {}
     cg = recs["cgroup_id"]
     order = np.argsort(cg, kind="stable")
-    cuts = np.flatnonzero(cg[order][1:] != cg[order][:-1]) + 1
+    ids = cg[order]
+    cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
     return {int(cg[g[0]]): recs[g] for g in np.split(order, cuts)}
 
 

@@ -1,6 +1,5 @@
 /* See mruchain.h. */
 #include <stdlib.h>
-#include <string.h>
 
 #include "mruchain.h"
 
